@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""Preparation throughput on the demo corpus at 1 and 2 workers, and the speed-up of a second run.
+
+Each configuration runs prepare_data.py as a user would (a fresh process, timed from launch to exit)
+into a fresh folder, then runs it again on the same folder. Figures: clips/s, hours of (source) audio
+per minute, and first-run / second-run time.
+
+    .venv/bin/python bench/bench_prepare.py [--workers 1 2] [--repeats 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import soundfile as sf
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from bench.machine import describe  # noqa: E402
+
+CORPUS = REPO / "demo" / "corpus"
+
+
+def timed_run(data_dir: Path, workers: int) -> float:
+    command = [sys.executable, str(REPO / "prepare_data.py"), "--input_dir", str(CORPUS), "--data_dir",
+               str(data_dir), "--model_name", "scratch:tiny", "--num_workers", str(workers)]
+    started = time.perf_counter()
+    subprocess.run(command, check=True, capture_output=True)
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--repeats", type=int, default=1)
+    args = parser.parse_args()
+    files = sorted((CORPUS / "wavs").glob("*"))
+    audio_hours = sum(sf.info(str(f)).duration for f in files) / 3600
+    print(f"machine: {describe()}")
+    print(f"corpus: {len(files)} clips, {audio_hours * 60:.1f} min of source audio (demo/corpus)")
+    print(f"{'workers':>7} {'first s':>8} {'clips/s':>8} {'audio h/min':>11} {'rerun s':>8} {'speed-up':>8}")
+    for workers in args.workers:
+        for _ in range(args.repeats):
+            with tempfile.TemporaryDirectory() as tmp:
+                first = timed_run(Path(tmp) / "data", workers)
+                second = timed_run(Path(tmp) / "data", workers)
+            print(f"{workers:>7} {first:>8.2f} {len(files) / first:>8.1f} {audio_hours / (first / 60):>11.3f} "
+                  f"{second:>8.2f} {first / second:>7.1f}x")
+
+
+if __name__ == "__main__":
+    main()

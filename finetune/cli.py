@@ -1,0 +1,93 @@
+"""Command-line flags from a config dataclass, the single source of truth of each script.
+
+A field becomes `--field_name`; `flag(default, "help")` gives its help text (units and meaning);
+booleans become `--name/--no-name`; `list[str]` fields take several values. Parsed values build the
+dataclass, whose `__post_init__` checks everything and raises one ConfigError listing every problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """Every problem found in a config at once, each saying which flag fixes it."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(f"  - {problem}" for problem in problems))
+
+
+def flag(default: Any, help: str, **metadata: Any) -> Any:
+    """A dataclass field that is also a command-line flag (`choices=`, `metavar=` pass through)."""
+    if isinstance(default, list):
+        return dataclasses.field(default_factory=lambda: list(default), metadata={"help": help, **metadata})
+    return dataclasses.field(default=default, metadata={"help": help, **metadata})
+
+
+def _unwrap_optional(annotation: Any) -> Any:
+    """`int | None` -> int; anything else unchanged."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return annotation
+
+
+def _add_field(parser: argparse.ArgumentParser, field: dataclasses.Field, annotation: Any) -> None:
+    default = field.default_factory() if field.default is dataclasses.MISSING else field.default
+    kwargs: dict[str, Any] = {"default": default, "help": field.metadata.get("help", "")}
+    if "choices" in field.metadata:
+        kwargs["choices"] = field.metadata["choices"]
+    if "metavar" in field.metadata:
+        kwargs["metavar"] = field.metadata["metavar"]
+    base = _unwrap_optional(annotation)
+    name = f"--{field.name}"
+    if base is bool:
+        parser.add_argument(name, action=argparse.BooleanOptionalAction, **kwargs)
+    elif typing.get_origin(base) is list:
+        parser.add_argument(name, nargs="*", type=typing.get_args(base)[0], **kwargs)
+    else:
+        parser.add_argument(name, type=base, **kwargs)
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Keeps the script docstring's layout and appends each flag's default to its help."""
+
+
+def build_parser(config_cls: type, description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description, formatter_class=HelpFormatter)
+    hints = typing.get_type_hints(config_cls)
+    for field in dataclasses.fields(config_cls):
+        if field.init and field.metadata.get("help") is not None:
+            _add_field(parser, field, hints[field.name])
+    return parser
+
+
+def parse_config(config_cls: type, argv: list[str] | None, description: str) -> Any:
+    """Parse argv into `config_cls`; on invalid settings print every problem and exit with status 2."""
+    parser = build_parser(config_cls, description)
+    namespace = parser.parse_args(argv)
+    try:
+        return config_cls(**vars(namespace))
+    except ConfigError as error:
+        parser.error(f"invalid settings:\n{error}")
+
+
+def config_to_dict(config: Any) -> dict[str, Any]:
+    """The resolved config as JSON-ready values, for saving beside the run's outputs."""
+    def plain(value: Any) -> Any:
+        if isinstance(value, Path):
+            return str(value)
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        return value
+
+    return {k: plain(v) for k, v in dataclasses.asdict(config).items()}

@@ -1,0 +1,342 @@
+"""Corpus preparation: source items -> 16 kHz mono PCM-16 WAVs, metadata files and a report.
+
+Per item: the text is normalised in the main process (cheap; an item whose text fails is dropped
+before its audio is read), then a worker decodes, resamples, trims, checks the length and writes the
+WAV. Every dropped item is recorded with its reason. Results are cached in `.prepare_cache.json`
+keyed by id, audio signature and audio settings, so a second run only redoes what changed.
+
+Outputs in `data_dir`: wavs/<id>.wav, metadata.csv (id|text, training), metadata_val.csv (held out),
+prepare_report.json.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import tempfile
+import time
+from collections import Counter
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from . import audio
+from .progress import Progress
+from .sources import Source, SourceItem
+from .text import TextNormalizer, describe_oov
+
+CACHE_NAME = ".prepare_cache.json"
+CACHE_VERSION = 1
+
+# Reasons an item is dropped (keys in the report), with what each means.
+DROP_REASONS = {
+    "duplicate_id": "an earlier item has the same id",
+    "empty_text": "no sayable text left after normalisation",
+    "out_of_vocabulary": "the text has letters or digits the model's vocabulary lacks",
+    "missing_file": "the audio file does not exist",
+    "unreadable_audio": "the audio could not be decoded (corrupt, empty or unsupported)",
+    "silent_audio": "the audio is silent",
+    "too_short": "shorter than --min_seconds after trimming",
+    "too_long": "longer than --max_seconds after trimming",
+    "failed": "processing raised an unexpected error (detail has it)",
+}
+
+
+@dataclass(frozen=True)
+class ClipSettings:
+    """How each clip is processed. Only `audio_signature` fields change the written audio."""
+
+    sample_rate: int
+    trim_db: float
+    trim_margin_s: float
+    peak: float
+    min_seconds: float
+    max_seconds: float
+
+    def audio_signature(self) -> str:
+        return f"sr={self.sample_rate};trim={self.trim_db};margin={self.trim_margin_s};peak={self.peak}"
+
+    def length_problem(self, seconds: float) -> tuple[str, str] | None:
+        if seconds < self.min_seconds:
+            return "too_short", f"{seconds:.2f} s < --min_seconds {self.min_seconds}"
+        if self.max_seconds and seconds > self.max_seconds:
+            return "too_long", f"{seconds:.2f} s > --max_seconds {self.max_seconds}"
+        return None
+
+
+@dataclass(frozen=True)
+class ClipJob:
+    item_id: str
+    audio_path: str | None
+    audio_bytes: bytes | None
+    out_path: str
+    settings: ClipSettings
+
+
+@dataclass
+class ClipResult:
+    item_id: str
+    seconds: float | None = None  # processed length; None when the audio failed
+    reason: str | None = None  # drop reason when it failed or its length is out of range
+    detail: str = ""
+
+
+def process_clip(job: ClipJob) -> ClipResult:
+    """Decode -> mono -> resample -> trim -> length check -> peak-normalise -> write. Runs in a worker."""
+    settings = job.settings
+    try:
+        samples, rate = audio.decode(job.audio_bytes if job.audio_bytes is not None else (job.audio_path or ""))
+        mono = audio.resample(audio.to_mono(samples), rate, settings.sample_rate)
+        if float(abs(mono).max()) < audio.SILENCE_PEAK:
+            return ClipResult(job.item_id, reason="silent_audio", detail="peak below -80 dBFS")
+        trimmed = audio.trim_silence(mono, settings.sample_rate, settings.trim_db, settings.trim_margin_s)
+        seconds = len(trimmed) / settings.sample_rate
+        problem = settings.length_problem(seconds)
+        if problem is not None:
+            return ClipResult(job.item_id, seconds=seconds, reason=problem[0], detail=problem[1])
+        audio.write_pcm16(job.out_path, audio.peak_normalise(trimmed, settings.peak), settings.sample_rate)
+        return ClipResult(job.item_id, seconds=seconds)
+    except audio.AudioError as error:
+        return ClipResult(job.item_id, reason=error.reason, detail=str(error))
+    except Exception as error:  # a bad item must never stop the run: record it and go on
+        return ClipResult(job.item_id, reason="failed", detail=f"{type(error).__name__}: {error}")
+
+
+# ---------------------------------------------------------------- cache of earlier work
+
+
+class PrepareCache:
+    """id -> {audio signature, settings signature, seconds or failure}; JSON in the data folder."""
+
+    def __init__(self, path: Path, entries: dict[str, dict]):
+        self.path, self.entries = path, entries
+
+    @classmethod
+    def load(cls, data_dir: Path) -> "PrepareCache":
+        path = data_dir / CACHE_NAME
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))
+            entries = saved["entries"] if saved.get("version") == CACHE_VERSION else {}
+        except (OSError, ValueError, KeyError):
+            entries = {}  # no cache, or an unreadable one: everything is processed again
+        return cls(path, entries)
+
+    def lookup(self, item: SourceItem, settings: ClipSettings) -> dict | None:
+        entry = self.entries.get(item.item_id)
+        if entry is None or entry["settings"] != settings.audio_signature():
+            return None
+        if entry["audio"] != item.audio_signature() or entry["audio"] == "missing":
+            return None
+        return entry
+
+    def record(self, item_id: str, audio_sig: str, settings: ClipSettings, result: ClipResult) -> None:
+        failed = result.seconds is None
+        self.entries[item_id] = {"audio": audio_sig, "settings": settings.audio_signature(),
+                                 "seconds": result.seconds, "reason": result.reason if failed else None,
+                                 "detail": result.detail if failed else ""}
+
+    def save(self) -> None:
+        write_text_atomic(self.path, json.dumps({"version": CACHE_VERSION, "entries": self.entries}))
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+# ---------------------------------------------------------------- the run
+
+
+@dataclass
+class Tally:
+    """Everything the report needs, filled in as items finish."""
+
+    kept: dict[str, tuple[str, float]] = field(default_factory=dict)  # id -> (text, seconds)
+    dropped: list[dict] = field(default_factory=list)
+    oov_chars: Counter = field(default_factory=Counter)
+    removed_chars: Counter = field(default_factory=Counter)
+    reused: int = 0
+    processed: int = 0
+
+    def drop(self, item_id: str, reason: str, detail: str, text: str = "") -> None:
+        entry = {"id": item_id, "reason": reason, "detail": detail}
+        if text:
+            entry["text"] = text
+        self.dropped.append(entry)
+
+
+class Preparer:
+    """Runs one preparation: `run(source)` fills `tally`; `write_outputs` writes metadata and the report."""
+
+    def __init__(self, data_dir: Path, normalizer: TextNormalizer, settings: ClipSettings, num_workers: int):
+        self.data_dir, self.normalizer, self.settings = data_dir, normalizer, settings
+        self.num_workers = max(1, num_workers)
+        self.wav_dir = data_dir / "wavs"
+        self.wav_dir.mkdir(parents=True, exist_ok=True)
+        self.cache = PrepareCache.load(data_dir)
+        self.tally = Tally()
+        self.texts: dict[str, str] = {}  # id -> normalised text, for items whose audio is in flight
+        self.signatures: dict[str, str] = {}
+
+    def wav_path(self, item_id: str) -> Path:
+        return self.wav_dir / f"{item_id}.wav"
+
+    def screen(self, items: Iterator[SourceItem]) -> Iterator[ClipJob | None]:
+        """Check text and cache for each item; yield a job for audio work, or None when it is settled."""
+        seen: set[str] = set()
+        for item in items:
+            if item.item_id in seen:
+                self.tally.drop(item.item_id, "duplicate_id", DROP_REASONS["duplicate_id"], item.text)
+                yield None
+                continue
+            seen.add(item.item_id)
+            if self.settle_text(item) or self.settle_from_cache(item):
+                yield None
+                continue
+            self.signatures[item.item_id] = item.audio_signature()
+            yield ClipJob(item.item_id, item.audio_path, item.audio_bytes, str(self.wav_path(item.item_id)),
+                          self.settings)
+
+    def settle_text(self, item: SourceItem) -> bool:
+        """Normalise the text; True when that already decides the item (dropped)."""
+        check = self.normalizer(item.text)
+        self.tally.removed_chars.update(check.removed)
+        if check.oov:
+            self.tally.oov_chars.update(check.oov)
+            self.tally.drop(item.item_id, "out_of_vocabulary", describe_oov(check.oov), item.text)
+            return True
+        if not check.text:
+            self.tally.drop(item.item_id, "empty_text", DROP_REASONS["empty_text"], item.text)
+            return True
+        self.texts[item.item_id] = check.text
+        return False
+
+    def settle_from_cache(self, item: SourceItem) -> bool:
+        entry = self.cache.lookup(item, self.settings)
+        if entry is None:
+            return False
+        if entry["seconds"] is None:
+            self.finish(ClipResult(item.item_id, reason=entry["reason"], detail=entry["detail"]), reused=True)
+            return True
+        problem = self.settings.length_problem(entry["seconds"])
+        if problem is None and not self.wav_path(item.item_id).is_file():
+            return False  # was out of range before (not written), in range now: process it
+        result = ClipResult(item.item_id, seconds=entry["seconds"])
+        if problem is not None:
+            result.reason, result.detail = problem
+        self.finish(result, reused=True)
+        return True
+
+    def finish(self, result: ClipResult, reused: bool = False) -> None:
+        text = self.texts.pop(result.item_id, "")
+        if reused:
+            self.tally.reused += 1
+        else:
+            self.tally.processed += 1
+            self.cache.record(result.item_id, self.signatures.pop(result.item_id), self.settings, result)
+        if result.reason is None:
+            self.tally.kept[result.item_id] = (text, result.seconds or 0.0)
+        else:
+            self.tally.drop(result.item_id, result.reason, result.detail, text)
+
+    def run(self, source: Source) -> Tally:
+        progress = Progress("prepare", total=source.count, unit="clips")
+        last_save = time.monotonic()
+        try:
+            for result in self.results(self.screen(source.iterate()), progress):
+                self.finish(result)
+                if time.monotonic() - last_save > 60:  # an interrupted run keeps most of its work
+                    self.cache.save()
+                    last_save = time.monotonic()
+        finally:
+            self.cache.save()
+            progress.close()
+        return self.tally
+
+    def results(self, jobs: Iterator[ClipJob | None], progress: Progress) -> Iterator[ClipResult]:
+        """Run jobs in-process (1 worker) or in a pool, with a bounded number in flight."""
+        if self.num_workers == 1:
+            for job in jobs:
+                if job is not None:
+                    yield process_clip(job)
+                progress.update()
+            return
+        context = multiprocessing.get_context("spawn")  # no fork: the parent may hold threads (arrow, tqdm)
+        in_flight: set[Future] = set()
+        with ProcessPoolExecutor(self.num_workers, mp_context=context) as pool:
+            try:
+                for job in jobs:
+                    if job is None:
+                        progress.update()
+                        continue
+                    in_flight.add(pool.submit(process_clip, job))
+                    if len(in_flight) >= 8 * self.num_workers:  # bounds memory held by queued audio bytes
+                        yield from self.drain(in_flight, progress, FIRST_COMPLETED)
+                yield from self.drain(in_flight, progress, None)
+            except BaseException:
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
+
+    @staticmethod
+    def drain(in_flight: set[Future], progress: Progress, until) -> Iterator[ClipResult]:
+        done, pending = wait(in_flight, return_when=until) if until else (set(in_flight), set())
+        if until is None:
+            wait(done)
+        in_flight.clear()
+        in_flight.update(pending)
+        for future in done:
+            progress.update()
+            yield future.result()
+
+
+# ---------------------------------------------------------------- outputs
+
+
+def split_validation(ids: list[str], fraction: float) -> set[str]:
+    """Held-out ids: the `fraction` of ids (at least 1 when fraction > 0 and there are 2+) whose hashes
+    come first. Hash order makes the choice stable across runs and independent of source order."""
+    if fraction <= 0 or len(ids) < 2:
+        return set()
+    count = min(len(ids) - 1, max(1, round(fraction * len(ids))))
+    ranked = sorted(ids, key=lambda i: hashlib.blake2b(i.encode(), digest_size=8).hexdigest())
+    return set(ranked[:count])
+
+
+def write_metadata(path: Path, rows: list[tuple[str, str]]) -> None:
+    write_text_atomic(path, "".join(f"{item_id}|{text}\n" for item_id, text in rows))
+
+
+def write_outputs(data_dir: Path, tally: Tally, val_fraction: float, report_extra: dict) -> dict:
+    """metadata.csv, metadata_val.csv and prepare_report.json; returns the report."""
+    ids = sorted(tally.kept)
+    val_ids = split_validation(ids, val_fraction)
+    train_rows = [(i, tally.kept[i][0]) for i in ids if i not in val_ids]
+    val_rows = [(i, tally.kept[i][0]) for i in ids if i in val_ids]
+    write_metadata(data_dir / "metadata.csv", train_rows)
+    write_metadata(data_dir / "metadata_val.csv", val_rows)
+    hours = lambda rows: round(sum(tally.kept[i][1] for i, _ in rows) / 3600, 4)  # noqa: E731
+    report = {
+        **report_extra,
+        "counts": {
+            "items": len(tally.kept) + len(tally.dropped), "kept": len(ids), "train": len(train_rows),
+            "val": len(val_rows), "dropped": len(tally.dropped), "reused": tally.reused,
+            "processed": tally.processed,
+        },
+        "hours": {"kept": hours(train_rows) + hours(val_rows), "train": hours(train_rows), "val": hours(val_rows)},
+        "dropped_by_reason": dict(Counter(d["reason"] for d in tally.dropped).most_common()),
+        "drop_reasons": {k: v for k, v in DROP_REASONS.items()},
+        "out_of_vocabulary_characters": dict(tally.oov_chars.most_common()),
+        "punctuation_removed": dict(tally.removed_chars.most_common()),
+        "dropped": tally.dropped,
+    }
+    write_text_atomic(data_dir / "prepare_report.json", json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    return report

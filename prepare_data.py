@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""Prepare a speech corpus for fine-tuning: clips -> 16 kHz mono WAVs, metadata and a report.
+
+    python prepare_data.py                                   # the default hub dataset -> training/
+    python prepare_data.py --input_dir my_ljspeech_folder    # wavs/ + metadata.csv (id|text)
+    python prepare_data.py --dataset saved_dataset_dir       # save_to_disk folder or audiofolder
+    python prepare_data.py --dataset clips.tsv               # CSV/TSV manifest (Common Voice TSVs work)
+
+Writes DATA_DIR/wavs/<id>.wav, DATA_DIR/metadata.csv and metadata_val.csv (id|text) and
+DATA_DIR/prepare_report.json, which lists every dropped clip with its reason. Running it again reuses
+finished clips. Exit status: 0 when at least one clip was kept, 1 when none was, 2 for a wrong source
+or wrong flags.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from finetune.cli import ConfigError, config_to_dict, flag, parse_config
+from finetune.model_source import ModelSourceError, model_sample_rate, model_vocabulary, resolve_model
+from finetune.prepare import ClipSettings, Preparer, write_outputs
+from finetune.sources import SourceError, open_source
+from finetune.text import TextNormalizer
+
+
+@dataclass
+class PrepareConfig:
+    dataset: str = flag("amedcj/kurmanji-commonvoice",
+                        "hub id, save_to_disk folder, audiofolder, or .csv/.tsv manifest")
+    input_dir: str | None = flag(None, "LJSpeech-style folder (wavs/ + metadata.csv); used instead of --dataset")
+    split: str = flag("train", "split to take from a dataset with several")
+    audio_column: str | None = flag(None, "audio column (default: the first of audio, path, file, ...)")
+    text_column: str | None = flag(None, "text column (default: the first of sentence, text, transcription, ...)")
+    id_column: str | None = flag(None, "column to name clips by (default: the audio file name, else the row)")
+    speaker_column: str | None = flag(None, "keep one speaker: the column naming speakers (e.g. client_id)")
+    speaker: str | None = flag(None, "with --speaker_column: the speaker to keep (default: the one with most clips)")
+    data_dir: str = flag("training", "output folder")
+    model_name: str = flag("facebook/mms-tts-kmr-script_latin",
+                           "model whose vocabulary and sample rate the text and audio must fit: hub id, "
+                           "local folder, or scratch[:tiny|small|mms] (open vocabulary, 16 kHz)")
+    sample_rate: int = flag(0, "output sample rate in Hz (0: the model's)")
+    val_fraction: float = flag(0.02, "share of kept clips held out for validation (at least one)")
+    min_seconds: float = flag(0.5, "drop clips shorter than this after trimming (seconds)")
+    max_seconds: float = flag(15.0, "drop clips longer than this after trimming (seconds; 0: no limit)")
+    trim_db: float = flag(40.0, "trim leading/trailing audio this many dB below the clip's loudest part")
+    trim_margin_seconds: float = flag(0.05, "silence kept at each end after trimming (seconds)")
+    peak: float = flag(0.95, "peak level after normalisation (fraction of full scale)")
+    num_workers: int = flag(os.cpu_count() or 1, "parallel worker processes for audio")
+    max_samples: int = flag(0, "use only the first N items of the source (0: all)")
+
+    def __post_init__(self):
+        problems = []
+        if not 0 <= self.val_fraction <= 0.5:
+            problems.append(f"--val_fraction {self.val_fraction}: use a value from 0 to 0.5")
+        if self.min_seconds < 0:
+            problems.append(f"--min_seconds {self.min_seconds}: must be 0 or more")
+        if self.max_seconds and self.max_seconds <= self.min_seconds:
+            problems.append(f"--max_seconds {self.max_seconds} must exceed --min_seconds {self.min_seconds} (or be 0)")
+        if self.sample_rate and self.sample_rate < 8000:
+            problems.append(f"--sample_rate {self.sample_rate}: use 8000 Hz or more (or 0 for the model's)")
+        if self.trim_db <= 0:
+            problems.append(f"--trim_db {self.trim_db}: must be positive")
+        if not 0 < self.peak <= 1:
+            problems.append(f"--peak {self.peak}: use a value in (0, 1]")
+        if self.num_workers < 1:
+            problems.append(f"--num_workers {self.num_workers}: must be 1 or more")
+        if self.max_samples < 0:
+            problems.append(f"--max_samples {self.max_samples}: must be 0 (all) or more")
+        if self.speaker and not self.speaker_column:
+            problems.append("--speaker needs --speaker_column (the column that names speakers)")
+        if problems:
+            raise ConfigError(problems)
+
+
+def print_summary(report: dict, data_dir: Path) -> None:
+    counts, hours = report["counts"], report["hours"]
+    print(f"kept {counts['kept']} of {counts['items']} clips ({hours['kept']:.2f} h): "
+          f"{counts['train']} train ({hours['train']:.2f} h), {counts['val']} validation; "
+          f"{counts['reused']} reused from an earlier run, {counts['processed']} processed now")
+    for reason, count in report["dropped_by_reason"].items():
+        print(f"  dropped {count:5d}  {reason}: {report['drop_reasons'][reason]}")
+    if report["out_of_vocabulary_characters"]:
+        chars = ", ".join(f"{c!r} x{n}" for c, n in list(report["out_of_vocabulary_characters"].items())[:15])
+        print(f"  characters the vocabulary lacks: {chars}")
+    print(f"wrote {data_dir}/metadata.csv, metadata_val.csv, wavs/; every drop is listed in "
+          f"{data_dir}/prepare_report.json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = time.monotonic()
+    config = parse_config(PrepareConfig, argv, __doc__)
+    data_dir = Path(config.data_dir)
+
+    # Model: its vocabulary decides which texts are sayable; its rate is the output rate.
+    model = resolve_model(config.model_name)
+    normalizer = TextNormalizer(model_vocabulary(model))
+    sample_rate = config.sample_rate or model_sample_rate(model)
+
+    # Source: the corpus to read, as (id, text, audio) items.
+    source = open_source(config.input_dir, config.dataset, split=config.split, audio_column=config.audio_column,
+                         text_column=config.text_column, id_column=config.id_column,
+                         speaker_column=config.speaker_column, speaker=config.speaker,
+                         max_samples=config.max_samples)
+    print(f"source: {source.description}, {source.count} items -> {data_dir} at {sample_rate} Hz")
+
+    # Work: every clip processed or reused; every drop recorded with its reason.
+    settings = ClipSettings(sample_rate=sample_rate, trim_db=config.trim_db,
+                            trim_margin_s=config.trim_margin_seconds, peak=config.peak,
+                            min_seconds=config.min_seconds, max_seconds=config.max_seconds)
+    preparer = Preparer(data_dir, normalizer, settings, config.num_workers)
+    tally = preparer.run(source)
+
+    # Outputs: train/validation metadata and the report.
+    report = write_outputs(data_dir, tally, config.val_fraction, {
+        "source": source.description, "config": config_to_dict(config), "settings": asdict(settings),
+        "vocabulary": "open (scratch model)" if normalizer.vocabulary is None else "".join(sorted(normalizer.vocabulary)),
+        **source.notes, "elapsed_s": round(time.monotonic() - started, 2),
+    })
+    print_summary(report, data_dir)
+    if not report["counts"]["kept"]:
+        print("error: no clip survived preparation; the reasons are above and in prepare_report.json",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except (ModelSourceError, SourceError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("\ninterrupted: finished clips are cached; run the same command again to continue", file=sys.stderr)
+        sys.exit(130)
