@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import io
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import soundfile as sf
+
+from .atomic import write_atomic
 
 # Below this peak (-80 dBFS) a clip is treated as silent: trimming and normalising it would only
 # amplify noise.
@@ -79,15 +80,8 @@ def peak_normalise(samples: np.ndarray, peak: float) -> np.ndarray:
 
 def write_pcm16(path: str | Path, samples: np.ndarray, sample_rate: int) -> None:
     """Write mono 16-bit PCM WAV atomically: a temporary file in the same folder, then a rename."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".wav.tmp")
-    os.close(fd)
-    try:
-        sf.write(tmp, np.clip(samples, -1.0, 1.0), sample_rate, subtype="PCM_16", format="WAV")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    clipped = np.clip(samples, -1.0, 1.0)
+    write_atomic(path, lambda tmp: sf.write(tmp, clipped, sample_rate, subtype="PCM_16", format="WAV"), durable=False)
 
 
 def read_pcm16(path: str | Path) -> tuple[np.ndarray, int]:

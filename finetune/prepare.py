@@ -14,8 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import multiprocessing
-import os
-import tempfile
 import time
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -24,6 +22,7 @@ from pathlib import Path
 from typing import Iterator
 
 from . import audio
+from .atomic import write_text_atomic
 from .progress import Progress
 from .sources import Source, SourceItem
 from .text import TextNormalizer, describe_oov
@@ -140,17 +139,6 @@ class PrepareCache:
 
     def save(self) -> None:
         write_text_atomic(self.path, json.dumps({"version": CACHE_VERSION, "entries": self.entries}))
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 # ---------------------------------------------------------------- the run

@@ -70,3 +70,47 @@ KURMANJI_LETTERS = "abcçdeêfghiîjklmnopqrsştuûvwxyz"
 @pytest.fixture
 def kurmanji_model_dir(tmp_path: Path) -> Path:
     return make_tokenizer_dir(tmp_path / "model", KURMANJI_LETTERS + " '-")
+
+
+@pytest.fixture(scope="session")
+def prepared_demo(tmp_path_factory) -> Path:
+    """The first 24 demo clips prepared with an open vocabulary (16 kHz WAVs + metadata)."""
+    import prepare_data
+
+    data_dir = tmp_path_factory.mktemp("demo_data")
+    code = prepare_data.main(["--input_dir", str(DEMO_CORPUS), "--data_dir", str(data_dir), "--model_name",
+                              "scratch:tiny", "--max_samples", "24", "--num_workers", "1", "--val_fraction", "0.2"])
+    assert code == 0
+    return data_dir
+
+
+def tiny_generator(data_dir: Path, seed: int = 0, **config_overrides):
+    """A seeded scratch:tiny VitsModel (ready for training) and tokenizer for the texts in data_dir."""
+    import torch
+
+    from finetune.corpus import read_metadata
+    from finetune.generator import SCRATCH_CONFIGS, ready_for_training, scratch_generator
+
+    torch.manual_seed(seed)
+    texts = [t for name in ("metadata.csv", "metadata_val.csv") for _, t in read_metadata(data_dir / name)]
+    vocabulary = sorted(set("".join(texts)))
+    if config_overrides:
+        saved = dict(SCRATCH_CONFIGS["tiny"])
+        SCRATCH_CONFIGS["tiny"] = {**saved, **config_overrides}
+        try:
+            loaded = scratch_generator("tiny", vocabulary, 16000)
+        finally:
+            SCRATCH_CONFIGS["tiny"] = saved
+    else:
+        loaded = scratch_generator("tiny", vocabulary, 16000)
+    ready_for_training(loaded.model)
+    return loaded
+
+
+def demo_batch(data_dir: Path, tokenizer, count: int = 4):
+    """A float batch of the first `count` training clips, on the CPU."""
+    from finetune.corpus import load_examples
+    from finetune.data import collate
+
+    examples, _ = load_examples(data_dir, "metadata.csv", tokenizer, hop=256, sample_rate=16000, max_samples=count)
+    return collate(examples, hop=256).to("cpu")

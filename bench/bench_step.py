@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""Time one training step split into its parts: data to device, generator forward, alignment search,
+discriminator forward+backward, generator losses+backward, optimizer steps.
+
+The train step cut down: TrainStep's own parts, called one by one with a device sync between them
+(which a real step does not have: on a GPU the parts overlap less here than in training). The first
+`--burn_in` steps are left out (allocator warm-up, numba compilation, cuDNN autotuning).
+
+    .venv/bin/python bench/bench_step.py                                   # tiny model, CPU
+    .venv/bin/python bench/bench_step.py --size mms --batch_size 8 --discriminator_width 1 --precision fp16
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from bench.machine import describe  # noqa: E402
+from finetune import objective  # noqa: E402
+from finetune.corpus import load_examples  # noqa: E402
+from finetune.data import collate  # noqa: E402
+from finetune.discriminator import Discriminator, DiscriminatorConfig, parameter_count  # noqa: E402
+from finetune.features import FeatureConfig, Features  # noqa: E402
+from finetune.generator import hop_length, ready_for_training, scratch_generator  # noqa: E402
+from finetune.losses import LossWeights  # noqa: E402
+from finetune.step import StepSettings, TrainStep, resolve_precision  # noqa: E402
+
+PHASES = ("data to device", "generator forward", "alignment", "discriminator fwd+bwd", "generator loss+bwd",
+          "optimizer steps")
+
+
+def prepare_demo(folder: Path) -> Path:
+    import prepare_data
+
+    assert prepare_data.main(["--input_dir", str(REPO / "demo" / "corpus"), "--data_dir", str(folder),
+                              "--model_name", "scratch", "--num_workers", "2", "--val_fraction", "0"]) == 0
+    return folder
+
+
+class AlignmentTimer:
+    """Wraps the alignment functions the objective calls, adding their time (with syncs) to `seconds`."""
+
+    def __init__(self, sync):
+        self.seconds, self.sync = 0.0, sync
+        self.originals = (objective.prior_log_likelihood, objective.maximum_path)
+
+    def wrap(self, fn):
+        def timed(*args, **kwargs):
+            self.sync()
+            started = time.perf_counter()
+            result = fn(*args, **kwargs)
+            self.sync()
+            self.seconds += time.perf_counter() - started
+            return result
+        return timed
+
+    def __enter__(self):
+        objective.prior_log_likelihood = self.wrap(self.originals[0])
+        objective.maximum_path = self.wrap(self.originals[1])
+        return self
+
+    def __exit__(self, *exc):
+        objective.prior_log_likelihood, objective.maximum_path = self.originals
+
+
+def timed_step(step: TrainStep, host_batch, device, sync, pin: bool) -> dict[str, float]:
+    times = {}
+    mark = time.perf_counter()
+
+    def lap(name):
+        nonlocal mark
+        sync()
+        now = time.perf_counter()
+        times[name] = now - mark
+        mark = now
+
+    batch = host_batch.to(device, non_blocking=pin)
+    lap("data to device")
+    with AlignmentTimer(sync) as alignment:
+        out, real_audio, mel_real = step.forward(batch)
+        lap("generator forward")
+    times["generator forward"] -= alignment.seconds
+    times["alignment"] = alignment.seconds
+    d_loss, real_features = step.discriminator_backward(real_audio, out.audio, True, 1.0)
+    lap("discriminator fwd+bwd")
+    g_losses = step.generator_backward(out, mel_real, real_features, True, 1.0)
+    lap("generator loss+bwd")
+    step.apply({"generator": g_losses.total.detach(), "discriminator": d_loss.detach()})
+    lap("optimizer steps")
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--size", default="tiny", choices=["tiny", "small", "mms"])
+    parser.add_argument("--batch_size", type=int, default=8)
+    parser.add_argument("--discriminator_width", type=float, default=0.0625)
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"])
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--burn_in", type=int, default=3)
+    parser.add_argument("--data_dir", default=None, help="a prepared folder (default: prepare the demo corpus)")
+    args = parser.parse_args()
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    fp16 = {"fp32": False, "fp16": True, "bf16": None}[args.precision]
+    precision = resolve_precision(device, fp16, bf16=args.precision == "bf16")
+    tmp = tempfile.TemporaryDirectory()
+    data_dir = Path(args.data_dir) if args.data_dir else prepare_demo(Path(tmp.name) / "data")
+
+    torch.manual_seed(0)
+    texts = [line.split("|", 1)[1] for line in (data_dir / "metadata.csv").read_text(encoding="utf-8").splitlines()]
+    loaded = scratch_generator(args.size, sorted(set("".join(texts))), 16000)
+    model = ready_for_training(loaded.model).to(device).train()
+    hop = hop_length(model.config)
+    examples, _ = load_examples(data_dir, "metadata.csv", loaded.tokenizer, hop, 16000)
+    discriminator = Discriminator(DiscriminatorConfig(width=args.discriminator_width)).to(device)
+    step = TrainStep(model, discriminator, Features(FeatureConfig()).to(device), LossWeights(), StepSettings(),
+                     precision, device)
+    pin = device.type == "cuda"
+    batches = [collate(examples[i:i + args.batch_size], hop) for i in range(0, len(examples) - args.batch_size, args.batch_size)]
+    batches = [b.pin_memory() for b in batches] if pin else batches
+
+    records = []
+    for index in range(args.burn_in + args.steps):
+        times = timed_step(step, batches[index % len(batches)], device, sync, pin)
+        if index >= args.burn_in:
+            records.append(times)
+
+    total = statistics.mean(sum(r.values()) for r in records)
+    print(f"machine: {describe()}")
+    print(f"generator scratch:{args.size} ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M), discriminator width "
+          f"{args.discriminator_width} ({parameter_count(discriminator) / 1e6:.2f}M), batch {args.batch_size}, "
+          f"{precision.name}, {device.type}; {args.steps} steps timed after {args.burn_in} burn-in")
+    print(f"{'phase':<24} {'ms':>9} {'share':>7}")
+    for phase in PHASES:
+        ms = 1000 * statistics.mean(r[phase] for r in records)
+        print(f"{phase:<24} {ms:>9.1f} {100 * ms / (1000 * total):>6.1f}%")
+    print(f"{'step':<24} {1000 * total:>9.1f} {100.0:>6.1f}%   ({args.batch_size / total:.1f} samples/s)")
+    if device.type == "cuda":
+        print(f"peak VRAM {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""Writes that a deadline, a crash or a full disk cannot leave half done.
+
+Files are written to a temporary name in the same folder, flushed, then renamed over the target (a
+rename within one filesystem is atomic). Folders are built under a temporary name and swapped in; the
+previous one is only deleted once the new one is in place.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+
+def write_atomic(path: str | Path, write: Callable[[str], None], durable: bool = True) -> None:
+    """Call `write(tmp_path)` to produce the file, then rename it to `path`. On any error the target is
+    untouched and the temporary file removed. `durable` flushes to disk before the rename (checkpoints);
+    files that a re-run can regenerate skip that cost."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        if durable:
+            with open(tmp, "rb") as handle:
+                os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(text)
+
+    write_atomic(path, write)
+
+
+def torch_save_atomic(obj, path: str | Path) -> None:
+    import torch
+
+    write_atomic(path, lambda tmp: torch.save(obj, tmp))
+
+
+def replace_dir(built: Path, target: Path) -> None:
+    """Swap the fully written folder `built` in as `target`; the old target is removed afterwards."""
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(target, old)
+    os.replace(built, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def staging_dir(target: Path) -> Path:
+    """An empty folder beside `target` to build its replacement in."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir()
+    return staging

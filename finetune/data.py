@@ -1,0 +1,96 @@
+"""Training examples and batches.
+
+An Example is one clip held in RAM compactly: token ids (int32) and audio (int16, 2 bytes a sample),
+optionally with precomputed features (float16). `collate` pads a list of them into a Batch whose
+tensors are named; audio stays int16 until it reaches the device, so host-to-device copies move half
+the bytes, and becomes float there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import numpy as np
+import torch
+
+AUDIO_SCALE = 32768.0
+
+
+@dataclass
+class Example:
+    item_id: str
+    token_ids: np.ndarray  # [tokens] int32, blanks included
+    audio: np.ndarray  # [samples] int16, trimmed to frames * hop
+    linear: torch.Tensor | None = None  # [bins, frames] float16 when precomputed
+    mel: torch.Tensor | None = None  # [n_mels, frames] float16 when precomputed
+
+    def frame_count(self, hop: int) -> int:
+        return int(self.audio.shape[0]) // hop
+
+    def nbytes(self) -> int:
+        extra = sum(t.numel() * t.element_size() for t in (self.linear, self.mel) if t is not None)
+        return int(self.token_ids.nbytes + self.audio.nbytes + extra)
+
+
+@dataclass
+class Batch:
+    item_ids: list[str]
+    input_ids: torch.Tensor  # [batch, tokens] int64
+    attention_mask: torch.Tensor  # [batch, tokens] int64, 1 on real tokens
+    text_lengths: torch.Tensor  # [batch] int64
+    audio: torch.Tensor  # [batch, frames * hop] int16 on the host, float32 in [-1, 1] after `to`
+    frame_lengths: torch.Tensor  # [batch] int64
+    linear: torch.Tensor | None = None  # [batch, bins, frames]
+    mel: torch.Tensor | None = None  # [batch, n_mels, frames]
+
+    def __len__(self) -> int:
+        return len(self.item_ids)
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
+        """Move every tensor; audio becomes float32 on arrival, features float32."""
+        moved = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor):
+                value = value.to(device, non_blocking=non_blocking)
+                if f.name == "audio" and value.dtype == torch.int16:
+                    value = value.float() / AUDIO_SCALE
+                elif f.name in ("linear", "mel"):
+                    value = value.float()
+            moved[f.name] = value
+        return replace(self, **moved)
+
+    def pin_memory(self) -> "Batch":
+        """Page-locked host tensors, so `to(cuda, non_blocking=True)` overlaps the copy with compute."""
+        pinned = {f.name: getattr(self, f.name).pin_memory() for f in fields(self)
+                  if isinstance(getattr(self, f.name), torch.Tensor)}
+        return replace(self, **pinned)
+
+
+def collate(examples: list[Example], hop: int) -> Batch:
+    """Pad examples to the longest text and the longest audio in the batch."""
+    count = len(examples)
+    text_lengths = torch.tensor([len(e.token_ids) for e in examples], dtype=torch.long)
+    frame_lengths = torch.tensor([e.frame_count(hop) for e in examples], dtype=torch.long)
+    max_tokens, max_frames = int(text_lengths.max()), int(frame_lengths.max())
+    input_ids = torch.zeros(count, max_tokens, dtype=torch.long)
+    attention_mask = torch.zeros(count, max_tokens, dtype=torch.long)
+    audio = torch.zeros(count, max_frames * hop, dtype=torch.int16)
+    for i, example in enumerate(examples):
+        input_ids[i, : len(example.token_ids)] = torch.from_numpy(example.token_ids.astype(np.int64))
+        attention_mask[i, : len(example.token_ids)] = 1
+        samples = example.frame_count(hop) * hop
+        audio[i, :samples] = torch.from_numpy(example.audio[:samples])
+    return Batch(item_ids=[e.item_id for e in examples], input_ids=input_ids, attention_mask=attention_mask,
+                 text_lengths=text_lengths, audio=audio, frame_lengths=frame_lengths,
+                 linear=_pad_features([e.linear for e in examples], max_frames),
+                 mel=_pad_features([e.mel for e in examples], max_frames))
+
+
+def _pad_features(features: list[torch.Tensor | None], max_frames: int) -> torch.Tensor | None:
+    if any(f is None for f in features):
+        return None
+    out = torch.zeros(len(features), features[0].shape[0], max_frames, dtype=features[0].dtype)
+    for i, feature in enumerate(features):
+        out[i, :, : feature.shape[1]] = feature
+    return out

@@ -1,0 +1,163 @@
+"""The generator: a `transformers.VitsModel` and its tokenizer, loaded, built from scratch, readied for
+training, and exported so that stock `VitsModel.from_pretrained` and `pipeline("text-to-speech")` load
+it with no missing or unexpected weights.
+
+Training differs from the stock module in three ways, all undone or harmless at export:
+- the HiFi-GAN decoder gets weight norm, as in the original VITS training (MMS checkpoints were
+  exported with it folded in); export folds it back;
+- LayerDrop is switched off on the module (the original objective has none, and randomly skipped
+  layers break data-parallel training); the saved config keeps its value, which inference ignores;
+- the token embedding stops treating id 0 as padding: MMS configs name id 0 both the padding id and the
+  blank inserted between every character, and `padding_idx` would freeze that embedding.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.nn.utils import parametrize
+from transformers import VitsConfig, VitsModel, VitsTokenizer
+
+from .atomic import replace_dir, staging_dir, write_text_atomic
+from .model_source import ModelSource, load_tokenizer
+
+BLANK_TOKEN = "<pad>"  # id 0 in scratch vocabularies: the blank VitsTokenizer puts between characters
+
+# Architectures for --model_name scratch:<size>. "mms" is VitsConfig's default, the MMS-TTS shape.
+SCRATCH_CONFIGS: dict[str, dict] = {
+    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, ffn_dim=128, flow_size=48,
+                 upsample_initial_channel=64, resblock_kernel_sizes=[3], resblock_dilation_sizes=[[1, 3]],
+                 posterior_encoder_num_wavenet_layers=4, prior_encoder_num_flows=2,
+                 prior_encoder_num_wavenet_layers=2, duration_predictor_filter_channels=64,
+                 duration_predictor_num_flows=2, depth_separable_num_layers=2),
+    "small": dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=2, ffn_dim=512, flow_size=128,
+                  upsample_initial_channel=256, posterior_encoder_num_wavenet_layers=8,
+                  duration_predictor_filter_channels=128),
+    "mms": {},
+}
+
+
+@dataclass
+class LoadedGenerator:
+    model: VitsModel
+    tokenizer: VitsTokenizer
+    pretrained: bool  # False for scratch models
+    description: str
+
+
+def scratch_tokenizer(vocabulary: list[str]) -> VitsTokenizer:
+    """An MMS-style character tokenizer: id 0 is the blank, then the characters in sorted order."""
+    vocab = {BLANK_TOKEN: 0, **{char: i + 1 for i, char in enumerate(sorted(set(vocabulary) - {BLANK_TOKEN}))}}
+    with tempfile.TemporaryDirectory() as tmp:
+        vocab_file = Path(tmp) / "vocab.json"
+        vocab_file.write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+        return VitsTokenizer(str(vocab_file), pad_token=BLANK_TOKEN, add_blank=True, normalize=True,
+                             phonemize=False, is_uroman=False)
+
+
+def scratch_generator(size: str, vocabulary: list[str], sample_rate: int) -> LoadedGenerator:
+    tokenizer = scratch_tokenizer(vocabulary)
+    config = VitsConfig(vocab_size=len(tokenizer.encoder), pad_token_id=None, sampling_rate=sample_rate,
+                        **SCRATCH_CONFIGS[size])
+    model = VitsModel(config)
+    params = sum(p.numel() for p in model.parameters()) / 1e6
+    return LoadedGenerator(model, tokenizer, pretrained=False,
+                           description=f"new scratch:{size} VITS ({params:.2f}M parameters, "
+                                       f"{len(tokenizer.encoder)} tokens from the training text)")
+
+
+def pretrained_generator(source: ModelSource) -> LoadedGenerator:
+    assert source.local_dir is not None
+    tokenizer = load_tokenizer(source)
+    model = VitsModel.from_pretrained(str(source.local_dir))
+    if len(tokenizer.encoder) > model.config.vocab_size:
+        raise ValueError(f"{source.name}: tokenizer has {len(tokenizer.encoder)} tokens but the model embeds "
+                         f"only {model.config.vocab_size}")
+    params = sum(p.numel() for p in model.parameters()) / 1e6
+    return LoadedGenerator(model, tokenizer, pretrained=True,
+                           description=f"{source.name} ({params:.1f}M parameters)")
+
+
+def load_generator(source: ModelSource, vocabulary: list[str], sample_rate: int) -> LoadedGenerator:
+    """Pretrained weights from a local folder, or a scratch model whose vocabulary is `vocabulary`."""
+    if source.is_scratch:
+        return scratch_generator(source.scratch_size or "tiny", vocabulary, sample_rate)
+    return pretrained_generator(source)
+
+
+def hop_length(config: VitsConfig) -> int:
+    """Audio samples per spectrogram frame: the decoder's total upsampling."""
+    return math.prod(config.upsample_rates)
+
+
+def ready_for_training(model: VitsModel) -> VitsModel:
+    """Decoder weight norm on, LayerDrop off, blank embedding trainable (see the module docstring)."""
+    if not has_weight_norm(model.decoder):
+        model.decoder.apply_weight_norm()
+    model.text_encoder.encoder.layerdrop = 0.0
+    model.text_encoder.embed_tokens.padding_idx = None
+    return model
+
+
+def has_weight_norm(module: torch.nn.Module) -> bool:
+    return any(parametrize.is_parametrized(m, "weight") for m in module.modules())
+
+
+def fold_weight_norm(module: torch.nn.Module) -> None:
+    for sub in module.modules():
+        if parametrize.is_parametrized(sub, "weight"):
+            parametrize.remove_parametrizations(sub, "weight", leave_parametrized=True)
+
+
+def inference_copy(model: VitsModel) -> VitsModel:
+    """A CPU copy in the stock layout (decoder weight norm folded), built fresh so no GPU memory is used."""
+    plain = VitsModel(model.config)
+    if has_weight_norm(model.decoder):
+        plain.decoder.apply_weight_norm()
+    plain.load_state_dict({k: v.detach().cpu() for k, v in model.state_dict().items()})
+    fold_weight_norm(plain.decoder)
+    return plain.eval()
+
+
+def export_model(model: VitsModel, tokenizer: VitsTokenizer, out_dir: str | Path,
+                 discriminator=None, extra_json: dict[str, dict] | None = None) -> None:
+    """Write a Hugging Face folder (config.json, model.safetensors, tokenizer files) and, when given, the
+    discriminator beside it (discriminator.pt) so training can continue. Built in a staging folder and
+    swapped in, so a crash mid-save leaves the previous export intact."""
+    from .discriminator import save_discriminator
+
+    out_dir = Path(out_dir)
+    staging = staging_dir(out_dir)
+    inference_copy(model).save_pretrained(str(staging), safe_serialization=True)
+    tokenizer.save_pretrained(str(staging))
+    if discriminator is not None:
+        save_discriminator(discriminator, staging / "discriminator.pt")
+    for name, data in (extra_json or {}).items():
+        write_text_atomic(staging / name, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    replace_dir(staging, out_dir)
+
+
+FREEZABLE_PARTS = ("text_encoder", "duration_predictor", "posterior_encoder", "flow", "decoder")
+
+
+def freeze(model: VitsModel, parts: list[str]) -> list[str]:
+    """Stop gradients to the named parts (their parameters then stay out of the optimizer).
+    Returns the parts frozen; an unknown name raises ValueError listing the known ones."""
+    unknown = [p for p in parts if p not in FREEZABLE_PARTS]
+    if unknown:
+        raise ValueError(f"--freeze {' '.join(unknown)}: unknown part; choose from {', '.join(FREEZABLE_PARTS)}")
+    for part in parts:
+        getattr(model, part).requires_grad_(False)
+    return list(parts)
+
+
+def train_mode(model: VitsModel, frozen_parts: list[str]) -> None:
+    """Training mode, except frozen parts stay in eval mode (no dropout noise from parts that do not learn)."""
+    model.train()
+    for part in frozen_parts:
+        getattr(model, part).eval()

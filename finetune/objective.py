@@ -1,0 +1,172 @@
+"""The VITS training objective on transformers' VITS modules (which refuse to train by themselves).
+
+    text encoder -> prior mean / log std per token               m_p, logs_p  [batch, flow, tokens]
+    posterior encoder on the linear spectrogram -> z             z            [batch, flow, frames]
+    flow(z) -> z_p; alignment search between z_p and the prior   path         [batch, frames, tokens]
+    durations = frames per token -> duration loss (stochastic or deterministic predictor)
+    prior expanded to frames by the path -> KL(q(z) || p(z | text))
+    a random segment of z (8192 samples) decoded -> audio, compared with the real segment (mel L1)
+    discriminator on real and generated segments -> adversarial and feature-matching losses
+
+Under fp16/bf16 autocast the encoders, decoder and discriminator run in low precision; the flow, the
+duration predictor (whose spline flows are fragile), alignment, features and losses run in fp32.
+Note: transformers names the prior's log standard deviation `prior_log_variances`; it is used as a
+log std (`exp` of it scales the noise), and so it is here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import VitsModel
+
+from . import losses
+from .alignment import maximum_path, prior_log_likelihood
+from .data import Batch
+from .features import Features
+
+
+def fp32(device: torch.device):
+    """A block in which autocast is off: the code inside sees fp32 unless given something else."""
+    return torch.autocast(device_type=device.type, enabled=False)
+
+
+def sequence_mask(lengths: torch.Tensor, max_length: int) -> torch.Tensor:
+    """[batch] lengths -> [batch, max_length] float mask (1 inside each length)."""
+    positions = torch.arange(max_length, device=lengths.device)
+    return (positions.unsqueeze(0) < lengths.unsqueeze(1)).float()
+
+
+@dataclass
+class TextEncoding:
+    hidden: torch.Tensor  # [batch, hidden, tokens]
+    m_p: torch.Tensor  # [batch, flow, tokens] prior mean
+    logs_p: torch.Tensor  # [batch, flow, tokens] prior log std
+    mask: torch.Tensor  # [batch, 1, tokens]
+
+
+def encode_text(model: VitsModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> TextEncoding:
+    mask = attention_mask.unsqueeze(-1).float()  # [batch, tokens, 1], the layout transformers expects
+    out = model.text_encoder(input_ids=input_ids, padding_mask=mask, attention_mask=attention_mask)
+    return TextEncoding(hidden=out.last_hidden_state.transpose(1, 2), m_p=out.prior_means.transpose(1, 2),
+                        logs_p=out.prior_log_variances.transpose(1, 2), mask=mask.transpose(1, 2))
+
+
+def duration_loss(model: VitsModel, text: TextEncoding, durations: torch.Tensor) -> torch.Tensor:
+    """durations: [batch, 1, tokens] frames per token from the alignment. Runs in fp32."""
+    with fp32(durations.device):
+        hidden, mask = text.hidden.float(), text.mask.float()
+        if model.config.use_stochastic_duration_prediction:
+            nll = model.duration_predictor(hidden, mask, durations=durations.float())  # [batch]
+            return torch.sum(nll) / torch.sum(mask)
+        log_duration = model.duration_predictor(hidden, mask)  # [batch, 1, tokens]
+        return losses.deterministic_duration_loss(log_duration, durations, mask)
+
+
+def pick_segment_starts(frame_lengths: torch.Tensor, segment_frames: int) -> torch.Tensor:
+    """A random first frame per clip such that the segment fits (0 for clips shorter than a segment)."""
+    room = torch.clamp(frame_lengths - segment_frames + 1, min=1)
+    return (torch.rand(frame_lengths.shape, device=frame_lengths.device) * room).long()
+
+
+def slice_segments(x: torch.Tensor, starts: torch.Tensor, size: int) -> torch.Tensor:
+    """x [batch, channels, length] -> [batch, channels, size] from each clip's start (zero past the end)."""
+    if x.shape[-1] < int(starts.max()) + size:
+        x = torch.nn.functional.pad(x, (0, int(starts.max()) + size - x.shape[-1]))
+    index = starts.unsqueeze(1) + torch.arange(size, device=x.device).unsqueeze(0)  # [batch, size]
+    return torch.gather(x, 2, index.unsqueeze(1).expand(-1, x.shape[1], -1))
+
+
+@dataclass
+class GeneratorForward:
+    audio: torch.Tensor  # [batch, 1, segment_samples] generated segment
+    segment_starts: torch.Tensor  # [batch] first frame of each segment
+    z_p: torch.Tensor  # [batch, flow, frames] posterior sample through the flow
+    logs_q: torch.Tensor  # [batch, flow, frames] posterior log std
+    m_p: torch.Tensor  # [batch, flow, frames] prior mean, expanded by the alignment
+    logs_p: torch.Tensor  # [batch, flow, frames] prior log std, expanded
+    frame_mask: torch.Tensor  # [batch, 1, frames]
+    duration_loss: torch.Tensor  # scalar
+    durations: torch.Tensor  # [batch, 1, tokens] frames per token from the alignment
+
+
+def generator_forward(model: VitsModel, batch: Batch, features: Features, segment_frames: int) -> GeneratorForward:
+    """Everything the generator computes for one batch (already on the device)."""
+    if not batch.audio.is_floating_point():
+        raise ValueError("batch audio is still int16: move batches with batch.to(device), which scales it to [-1, 1]")
+    device = batch.input_ids.device
+    text = encode_text(model, batch.input_ids, batch.attention_mask)
+    linear = batch.linear if batch.linear is not None else features.linear(batch.audio)
+    frame_mask = sequence_mask(batch.frame_lengths, linear.shape[-1]).unsqueeze(1)  # [batch, 1, frames]
+    z, _, logs_q = model.posterior_encoder(linear, frame_mask)
+    with fp32(device):
+        z_p = model.flow(z.float(), frame_mask)
+        with torch.no_grad():  # the alignment is a target, not a path for gradients
+            log_likelihood = prior_log_likelihood(z_p, text.m_p, text.logs_p)  # [batch, frames, tokens]
+            path = maximum_path(log_likelihood, batch.frame_lengths, batch.text_lengths)
+        durations = path.sum(1).unsqueeze(1)  # [batch, 1, tokens]
+        m_p = torch.matmul(path, text.m_p.float().transpose(1, 2)).transpose(1, 2)  # [batch, flow, frames]
+        logs_p = torch.matmul(path, text.logs_p.float().transpose(1, 2)).transpose(1, 2)
+    starts = pick_segment_starts(batch.frame_lengths, segment_frames)
+    audio = model.decoder(slice_segments(z, starts, segment_frames))  # [batch, 1, segment_frames * hop]
+    return GeneratorForward(audio=audio, segment_starts=starts, z_p=z_p, logs_q=logs_q, m_p=m_p, logs_p=logs_p,
+                            frame_mask=frame_mask, duration_loss=duration_loss(model, text, durations),
+                            durations=durations)
+
+
+def real_segments(batch: Batch, features: Features, starts: torch.Tensor, segment_frames: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The real audio [batch, 1, samples] and log-mel [batch, n_mels, frames] matching the generated segments."""
+    hop = features.config.hop_length
+    audio = slice_segments(batch.audio.unsqueeze(1), starts * hop, segment_frames * hop)
+    if batch.mel is not None:
+        mel = slice_segments(batch.mel, starts, segment_frames)
+    else:
+        mel = features.mel(audio.squeeze(1))
+    return audio, mel
+
+
+@dataclass
+class GeneratorLosses:
+    mel: torch.Tensor
+    kl: torch.Tensor
+    duration: torch.Tensor
+    adversarial: torch.Tensor
+    feature_matching: torch.Tensor
+    total: torch.Tensor  # weighted sum, what the generator minimises
+
+    def terms(self) -> dict[str, torch.Tensor]:
+        return {"mel": self.mel, "kl": self.kl, "duration": self.duration, "adversarial": self.adversarial,
+                "feature_matching": self.feature_matching, "generator": self.total}
+
+
+def generator_losses(out: GeneratorForward, mel_real: torch.Tensor, mel_generated: torch.Tensor,
+                     fake_scores: list[torch.Tensor] | None, fake_features: list[list[torch.Tensor]] | None,
+                     real_features: list[list[torch.Tensor]] | None, weights: losses.LossWeights) -> GeneratorLosses:
+    """Weighted generator loss; without discriminator outputs (warm-up) the adversarial terms are 0."""
+    mel = losses.mel_loss(mel_generated, mel_real)
+    kl = losses.kl_loss(out.z_p, out.logs_q, out.m_p, out.logs_p, out.frame_mask)
+    zero = torch.zeros((), device=mel.device)
+    adversarial = losses.generator_adversarial_loss(fake_scores) if fake_scores is not None else zero
+    matching = (losses.feature_matching_loss(real_features, fake_features)
+                if fake_features is not None and real_features is not None else zero)
+    total = (weights.mel * mel + weights.kl * kl + weights.duration * out.duration_loss
+             + weights.adversarial * adversarial + weights.feature_matching * matching)
+    return GeneratorLosses(mel=mel, kl=kl, duration=out.duration_loss, adversarial=adversarial,
+                           feature_matching=matching, total=total)
+
+
+@torch.no_grad()
+def reconstruction_mel_l1(model: VitsModel, batch: Batch, features: Features) -> torch.Tensor:
+    """Deterministic check of the posterior + decoder: decode each clip's posterior mean whole and
+    compare log-mels with the recording over its valid frames. [batch] mean absolute difference."""
+    linear = batch.linear if batch.linear is not None else features.linear(batch.audio)
+    frame_mask = sequence_mask(batch.frame_lengths, linear.shape[-1]).unsqueeze(1)
+    _, z_mean, _ = model.posterior_encoder(linear, frame_mask)
+    audio = model.decoder(z_mean * frame_mask).squeeze(1)
+    mel_generated = features.mel(audio)
+    mel_real = batch.mel if batch.mel is not None else features.mel(batch.audio)
+    frames = min(mel_generated.shape[-1], mel_real.shape[-1])
+    diff = (mel_generated[..., :frames] - mel_real[..., :frames]).abs().mean(1)  # [batch, frames]
+    mask = frame_mask[:, 0, :frames]
+    return (diff * mask).sum(1) / mask.sum(1)

@@ -1,0 +1,52 @@
+"""Models in and out: scratch and local pretrained models, export that stock transformers loads."""
+
+import numpy as np
+import torch
+from transformers import VitsConfig, VitsModel, pipeline
+
+from finetune.discriminator import Discriminator, DiscriminatorConfig, load_discriminator
+from finetune.generator import (SCRATCH_CONFIGS, export_model, has_weight_norm, load_generator, ready_for_training,
+                                scratch_tokenizer)
+from finetune.model_source import resolve_model
+from tests.conftest import KURMANJI_LETTERS, make_tokenizer_dir
+
+
+def test_scratch_tokenizer_puts_the_blank_between_characters():
+    tokenizer = scratch_tokenizer(list("abç "))
+    ids = tokenizer("Abç").input_ids
+    assert ids[0::2] == [0, 0, 0, 0] and len(ids) == 7
+    assert tokenizer.convert_ids_to_tokens(ids[1::2]) == ["a", "b", "ç"]
+
+
+def test_export_loads_in_stock_transformers_and_speaks(tmp_path):
+    loaded = load_generator(resolve_model("scratch:tiny"), list(KURMANJI_LETTERS + " "), 16000)
+    ready_for_training(loaded.model)
+    discriminator = Discriminator(DiscriminatorConfig(width=0.0625))
+    out = tmp_path / "final_model"
+    export_model(loaded.model, loaded.tokenizer, out, discriminator, {"training_summary.json": {"steps": 3}})
+    export_model(loaded.model, loaded.tokenizer, out, discriminator)  # replacing an export works too
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final_model"]  # no staging folders left
+    model, info = VitsModel.from_pretrained(str(out), output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    assert not has_weight_norm(model.decoder)
+    speech = pipeline("text-to-speech", model=str(out))("Rojbaş, tu çawa yî?")
+    assert speech["sampling_rate"] == 16000 and speech["audio"].size > 1000
+    assert np.isfinite(speech["audio"]).all()
+    assert load_discriminator(out / "discriminator.pt").discriminator.config.width == 0.0625
+
+
+def test_local_pretrained_folder_round_trips_through_training_layout(tmp_path):
+    folder = make_tokenizer_dir(tmp_path / "pretrained", KURMANJI_LETTERS + " ")
+    config = VitsConfig(vocab_size=len(KURMANJI_LETTERS) + 1, **SCRATCH_CONFIGS["tiny"])
+    torch.manual_seed(0)
+    VitsModel(config).save_pretrained(str(folder))
+    original = VitsModel.from_pretrained(str(folder)).eval()
+
+    loaded = load_generator(resolve_model(str(folder)), [], 16000)
+    assert loaded.pretrained
+    ready_for_training(loaded.model)
+    assert has_weight_norm(loaded.model.decoder)
+    export_model(loaded.model, loaded.tokenizer, tmp_path / "out")
+    exported = VitsModel.from_pretrained(str(tmp_path / "out")).eval()
+    for key, value in original.state_dict().items():
+        assert torch.allclose(exported.state_dict()[key], value, atol=1e-6), key

@@ -1,0 +1,99 @@
+"""The training step: gradient isolation, non-finite losses, both duration predictors, freezing, and a
+seeded overfit run on real demo clips."""
+
+import copy
+
+import pytest
+import torch
+
+from finetune.discriminator import Discriminator, DiscriminatorConfig
+from finetune.features import FeatureConfig, Features
+from finetune.generator import freeze
+from finetune.losses import LossWeights, discriminator_loss
+from finetune.objective import generator_forward, real_segments, reconstruction_mel_l1
+from finetune.step import Precision, StepSettings, TrainStep
+from tests.conftest import demo_batch, tiny_generator
+
+SMALL_D = DiscriminatorConfig(width=0.0625, periods=(2, 3))
+FP32 = Precision("fp32", None)
+
+
+def make_step(model, lr=2e-3, seed=0) -> TrainStep:
+    torch.manual_seed(seed)
+    settings = StepSettings(learning_rate=lr, discriminator_learning_rate=lr)
+    return TrainStep(model, Discriminator(SMALL_D), Features(FeatureConfig()), LossWeights(), settings, FP32,
+                     torch.device("cpu"))
+
+
+def test_discriminator_gradients_hold_nothing_from_the_generator_loss(prepared_demo):
+    loaded = tiny_generator(prepared_demo)
+    model, batch = loaded.model.train(), demo_batch(prepared_demo, loaded.tokenizer)
+    step = make_step(model)
+    torch.manual_seed(1)
+    step.accumulate(batch, adversarial=True, scale=1.0)
+    from_step = [p.grad.clone() for p in step.discriminator.parameters()]
+
+    # The same micro-batch (same random draws), discriminator loss alone.
+    torch.manual_seed(1)
+    out = generator_forward(model, batch, step.features, 32)
+    real, _ = real_segments(batch, step.features, out.segment_starts, 32)
+    scores, _ = step.discriminator(torch.cat([real, out.audio.detach()]))
+    size = real.shape[0]
+    alone = discriminator_loss([s[:size] for s in scores], [s[size:] for s in scores])
+    expected = torch.autograd.grad(alone, list(step.discriminator.parameters()))
+    for got, want in zip(from_step, expected):
+        assert torch.allclose(got, want, rtol=1e-4, atol=1e-6)
+    assert any(g.abs().sum() > 0 for g in from_step)
+
+
+def test_a_non_finite_loss_never_reaches_the_weights(prepared_demo):
+    loaded = tiny_generator(prepared_demo)
+    model, good = loaded.model.train(), demo_batch(prepared_demo, loaded.tokenizer)
+    bad = copy.copy(good)
+    bad.audio = good.audio.clone()
+    bad.audio[0, 1000:2000] = float("nan")
+    step = make_step(model)
+    before_g = copy.deepcopy(model.state_dict())
+    before_d = copy.deepcopy(step.discriminator.state_dict())
+    result = step.run([good, bad], adversarial=True)
+    assert not result.applied and result.reason == "non-finite loss" and step.nonfinite_skips == 1
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before_g[key]), key
+    for key, value in step.discriminator.state_dict().items():
+        assert torch.equal(value, before_d[key]), key
+    assert step.optimizer_g.state_dict()["state"] == {} and step.optimizer_d.state_dict()["state"] == {}
+    assert all(p.grad is None for p in model.parameters())
+    assert step.run([good], adversarial=True).applied  # and training goes on
+
+
+def test_deterministic_duration_predictor_trains_too(prepared_demo):
+    loaded = tiny_generator(prepared_demo, use_stochastic_duration_prediction=False)
+    model = loaded.model.train()
+    result = make_step(model).run([demo_batch(prepared_demo, loaded.tokenizer)], adversarial=True)
+    assert result.applied and result.losses["duration"] > 0
+
+
+def test_frozen_parts_do_not_change(prepared_demo):
+    loaded = tiny_generator(prepared_demo)
+    model = loaded.model.train()
+    freeze(model, ["text_encoder", "decoder"])
+    frozen_before = copy.deepcopy({k: v for k, v in model.state_dict().items() if k.startswith(("text_encoder", "decoder"))})
+    flow_before = copy.deepcopy(model.flow.state_dict())
+    assert make_step(model).run([demo_batch(prepared_demo, loaded.tokenizer)], adversarial=True).applied
+    for key, value in frozen_before.items():
+        assert torch.equal(model.state_dict()[key], value), key
+    assert any(not torch.equal(v, flow_before[k]) for k, v in model.flow.state_dict().items())
+    with pytest.raises(ValueError, match="choose from"):
+        freeze(model, ["vocoder"])
+
+
+def test_overfitting_a_few_clips_lowers_mel_l1_by_30_percent(prepared_demo):
+    loaded = tiny_generator(prepared_demo, seed=0)
+    model, batch = loaded.model, demo_batch(prepared_demo, loaded.tokenizer, count=4)
+    step = make_step(model, lr=2e-3, seed=0)
+    before = reconstruction_mel_l1(model.eval(), batch, step.features).mean().item()
+    model.train()
+    for _ in range(80):
+        assert step.run([batch], adversarial=True).applied
+    after = reconstruction_mel_l1(model.eval(), batch, step.features).mean().item()
+    assert after <= 0.7 * before, (before, after)
