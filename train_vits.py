@@ -1,5 +1,297 @@
 #!/usr/bin/env python3
-"""Not built yet: see the open issues. Exits non-zero rather than pretend to train."""
-import sys
+"""Fine-tune a VITS model on a prepared corpus inside a time budget, keeping the best model.
 
-sys.exit("train_vits.py is not built yet (it is on the issue list); prepare_data.py is ready.")
+    python train_vits.py --target_hours 9.5          # the whole run, final save included, fits 9.5 h
+    python train_vits.py --max_samples 1000          # a smoke run on a subset
+    python train_vits.py --resume auto               # continue an interrupted run with the same budget
+
+The clock starts when the process starts. The first steps are timed and the run is planned to end
+inside the budget; the learning rate warms up, then follows a cosine that reaches its floor at the
+last step. Held-out clips are synthesised and scored (mel-cepstral distortion) at each evaluation;
+CHECKPOINT_DIR/best_model is the best so far, OUTPUT_DIR the final model (both load with
+VitsModel.from_pretrained and pipeline("text-to-speech"), with the discriminator beside them).
+Ctrl-C or SIGTERM saves a checkpoint and exits; --resume auto continues.
+
+Exit status: 0 finished, 1 bad data or model, 2 bad flags, 130/143 interrupted (checkpoint saved).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from finetune.cli import ConfigError, config_to_dict, flag, parse_config
+
+
+@dataclass
+class TrainConfig:
+    data_dir: str = flag("training", "prepared corpus: wavs/, metadata.csv, metadata_val.csv (prepare_data.py)")
+    checkpoint_dir: str = flag("training/checkpoints", "run folder: checkpoints, best_model/, samples/, logs, metrics")
+    output_dir: str = flag("training/final_model", "final model (Hugging Face format + discriminator.pt)")
+    model_name: str = flag("facebook/mms-tts-kmr-script_latin",
+                           "starting model: hub id, local folder, or scratch[:tiny|small|mms] (new weights)")
+    target_hours: float = flag(9.5, "time budget for the whole run, start-up and final save included (hours)")
+    batch_size: int = flag(8, "clips per micro-batch")
+    gradient_accumulation_steps: int = flag(4, "micro-batches per optimizer step")
+    learning_rate: float = flag(2e-5, "peak learning rate of the generator")
+    discriminator_learning_rate: float = flag(0.0, "peak learning rate of the discriminator (0: same as --learning_rate)")
+    lr_floor_ratio: float = flag(0.1, "learning rate at the end of the cosine, as a fraction of the peak")
+    warmup_steps: int = flag(500, "linear warmup in optimizer steps (shortened to 10%% of a short plan)")
+    fp16: bool | None = flag(None, "fp16 mixed precision (default: on with CUDA, off on CPU)")
+    bf16: bool = flag(False, "bf16 autocast instead of fp16 (CUDA with bf16 support)")
+    max_samples: int = flag(0, "train on the first N clips of metadata.csv only (0: all)")
+    benchmark_samples: int = flag(200, "clips of real training steps timed at the start to plan the run")
+    resume: str = flag("none", "auto: newest checkpoint in --checkpoint_dir if any; none: a new run; or a checkpoint path")
+    seed: int = flag(1234, "random seed (sampler order, segments, initial weights of new parts)")
+    num_workers: int = flag(-1, "DataLoader worker processes (-1: 2 with CUDA, 0 on CPU)")
+    precompute_mels: bool | None = flag(None, "precompute spectrograms into RAM (default: on CPU yes, with CUDA no; "
+                                              "falls back when RAM is short)")
+    val_every: int = flag(0, "evaluate every N optimizer steps (0: planned, about 20 evaluations a run)")
+    val_samples: int = flag(16, "held-out clips synthesised and scored per evaluation")
+    early_stopping_patience: int = flag(0, "stop after N evaluations without a better score (0: never)")
+    max_epochs: int = flag(0, "stop after N epochs even if time is left (0: no limit)")
+    freeze: list[str] = flag([], "parts to keep fixed: text_encoder duration_predictor posterior_encoder flow decoder")
+    discriminator: str | None = flag(None, "discriminator to start from: this tool's discriminator.pt or an original VITS D_*.pth")
+    discriminator_width: float = flag(1.0, "channel multiplier of a new discriminator (1: standard VITS, 46.7M parameters)")
+    discriminator_periods: list[int] = flag([2, 3, 5, 7, 11], "periods of a new discriminator's period discriminators")
+    discriminator_warmup_steps: int = flag(200, "steps a new discriminator trains alone before reaching a pretrained generator")
+    mel_loss_weight: float = flag(45.0, "weight of the mel L1 loss (VITS c_mel)")
+    kl_loss_weight: float = flag(1.0, "weight of the KL loss (VITS c_kl)")
+    duration_loss_weight: float = flag(1.0, "weight of the duration loss")
+    adversarial_loss_weight: float = flag(1.0, "weight of the generator's adversarial loss")
+    feature_matching_loss_weight: float = flag(1.0, "weight of the feature-matching loss")
+    max_grad_norm: float = flag(10.0, "clip each model's gradient norm to this (0: no clipping)")
+    keep_checkpoints: int = flag(3, "checkpoints kept in --checkpoint_dir (older ones are deleted)")
+    checkpoint_every_minutes: float = flag(30.0, "also checkpoint this often inside an epoch (minutes)")
+    test_sentences: str | None = flag(None, "text file, one sentence a line, synthesised at each evaluation "
+                                            "(default: three built-in Kurmanji sentences)")
+    log_every_seconds: float = flag(30.0, "seconds between progress lines")
+    device: str = flag("auto", "cuda, cuda:N, cpu, or auto")
+
+    def __post_init__(self):
+        problems = []
+        positive = {"target_hours": self.target_hours, "batch_size": self.batch_size, "learning_rate": self.learning_rate,
+                    "gradient_accumulation_steps": self.gradient_accumulation_steps, "val_samples": self.val_samples,
+                    "discriminator_width": self.discriminator_width, "log_every_seconds": self.log_every_seconds,
+                    "checkpoint_every_minutes": self.checkpoint_every_minutes}
+        problems += [f"--{k} {v}: must be positive" for k, v in positive.items() if v <= 0]
+        non_negative = {"max_samples": self.max_samples, "warmup_steps": self.warmup_steps, "val_every": self.val_every,
+                        "early_stopping_patience": self.early_stopping_patience, "max_epochs": self.max_epochs,
+                        "discriminator_learning_rate": self.discriminator_learning_rate,
+                        "benchmark_samples": self.benchmark_samples, "max_grad_norm": self.max_grad_norm,
+                        "discriminator_warmup_steps": self.discriminator_warmup_steps}
+        problems += [f"--{k} {v}: must be 0 or more" for k, v in non_negative.items() if v < 0]
+        if not 0 <= self.lr_floor_ratio <= 1:
+            problems.append(f"--lr_floor_ratio {self.lr_floor_ratio}: use a value from 0 to 1")
+        if self.fp16 and self.bf16:
+            problems.append("--fp16 and --bf16 exclude each other: pick one")
+        if self.keep_checkpoints < 1:
+            problems.append(f"--keep_checkpoints {self.keep_checkpoints}: keep at least 1")
+        from finetune.generator import FREEZABLE_PARTS
+
+        unknown = [p for p in self.freeze if p not in FREEZABLE_PARTS]
+        if unknown:
+            problems.append(f"--freeze {' '.join(unknown)}: unknown part; choose from {', '.join(FREEZABLE_PARTS)}")
+        if self.discriminator and not Path(self.discriminator).is_file():
+            problems.append(f"--discriminator {self.discriminator}: no such file")
+        if self.test_sentences and not Path(self.test_sentences).is_file():
+            problems.append(f"--test_sentences {self.test_sentences}: no such file")
+        if problems:
+            raise ConfigError(problems)
+
+
+# Settings a resumed run must share with the checkpoint (they shape the saved state).
+RESUME_MUST_MATCH = ("batch_size", "gradient_accumulation_steps", "seed", "max_samples", "freeze")
+
+EXIT_INTERRUPTED = {"SIGINT": 130, "SIGTERM": 143}
+
+
+def main(argv: list[str] | None = None, clock=None, step_callback=None) -> int:
+    import torch
+
+    from finetune import session
+    from finetune.budget import Budget, Clock, safety_margin_s
+    from finetune.checkpoint import (TrainingState, check_compatible, data_fingerprint, list_checkpoints,
+                                     load_checkpoint, resolve_resume, restore_rng)
+    from finetune.corpus import decide_precompute, estimate_memory, load_corpus, read_metadata
+    from finetune.distributed import from_environment
+    from finetune.evaluation import Evaluator
+    from finetune.features import FeatureConfig, Features
+    from finetune.generator import freeze, hop_length, train_mode
+    from finetune.interrupt import StopRequest
+    from finetune.loop import LoopConfig, RunPaths, TrainingLoop
+    from finetune.losses import LossWeights
+    from finetune.model_source import resolve_model
+    from finetune.reporting import Metrics, setup_logging
+    from finetune.sampler import BucketSampler, padding_fraction
+    from finetune.step import StepSettings, TrainStep, resolve_precision
+
+    clock = clock or Clock()
+    config = parse_config(TrainConfig, argv, __doc__)
+    dist = from_environment()
+    run_dir, data_dir = Path(config.checkpoint_dir), Path(config.data_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    logger, metrics = setup_logging(run_dir), Metrics(run_dir / "metrics.jsonl")
+
+    # Resume or start: an earlier run's checkpoints are never silently mixed with a new run's.
+    resume_path = resolve_resume(config.resume, run_dir)
+    if resume_path is None and list_checkpoints(run_dir):
+        raise ConfigError([f"{run_dir} holds checkpoints of an earlier run: continue it with --resume auto, or start "
+                           "a new run with another --checkpoint_dir (or delete those checkpoints)"])
+    payload = load_checkpoint(resume_path) if resume_path else None
+    used_before = payload["state"]["time_used_s"] if payload else 0.0
+    budget = Budget(config.target_hours * 3600, clock, used_before_s=used_before,
+                    safety_s=safety_margin_s(config.target_hours * 3600))
+    logger.info(f"train_vits: budget {config.target_hours} h ({budget.target_s:.0f}s), {budget.used_s():.1f}s used "
+                f"({used_before:.1f}s by earlier processes of this run)" + (f"; resuming {resume_path}" if payload else ""))
+
+    # Device and precision.
+    device = session.pick_device(config.device)
+    precision = resolve_precision(device, config.fp16, config.bf16)
+    num_workers = config.num_workers if config.num_workers >= 0 else (2 if device.type == "cuda" else 0)
+
+    # Model: the generator (pretrained, scratch, or from the checkpoint) and its tokenizer.
+    session.seed_everything(config.seed)  # before any weights are made (a resume restores its own state later)
+    texts = session.corpus_texts(data_dir)
+    source = resolve_model(config.model_name)
+    sample_rate = 16_000
+    loaded = session.build_generator(source, payload, texts, sample_rate)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    sample_rate = int(model.config.sampling_rate)
+    session.check_vocabulary(tokenizer, texts)
+    frozen_parts = freeze(model, config.freeze)
+    hop = hop_length(model.config)
+    features = Features(FeatureConfig(sample_rate=sample_rate, hop_length=hop)).to(device)
+    if features.config.linear_bins != model.config.spectrogram_bins:
+        raise ConfigError([f"the model expects {model.config.spectrogram_bins} spectrogram bins; n_fft 1024 gives "
+                           f"{features.config.linear_bins}"])
+    logger.info(f"generator: {loaded.description}; device {device}, {precision.name}"
+                + (f"; frozen: {', '.join(frozen_parts)}" if frozen_parts else ""))
+
+    # Data: the corpus into RAM, after checking that it fits.
+    rows = read_metadata(data_dir / "metadata.csv")[: config.max_samples or None]
+    wanted = config.precompute_mels if config.precompute_mels is not None else device.type == "cpu"
+    estimate = estimate_memory(data_dir, rows, features.config.linear_bins, features.config.n_mels, hop)
+    precompute, memory_note = decide_precompute(estimate, wanted)
+    logger.info(memory_note)
+    train = load_corpus(data_dir, "metadata.csv", tokenizer, features, sample_rate, config.max_samples, precompute, device)
+    val = load_corpus(data_dir, "metadata_val.csv", tokenizer, features, sample_rate, 0, False, device) \
+        if (data_dir / "metadata_val.csv").is_file() else None
+    if not train.examples:
+        raise ConfigError([f"no usable training clips in {data_dir}/metadata.csv ({dict(train.report.skipped)})"])
+    sampler = BucketSampler(train.lengths(hop), config.batch_size, config.seed, dist.rank, dist.world_size)
+    padding = padding_fraction(sampler.epoch_batches(0), train.lengths(hop))
+    logger.info(f"data: {len(train.examples)} clips, {train.hours(sample_rate):.2f} h, loaded in {train.load_s:.1f}s, "
+                f"{train.ram_bytes / 2**30:.2f} GiB in RAM; {sampler.batches_per_epoch} batches an epoch, padding "
+                f"{100 * padding:.1f}% of frames" + (f"; skipped {dict(train.report.skipped)}" if train.report.skipped else ""))
+    metrics.write("data", clips=len(train.examples), hours=round(train.hours(sample_rate), 4), load_s=round(train.load_s, 3),
+                  ram_bytes=train.ram_bytes, precomputed=precompute, padding_fraction=round(padding, 4),
+                  skipped=dict(train.report.skipped))
+
+    # Discriminator, optimizers, evaluation.
+    choice = session.build_discriminator(config.discriminator, config.discriminator_width, config.discriminator_periods,
+                                         payload, loaded.pretrained, config.discriminator_warmup_steps)
+    logger.info(choice.description)
+    weights = LossWeights(mel=config.mel_loss_weight, kl=config.kl_loss_weight, duration=config.duration_loss_weight,
+                          adversarial=config.adversarial_loss_weight, feature_matching=config.feature_matching_loss_weight)
+    d_lr = config.discriminator_learning_rate or config.learning_rate
+    model.to(device)
+    discriminator = choice.discriminator.to(device)
+    step = TrainStep(model, discriminator, features, weights,
+                     StepSettings(learning_rate=config.learning_rate, discriminator_learning_rate=d_lr,
+                                  max_grad_norm=config.max_grad_norm), precision, device)
+    evaluator = Evaluator(session.held_out(val, train, config.val_samples, logger),
+                          features, device, sample_rate, run_dir / "samples",
+                          session.test_sentences(config.test_sentences, tokenizer, logger), seed=config.seed)
+
+    # State: fresh, or everything restored from the checkpoint (random state last, after all construction).
+    fingerprint = data_fingerprint([e.item_id for e in train.examples])
+    resolved = config_to_dict(config)
+    state, plan = TrainingState(), None
+    if payload:
+        check_compatible(payload, resolved, fingerprint, RESUME_MUST_MATCH)
+        step.load_state_dict(payload["train_step"])
+        sampler.load_state_dict(payload["sampler"])
+        state = TrainingState(**payload["state"])
+        plan = _plan_from(payload.get("plan"))
+    train_mode(model, frozen_parts)
+    _write_args(run_dir, resolved, device, precision.name, precompute, num_workers, resume_path)
+
+    loop = TrainingLoop(
+        model=model, tokenizer=tokenizer, discriminator=discriminator, step=step, examples=train.examples,
+        evaluator=evaluator, budget=budget, sampler=sampler, state=state,
+        config=LoopConfig(batch_size=config.batch_size, accumulation=config.gradient_accumulation_steps,
+                          learning_rate=config.learning_rate, discriminator_learning_rate=d_lr,
+                          lr_floor_ratio=config.lr_floor_ratio, warmup_steps=config.warmup_steps,
+                          benchmark_samples=config.benchmark_samples, eval_every=config.val_every,
+                          max_epochs=config.max_epochs, early_stopping_patience=config.early_stopping_patience,
+                          keep_checkpoints=config.keep_checkpoints, checkpoint_every_s=60 * config.checkpoint_every_minutes,
+                          log_every_s=config.log_every_seconds, discriminator_warmup_steps=choice.warmup_steps,
+                          num_workers=num_workers, seed=config.seed),
+        paths=RunPaths(run_dir=run_dir, output_dir=Path(config.output_dir)), logger=logger, metrics=metrics,
+        device=device, hop=hop, frozen_parts=frozen_parts, plan=plan, dist=dist, step_callback=step_callback,
+        checkpoint_extra={"config": resolved, "model_config": model.config.to_dict(),
+                          "tokenizer_files": session.tokenizer_files(tokenizer), "data_fingerprint": fingerprint},
+        stop=StopRequest(), export_extra=lambda: {"training_args.json": resolved})
+    if payload:
+        restore_rng(payload["rng"])
+    if budget.left_s() <= 2 * budget.safety_s:
+        logger.error(f"error: the budget of {budget.target_s:.0f}s is spent ({budget.used_s():.0f}s used by start-up, "
+                     "loading and earlier processes) before training could start: raise --target_hours")
+        return 1
+
+    # Fit, inside the budget.
+    loop.stop.install()
+    try:
+        result = loop.run()
+    finally:
+        loop.stop.restore()
+
+    # Report.
+    summary = loop.summary(result.stop_reason)
+    summary.update(data_wait_share=round(result.data_wait_s / max(result.train_s, 1e-9), 4))
+    metrics.write("end", **summary)
+    if result.stop_reason == "interrupted":
+        logger.info(f"interrupted ({loop.stop.signal_name}) at step {state.step}: saved {result.checkpoint}; "
+                    f"continue with the same command and --resume auto")
+        return EXIT_INTERRUPTED.get(loop.stop.signal_name or "", 130)
+    logger.info(f"done ({result.stop_reason}) after {state.step} steps, {state.epoch} epochs, "
+                f"{budget.used_s():.1f}s of {budget.target_s:.0f}s; last learning rate {result.last_lr:.3e}; "
+                f"best MCD {state.best_score:.3f} dB at step {state.best_step} -> {run_dir / 'best_model'}; "
+                f"final model -> {config.output_dir}; data wait {100 * summary['data_wait_share']:.2f}% of step time")
+    return 0
+
+
+def _plan_from(saved: dict | None):
+    from finetune.budget import Plan
+
+    return Plan(**saved) if saved else None
+
+
+def _write_args(run_dir: Path, resolved: dict, device, precision: str, precompute: bool, num_workers: int, resumed) -> None:
+    from finetune.atomic import write_text_atomic
+
+    extra = {"resolved": {"device": str(device), "precision": precision, "precompute_mels": precompute,
+                          "num_workers": num_workers, "resumed_from": str(resumed) if resumed else None}}
+    write_text_atomic(run_dir / "training_args.json", json.dumps({**resolved, **extra}, indent=2) + "\n")
+
+
+def run() -> int:
+    from finetune.checkpoint import CheckpointError
+    from finetune.corpus import CorpusError
+    from finetune.model_source import ModelSourceError
+
+    try:
+        return main()
+    except (ModelSourceError, CorpusError, CheckpointError, MemoryError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    except ConfigError as error:
+        print(f"error: invalid settings:\n{error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(run())

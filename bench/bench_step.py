@@ -37,11 +37,12 @@ PHASES = ("data to device", "generator forward", "alignment", "discriminator fwd
           "optimizer steps")
 
 
-def prepare_demo(folder: Path) -> Path:
+def prepare_demo(folder: Path, val_fraction: float = 0.0) -> Path:
+    """The demo corpus prepared for a scratch model; no held-out clips unless asked (a step needs none)."""
     import prepare_data
 
     assert prepare_data.main(["--input_dir", str(REPO / "demo" / "corpus"), "--data_dir", str(folder),
-                              "--model_name", "scratch", "--num_workers", "2", "--val_fraction", "0"]) == 0
+                              "--model_name", "scratch", "--num_workers", "2", "--val_fraction", str(val_fraction)]) == 0
     return folder
 
 

@@ -22,9 +22,12 @@ from pathlib import Path
 import torch
 from torch.nn.utils import parametrize
 from transformers import VitsConfig, VitsModel, VitsTokenizer
+from transformers.utils import logging as transformers_logging
 
 from .atomic import replace_dir, staging_dir, write_text_atomic
 from .model_source import ModelSource, load_tokenizer
+
+transformers_logging.disable_progress_bar()  # "Writing model shards" bars would interleave with our log lines
 
 BLANK_TOKEN = "<pad>"  # id 0 in scratch vocabularies: the blank VitsTokenizer puts between characters
 

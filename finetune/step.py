@@ -5,6 +5,9 @@ For each micro-batch of an accumulation window:
   2. discriminator loss on real audio and the *detached* generated audio, backward into the
      discriminator only;
   3. generator loss with the discriminator frozen (requires_grad off), backward into the generator only.
+A CUDA out-of-memory error inside a window drops that window the same way (counted, logged with the
+batch shape and the flags that help) and training goes on.
+
 Then, once per window: if any loss was not finite the window is dropped (gradients zeroed, no optimizer
 step, so nothing reaches the weights or the Adam moments); otherwise gradients are unscaled, clipped,
 and both AdamW optimizers step (discriminator first). Both use the discriminator as it was during the
@@ -104,6 +107,7 @@ class TrainStep:
         self.scaler_d = torch.amp.GradScaler(device.type, enabled=scaler_on)
         self.nonfinite_skips = 0
         self.overflow_skips = 0
+        self.oom_skips = 0
 
     def autocast(self):
         if self.precision.autocast_dtype is None:
@@ -161,10 +165,26 @@ class TrainStep:
         """One optimizer step over `micro_batches` (gradient accumulation)."""
         scale = 1.0 / len(micro_batches)
         totals: dict[str, torch.Tensor] = {}
-        for batch in micro_batches:
-            for name, value in self.accumulate(batch, adversarial, scale).items():
-                totals[name] = totals.get(name, 0.0) + value * scale
+        try:
+            for batch in micro_batches:
+                for name, value in self.accumulate(batch, adversarial, scale).items():
+                    totals[name] = totals.get(name, 0.0) + value * scale
+        except torch.cuda.OutOfMemoryError:
+            return self._out_of_memory(micro_batches)
         return self.apply(totals)
+
+    def _out_of_memory(self, micro_batches: list[Batch]) -> StepResult:
+        """A window too big for the GPU: drop it (no partial update), free the cache, and say which."""
+        self.optimizer_g.zero_grad(set_to_none=True)
+        self.optimizer_d.zero_grad(set_to_none=True)
+        self.oom_skips += 1
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        longest = max(int(b.frame_lengths.max()) for b in micro_batches)
+        reason = (f"CUDA out of memory on {len(micro_batches)} micro-batches of up to {max(len(b) for b in micro_batches)} "
+                  f"clips (longest {longest} frames): skipped; lower --batch_size (and raise "
+                  f"--gradient_accumulation_steps) or prepare with a lower --max_seconds")
+        return StepResult(applied=False, reason=reason)
 
     def apply(self, totals: dict[str, torch.Tensor]) -> StepResult:
         """End of an accumulation window: drop it if any loss is not finite, else clip and step."""
@@ -205,7 +225,8 @@ class TrainStep:
     def state_dict(self) -> dict:
         return {"optimizer_g": self.optimizer_g.state_dict(), "optimizer_d": self.optimizer_d.state_dict(),
                 "scaler_g": self.scaler_g.state_dict(), "scaler_d": self.scaler_d.state_dict(),
-                "nonfinite_skips": self.nonfinite_skips, "overflow_skips": self.overflow_skips}
+                "nonfinite_skips": self.nonfinite_skips, "overflow_skips": self.overflow_skips,
+                "oom_skips": self.oom_skips}
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer_g.load_state_dict(state["optimizer_g"])
@@ -214,3 +235,4 @@ class TrainStep:
         self.scaler_d.load_state_dict(state["scaler_d"])
         self.nonfinite_skips = state.get("nonfinite_skips", 0)
         self.overflow_skips = state.get("overflow_skips", 0)
+        self.oom_skips = state.get("oom_skips", 0)

@@ -114,3 +114,42 @@ def demo_batch(data_dir: Path, tokenizer, count: int = 4):
 
     examples, _ = load_examples(data_dir, "metadata.csv", tokenizer, hop=256, sample_rate=16000, max_samples=count)
     return collate(examples, hop=256).to("cpu")
+
+
+# ---------------------------------------------------------------- injected time
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+
+def clock_for(fake: FakeClock):
+    from finetune.budget import Clock
+
+    return Clock(fake.now)
+
+
+@pytest.fixture
+def timed_work(monkeypatch):
+    """Optimizer steps take `step_s` and evaluations `eval_s` of fake time."""
+    fake = FakeClock()
+    costs = {"step_s": 3.0, "eval_s": 1.0}
+    from finetune import evaluation, step
+
+    real_run, real_evaluate = step.TrainStep.run, evaluation.Evaluator.evaluate
+
+    def run(self, *args, **kwargs):
+        fake.t += costs["step_s"]
+        return real_run(self, *args, **kwargs)
+
+    def evaluate(self, *args, **kwargs):
+        fake.t += costs["eval_s"]
+        return real_evaluate(self, *args, **kwargs)
+
+    monkeypatch.setattr(step.TrainStep, "run", run)
+    monkeypatch.setattr(evaluation.Evaluator, "evaluate", evaluate)
+    return fake, costs

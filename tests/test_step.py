@@ -97,3 +97,23 @@ def test_overfitting_a_few_clips_lowers_mel_l1_by_30_percent(prepared_demo):
         assert step.run([batch], adversarial=True).applied
     after = reconstruction_mel_l1(model.eval(), batch, step.features).mean().item()
     assert after <= 0.7 * before, (before, after)
+
+
+def test_cuda_out_of_memory_skips_the_window_and_training_goes_on(prepared_demo, monkeypatch):
+    loaded = tiny_generator(prepared_demo)
+    model, batch = loaded.model.train(), demo_batch(prepared_demo, loaded.tokenizer)
+    step = make_step(model)
+    before = copy.deepcopy(model.state_dict())
+    real = TrainStep.accumulate
+
+    def out_of_memory(self, *args, **kwargs):
+        real(self, *args, **kwargs)  # gradients half accumulated when the error strikes
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(TrainStep, "accumulate", out_of_memory)
+    result = step.run([batch], adversarial=True)
+    assert not result.applied and "--batch_size" in result.reason and step.oom_skips == 1
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+    monkeypatch.setattr(TrainStep, "accumulate", real)
+    assert step.run([batch], adversarial=True).applied

@@ -1,0 +1,151 @@
+"""The time budget: one clock from process start, the plan that fits training into what is left, and the
+learning-rate curve that spans that plan.
+
+Everything here is plain arithmetic on seconds and step counts, so it is tested alone with an injected
+clock. The loop asks three questions of it: how many steps fit (make_plan), does the next step fit
+(Budget.fits), and what is the learning rate at this step (learning_rate).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+
+def seconds_since_process_start() -> float:
+    """How long this process has existed: interpreter start-up and imports count against the budget."""
+    import psutil
+
+    return max(0.0, time.time() - psutil.Process().create_time())
+
+
+class Clock:
+    """Monotonic seconds since the process started. Tests pass their own `now` (no sleeps)."""
+
+    def __init__(self, now: Callable[[], float] | None = None):
+        if now is None:
+            origin = time.monotonic() - seconds_since_process_start()
+            now = lambda: time.monotonic() - origin  # noqa: E731
+        self.now = now
+
+
+@dataclass
+class Budget:
+    """Seconds allowed for the whole run, of which `used_before_s` went to earlier (resumed) processes."""
+
+    target_s: float
+    clock: Clock
+    used_before_s: float = 0.0
+    safety_s: float = 2.0  # kept free at the end: interpreter exit, estimate error
+
+    def used_s(self) -> float:
+        return self.used_before_s + self.clock.now()
+
+    def left_s(self) -> float:
+        return self.target_s - self.used_s()
+
+    def fits(self, seconds: float, reserve_s: float) -> bool:
+        """Whether `seconds` of work still leaves `reserve_s` (the final save) plus the safety margin."""
+        return seconds + reserve_s + self.safety_s <= self.left_s()
+
+
+def safety_margin_s(target_s: float) -> float:
+    """Kept free at the end of a run: 0.5% of the budget, between 2 s and 60 s."""
+    return min(60.0, max(2.0, 0.005 * target_s))
+
+
+class StepTimer:
+    """Seconds per optimizer step over the recent window, leaving out the first `skip` steps of this
+    process (compilation, allocator warm-up, autotuning make them slower than the rest)."""
+
+    def __init__(self, skip: int = 2, window: int = 50, prior_s: float | None = None):
+        self.skip, self.seen = skip, 0
+        self.recent: deque[float] = deque(maxlen=window)
+        self.prior_s = prior_s  # an estimate to use before any step is timed (e.g. from a checkpoint)
+
+    def add(self, seconds: float) -> None:
+        self.seen += 1
+        if self.seen > self.skip:
+            self.recent.append(seconds)
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.recent) or self.prior_s is not None
+
+    @property
+    def mean_s(self) -> float:
+        if self.recent:
+            return sum(self.recent) / len(self.recent)
+        return self.prior_s if self.prior_s is not None else float("inf")
+
+    @property
+    def cautious_s(self) -> float:
+        """For deciding whether the next step fits: the 90th percentile of recent steps (batch lengths
+        vary; the slowest of them would waste most of a step at every deadline), the slowest one while
+        fewer than 10 are timed. An unluckier step than this is absorbed by the safety margin."""
+        if len(self.recent) < 10:
+            return max(self.recent) if self.recent else self.mean_s
+        ordered = sorted(self.recent)
+        return ordered[int(0.9 * (len(ordered) - 1))]
+
+
+@dataclass
+class Plan:
+    time_left_s: float  # when the plan was made
+    step_s: float  # seconds per optimizer step
+    eval_s: float  # seconds per evaluation (synthesis, scoring, saving the best model)
+    checkpoint_s: float  # seconds per checkpoint
+    final_s: float  # final evaluation + export + checkpoint, kept for the end
+    steps_per_epoch: int
+    steps_done: int
+    total_steps: int  # optimizer steps in the whole run, done ones included
+    eval_every: int  # optimizer steps between evaluations
+    warmup_steps: int
+    epochs: float  # total_steps / steps_per_epoch
+    limited_by: str  # "time" or "max_epochs"
+
+    def to_dict(self) -> dict:
+        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+
+
+def make_plan(time_left_s: float, step_s: float, eval_s: float, checkpoint_s: float, final_s: float,
+              steps_per_epoch: int, steps_done: int, warmup_steps: int, safety_s: float,
+              eval_every: int = 0, evals_wanted: int = 20, max_epochs: int = 0,
+              checkpoint_every_s: float = 1800.0) -> Plan:
+    """How many optimizer steps fit in `time_left_s`, with evaluations and checkpoints counted.
+
+    With eval_every = 0 the evaluations are spread so that about `evals_wanted` happen, spending at
+    most 10% of the usable time on them. Checkpoints come at each epoch end and every
+    `checkpoint_every_s`. The warmup is shortened to at most 10% of the planned steps.
+    """
+    usable = max(0.0, time_left_s - final_s - safety_s)
+    step_s = max(step_s, 1e-6)  # a clock too coarse to see a step must not divide by zero
+    saves_per_step = checkpoint_s * (1.0 / steps_per_epoch + step_s / checkpoint_every_s)
+    if eval_every <= 0:
+        evals = max(1, min(evals_wanted, int(0.1 * usable / eval_s))) if eval_s > 0 else evals_wanted
+        steps = int(max(0.0, usable - evals * eval_s) / (step_s + saves_per_step))
+        eval_every = max(1, math.ceil(steps / evals)) if steps else 1
+    else:
+        steps = int(usable / (step_s + eval_s / eval_every + saves_per_step))
+    limited_by = "time"
+    if max_epochs > 0 and steps_done + steps >= max_epochs * steps_per_epoch:
+        steps, limited_by = max(0, max_epochs * steps_per_epoch - steps_done), "max_epochs"
+    total = steps_done + steps
+    return Plan(time_left_s=time_left_s, step_s=step_s, eval_s=eval_s, checkpoint_s=checkpoint_s, final_s=final_s,
+                steps_per_epoch=steps_per_epoch, steps_done=steps_done, total_steps=total, eval_every=eval_every,
+                warmup_steps=min(warmup_steps, max(1, total // 10)), epochs=total / steps_per_epoch,
+                limited_by=limited_by)
+
+
+def learning_rate(step: int, total_steps: int, warmup_steps: int, peak: float, floor_ratio: float) -> float:
+    """Linear warmup from 0 to `peak` over steps 1..warmup_steps, then a cosine from `peak` down to
+    `peak * floor_ratio`, reached exactly at step `total_steps` (and held after it)."""
+    if warmup_steps > 0 and step <= warmup_steps:
+        return peak * step / warmup_steps
+    floor = peak * floor_ratio
+    span = max(1, total_steps - warmup_steps)
+    progress = min(1.0, max(0.0, (step - warmup_steps) / span))
+    return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))

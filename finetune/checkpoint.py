@@ -1,0 +1,159 @@
+"""Checkpoints: the full training state in one file, written atomically, the last K kept.
+
+A checkpoint holds both models, both optimizers and gradient scalers, the step and epoch, the sampler
+position, every random generator's state, the time used so far, the plan, the best evaluation so far,
+the resolved config, the model's config and vocabulary (so a scratch model can be rebuilt), and a
+fingerprint of the training data. Everything in it is tensors and plain values, so it loads with
+`torch.load(weights_only=True)`: opening a checkpoint never runs code from it.
+
+Names: `checkpoint_epoch_N.pt` at the end of epoch N, `checkpoint_epoch_N_step_S.pt` for one taken
+inside an epoch (periodic or on interrupt). `latest_checkpoint.json` points at the newest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+import random
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .atomic import torch_save_atomic, write_text_atomic
+
+CHECKPOINT_VERSION = 1
+LATEST = "latest_checkpoint.json"
+NAME_PATTERN = re.compile(r"checkpoint_epoch_(\d+)(?:_step_(\d+))?\.pt$")
+
+
+class CheckpointError(Exception):
+    """A checkpoint cannot be used to resume; the message says why and what to do."""
+
+
+@dataclass
+class TrainingState:
+    step: int = 0  # optimizer steps done
+    epoch: int = 0  # epochs completed
+    samples_seen: int = 0
+    time_used_s: float = 0.0  # of the budget, across all processes of this run
+    best_score: float = float("inf")  # best evaluation measure (MCD, dB)
+    best_step: int = -1
+    evals_since_best: int = 0
+    step_s_estimate: float = 0.0  # seconds per optimizer step when saved (0: unknown)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------- random state
+
+
+def capture_rng() -> dict:
+    """Every generator training draws from, as tensors and plain values (weights_only-loadable)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    state = {"python": [version, list(internal), gauss_next], "numpy": [kind, torch.from_numpy(keys.astype(np.int64)),
+                                                                      pos, has_gauss, gauss],
+             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict) -> None:
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ---------------------------------------------------------------- files
+
+
+def data_fingerprint(item_ids: list[str]) -> str:
+    """Identifies the training set (ids in order): resuming on other data would break the sampler."""
+    return hashlib.blake2b("\n".join(item_ids).encode(), digest_size=12).hexdigest()
+
+
+def checkpoint_name(epoch: int, step: int, end_of_epoch: bool) -> str:
+    return f"checkpoint_epoch_{epoch}.pt" if end_of_epoch else f"checkpoint_epoch_{epoch}_step_{step}.pt"
+
+
+def list_checkpoints(folder: Path) -> list[Path]:
+    return [p for p in folder.glob("checkpoint_epoch_*.pt") if NAME_PATTERN.search(p.name)]
+
+
+def save_checkpoint(folder: Path, name: str, payload: dict, keep: int) -> Path:
+    """Write atomically, point latest_checkpoint.json at it, then delete all but the newest `keep`."""
+    path = folder / name
+    torch_save_atomic({"version": CHECKPOINT_VERSION, **payload}, path)
+    step = payload["state"]["step"]
+    write_text_atomic(folder / LATEST, json.dumps({"path": name, "step": step,
+                                                    "epoch": payload["state"]["epoch"]}) + "\n")
+    rotate(folder, keep, protect=path)
+    return path
+
+
+def rotate(folder: Path, keep: int, protect: Path) -> None:
+    """Delete the oldest checkpoints (by modification time) beyond `keep`; never the one just written."""
+    if keep <= 0:
+        return
+    existing = sorted(list_checkpoints(folder), key=lambda p: p.stat().st_mtime)
+    for old in existing[: max(0, len(existing) - keep)]:
+        if old != protect:
+            old.unlink(missing_ok=True)
+
+
+def latest_checkpoint(folder: Path) -> Path | None:
+    """The newest checkpoint: the one latest_checkpoint.json names, else the most recently written."""
+    pointer = folder / LATEST
+    if pointer.is_file():
+        try:
+            named = folder / json.loads(pointer.read_text(encoding="utf-8"))["path"]
+            if named.is_file():
+                return named
+        except (ValueError, KeyError):
+            pass  # an unreadable pointer: fall back to the files themselves
+    existing = list_checkpoints(folder)
+    return max(existing, key=lambda p: p.stat().st_mtime) if existing else None
+
+
+def resolve_resume(resume: str, folder: Path) -> Path | None:
+    """--resume none: None. auto: the newest checkpoint in `folder`, or None when there is none.
+    A path: that file, which must exist."""
+    if resume == "none":
+        return None
+    if resume == "auto":
+        return latest_checkpoint(folder) if folder.is_dir() else None
+    path = Path(resume)
+    if not path.is_file():
+        raise CheckpointError(f"--resume {resume}: no such checkpoint file")
+    return path
+
+
+def load_checkpoint(path: Path) -> dict:
+    try:
+        payload = torch.load(str(path), map_location="cpu", weights_only=True)
+    except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as error:
+        raise CheckpointError(f"{path} cannot be read ({error}); resume from another with --resume PATH") from error
+    if not isinstance(payload, dict) or payload.get("version") != CHECKPOINT_VERSION:
+        raise CheckpointError(f"{path} is not a checkpoint of this tool (version {CHECKPOINT_VERSION})")
+    return payload
+
+
+def check_compatible(payload: dict, config: dict, fingerprint: str, keys: tuple[str, ...]) -> None:
+    """Resuming must continue the same run: the same data and the settings that shape the state."""
+    problems = [f"--{k} was {payload['config'].get(k)!r} in the checkpoint, now {config.get(k)!r}"
+                for k in keys if payload["config"].get(k) != config.get(k)]
+    if payload.get("data_fingerprint") != fingerprint:
+        problems.append("the training clips (metadata.csv) differ from the checkpoint's")
+    if problems:
+        raise CheckpointError("cannot resume this checkpoint with these settings: " + "; ".join(problems)
+                              + ". Use the original settings, or start a new run in another --checkpoint_dir")

@@ -1,0 +1,93 @@
+"""Length-bucketed batches: little padding, random order, every item exactly once per epoch.
+
+Per epoch (seeded by seed and epoch): shuffle all items, cut the order into pools of
+`batch_size * pool_batches`, sort each pool by length and cut it into batches, then shuffle the batches.
+Items of similar length share a batch (little padding) while batches still vary from epoch to epoch.
+The last batch of a pool may be smaller: nothing is dropped.
+
+For data-parallel training each rank takes every `world_size`-th batch; when the batch count does not
+divide evenly, the first few batches are repeated so that every rank runs the same number of steps
+(counted in `repeated`). Resuming needs only (epoch, position): the batch list is a function of the
+seed and the epoch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def bucketed_batches(lengths: list[int] | np.ndarray, batch_size: int, seed: int, epoch: int,
+                     pool_batches: int = 32) -> list[list[int]]:
+    rng = np.random.default_rng([seed, epoch])
+    lengths = np.asarray(lengths)
+    order = rng.permutation(len(lengths))
+    pool = batch_size * pool_batches
+    batches = []
+    for start in range(0, len(order), pool):
+        chunk = order[start : start + pool]
+        chunk = chunk[np.argsort(-lengths[chunk], kind="stable")]
+        batches.extend(chunk[i : i + batch_size].tolist() for i in range(0, len(chunk), batch_size))
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def shard(batches: list[list[int]], rank: int, world_size: int) -> tuple[list[list[int]], int]:
+    """This rank's batches, and how many batches were repeated to even out the ranks."""
+    if world_size == 1:
+        return batches, 0
+    repeated = (-len(batches)) % world_size
+    padded = batches + batches[:repeated]
+    return padded[rank::world_size], repeated
+
+
+def padding_fraction(batches: list[list[int]], lengths: list[int] | np.ndarray) -> float:
+    """Share of padded positions: sum over batches of (longest * size - total) / (longest * size)."""
+    lengths = np.asarray(lengths)
+    padded = sum(int(lengths[b].max()) * len(b) for b in batches)
+    return 1.0 - float(sum(int(lengths[b].sum()) for b in batches)) / padded if padded else 0.0
+
+
+@dataclass
+class SamplerState:
+    epoch: int = 0  # epochs completed
+    position: int = 0  # batches of the current epoch already taken
+
+
+class BucketSampler:
+    """Hands out this rank's batches epoch after epoch, from a resumable (epoch, position)."""
+
+    def __init__(self, lengths: list[int], batch_size: int, seed: int, rank: int = 0, world_size: int = 1):
+        self.lengths, self.batch_size, self.seed = list(lengths), batch_size, seed
+        self.rank, self.world_size = rank, world_size
+        self.state = SamplerState()
+        self._epoch_cache: tuple[int, list[list[int]]] | None = None
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        if self._epoch_cache is None or self._epoch_cache[0] != epoch:
+            batches = bucketed_batches(self.lengths, self.batch_size, self.seed, epoch)
+            self._epoch_cache = (epoch, shard(batches, self.rank, self.world_size)[0])
+        return self._epoch_cache[1]
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return len(self.epoch_batches(self.state.epoch))
+
+    def remaining_batches(self) -> list[list[int]]:
+        """The batches of the current epoch not yet taken (all of them at an epoch start)."""
+        return self.epoch_batches(self.state.epoch)[self.state.position :]
+
+    def advance(self) -> bool:
+        """Record that one batch was consumed; True when that ended the epoch (the epoch then advances)."""
+        self.state.position += 1
+        if self.state.position >= self.batches_per_epoch:
+            self.state = SamplerState(epoch=self.state.epoch + 1, position=0)
+            return True
+        return False
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.state.epoch, "position": self.state.position, "seed": self.seed,
+                "batch_size": self.batch_size, "items": len(self.lengths)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.state = SamplerState(epoch=int(state["epoch"]), position=int(state["position"]))

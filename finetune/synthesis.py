@@ -1,0 +1,81 @@
+"""Speaking text with a saved model folder: load it with stock transformers, normalise text the way
+training did, skip (and name) what the vocabulary cannot say, write 16-bit WAVs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .audio import write_pcm16
+from .corpus import tokenize
+from .evaluation import synthesise
+from .text import TextNormalizer, describe_oov
+
+
+@dataclass
+class Voice:
+    model: object  # transformers.VitsModel in eval mode
+    tokenizer: object
+    normalizer: TextNormalizer
+    sample_rate: int
+    device: torch.device
+
+
+def load_voice(model_dir: str | Path, device: torch.device, speaking_rate: float = 1.0) -> Voice:
+    from transformers import VitsModel, VitsTokenizer
+
+    model = VitsModel.from_pretrained(str(model_dir)).to(device).eval()
+    model.speaking_rate = speaking_rate
+    tokenizer = VitsTokenizer.from_pretrained(str(model_dir))
+    normalizer = TextNormalizer({t for t in tokenizer.encoder if len(t) == 1})
+    return Voice(model, tokenizer, normalizer, int(model.config.sampling_rate), device)
+
+
+@dataclass
+class Line:
+    item_id: str
+    text: str  # as written
+    token_ids: np.ndarray | None  # None when it cannot be said
+    problem: str = ""
+
+
+def prepare_lines(voice: Voice, lines: list[tuple[str, str]]) -> list[Line]:
+    """(id, text) -> Lines, each with token ids or the reason it cannot be said."""
+    prepared = []
+    for item_id, text in lines:
+        check = voice.normalizer(text)
+        if check.oov or not check.text:
+            prepared.append(Line(item_id, text, None, describe_oov(check.oov) or "nothing sayable"))
+        else:
+            prepared.append(Line(item_id, text, tokenize(voice.tokenizer, check.text)))
+    return prepared
+
+
+def speak(voice: Voice, token_ids: np.ndarray, seed: int = 0) -> np.ndarray:
+    return synthesise(voice.model, [token_ids], voice.device, seed)[0]
+
+
+def speak_to_folder(voice: Voice, lines: list[Line], folder: Path, seed: int = 0, suffix: str = "") -> list[Path]:
+    """Each sayable line to folder/<id><suffix>.wav; returns the paths written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for line in lines:
+        if line.token_ids is None:
+            continue
+        path = folder / f"{line.item_id}{suffix}.wav"
+        write_pcm16(path, speak(voice, line.token_ids, seed), voice.sample_rate)
+        paths.append(path)
+    return paths
+
+
+def numbered(lines: list[str]) -> list[tuple[str, str]]:
+    """Sentences -> (id, text) with zero-padded ids 001, 002, ..."""
+    width = max(3, len(str(len(lines))))
+    return [(f"{i:0{width}d}", text) for i, text in enumerate(lines, start=1)]
+
+
+def read_sentences(path: str | Path) -> list[str]:
+    return [l.strip() for l in Path(path).read_text(encoding="utf-8").splitlines() if l.strip()]

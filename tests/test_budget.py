@@ -1,0 +1,62 @@
+"""The budget's arithmetic: learning-rate curve, plan, fit decisions, step timing."""
+
+import math
+
+import pytest
+
+from finetune.budget import Budget, Clock, StepTimer, learning_rate, make_plan, safety_margin_s
+
+
+def test_warmup_rises_linearly_then_cosine_reaches_the_floor_at_the_last_step():
+    peak, floor = 1e-3, 0.1
+    assert learning_rate(1, 100, 10, peak, floor) == pytest.approx(1e-4)
+    assert learning_rate(10, 100, 10, peak, floor) == pytest.approx(peak)
+    assert learning_rate(55, 100, 10, peak, floor) == pytest.approx(peak * (floor + (1 - floor) * 0.5))
+    assert learning_rate(100, 100, 10, peak, floor) == pytest.approx(peak * floor)
+    assert learning_rate(150, 100, 10, peak, floor) == pytest.approx(peak * floor)
+    after_warmup = [learning_rate(s, 100, 10, peak, floor) for s in range(10, 101)]
+    assert all(a >= b for a, b in zip(after_warmup, after_warmup[1:]))
+
+
+def test_plan_counts_steps_evaluations_and_saves():
+    # 1000 s left, 2 s safety, 20 s final save: 978 s usable. Evaluations every 50 steps at 10 s,
+    # checkpoints 5 s at each 100-step epoch (and every 1800 s, which never comes).
+    plan = make_plan(time_left_s=1000, step_s=2.0, eval_s=10.0, checkpoint_s=5.0, final_s=20.0, steps_per_epoch=100,
+                     steps_done=7, warmup_steps=500, safety_s=2.0, eval_every=50)
+    per_step = 2.0 + 10.0 / 50 + 5.0 * (1 / 100 + 2.0 / 1800)
+    assert plan.total_steps == 7 + int(978 / per_step)
+    assert plan.limited_by == "time" and plan.eval_every == 50
+    assert plan.warmup_steps == plan.total_steps // 10  # 500 shortened to 10% of a short plan
+    assert plan.epochs == pytest.approx(plan.total_steps / 100)
+
+
+def test_planned_evaluations_take_at_most_a_tenth_of_the_time():
+    plan = make_plan(time_left_s=3600, step_s=1.0, eval_s=60.0, checkpoint_s=0.0, final_s=0.0, steps_per_epoch=1000,
+                     steps_done=0, warmup_steps=10, safety_s=0.0)
+    evaluations = math.ceil(plan.total_steps / plan.eval_every)
+    assert evaluations * 60.0 <= 0.1 * 3600 + 60.0 and evaluations >= 5
+
+
+def test_max_epochs_caps_the_plan():
+    plan = make_plan(time_left_s=10_000, step_s=1.0, eval_s=1.0, checkpoint_s=1.0, final_s=1.0, steps_per_epoch=30,
+                     steps_done=10, warmup_steps=5, safety_s=1.0, max_epochs=2)
+    assert (plan.total_steps, plan.limited_by) == (60, "max_epochs")
+
+
+def test_budget_counts_earlier_processes_and_keeps_the_reserve():
+    now = [100.0]
+    budget = Budget(target_s=1000.0, clock=Clock(lambda: now[0]), used_before_s=400.0, safety_s=5.0)
+    assert budget.used_s() == 500.0 and budget.left_s() == 500.0
+    assert budget.fits(450.0, reserve_s=45.0) and not budget.fits(450.1, reserve_s=45.0)
+    assert safety_margin_s(180) == 2.0 and safety_margin_s(9.5 * 3600) == 60.0
+
+
+def test_step_timer_skips_warm_up_steps_and_is_cautious():
+    timer = StepTimer(skip=2)
+    for seconds in (9.0, 8.0, 1.0, 2.0, 3.0):
+        timer.add(seconds)
+    assert timer.mean_s == pytest.approx(2.0) and timer.cautious_s == 3.0  # few timed: the slowest
+    for seconds in [1.0] * 17 + [5.0, 9.0]:
+        timer.add(seconds)
+    assert timer.cautious_s == 2.0  # 22 timed (eighteen 1s, then 2, 3, 5, 9): the 90th percentile, not 9
+    assert StepTimer(prior_s=4.0).mean_s == 4.0 and not StepTimer().ready

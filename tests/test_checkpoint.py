@@ -1,0 +1,67 @@
+"""Checkpoint helpers: random state, rotation, the latest pointer, resume resolution, compatibility."""
+
+import random
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from finetune.checkpoint import (CheckpointError, capture_rng, check_compatible, latest_checkpoint, list_checkpoints,
+                                 load_checkpoint, resolve_resume, restore_rng, save_checkpoint)
+from finetune.corpus import MemoryEstimate, decide_precompute
+
+
+def test_random_state_round_trips_and_loads_with_weights_only(tmp_path):
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    torch.save(capture_rng(), tmp_path / "rng.pt")
+    expected = (random.random(), np.random.rand(), torch.rand(1).item())
+    restore_rng(torch.load(tmp_path / "rng.pt", weights_only=True))
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+
+
+def payload(step):
+    return {"state": {"step": step, "epoch": 0}, "weights": torch.zeros(2), "config": {"batch_size": 8}}
+
+
+def test_keeps_the_newest_and_points_at_the_latest(tmp_path):
+    for step in range(1, 6):
+        save_checkpoint(tmp_path, f"checkpoint_epoch_1_step_{step}.pt", payload(step), keep=2)
+        time.sleep(0.01)
+    assert sorted(p.name for p in list_checkpoints(tmp_path)) == ["checkpoint_epoch_1_step_4.pt",
+                                                                 "checkpoint_epoch_1_step_5.pt"]
+    assert latest_checkpoint(tmp_path).name == "checkpoint_epoch_1_step_5.pt"
+    assert load_checkpoint(latest_checkpoint(tmp_path))["state"]["step"] == 5
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_resume_resolution(tmp_path):
+    assert resolve_resume("none", tmp_path) is None
+    assert resolve_resume("auto", tmp_path / "empty") is None  # auto tolerates nothing to resume
+    with pytest.raises(CheckpointError, match="no such checkpoint"):
+        resolve_resume(str(tmp_path / "missing.pt"), tmp_path)  # a named checkpoint must exist
+
+
+def test_a_damaged_checkpoint_is_an_error_naming_the_way_out(tmp_path):
+    (tmp_path / "checkpoint_epoch_1.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="--resume PATH"):
+        load_checkpoint(tmp_path / "checkpoint_epoch_1.pt")
+
+
+def test_resuming_with_other_settings_or_data_is_refused():
+    saved = {"config": {"batch_size": 8, "seed": 1}, "data_fingerprint": "abc"}
+    check_compatible(saved, {"batch_size": 8, "seed": 1}, "abc", ("batch_size", "seed"))
+    with pytest.raises(CheckpointError, match="--batch_size was 8 in the checkpoint, now 16.*clips"):
+        check_compatible(saved, {"batch_size": 16, "seed": 1}, "xyz", ("batch_size", "seed"))
+
+
+def test_memory_check_falls_back_then_refuses_with_a_way_out():
+    gib = 2**30
+    fits = MemoryEstimate(clips=1000, audio_bytes=gib, feature_bytes=2 * gib, available_bytes=10 * gib)
+    assert decide_precompute(fits, True)[0] is True
+    tight = MemoryEstimate(clips=1000, audio_bytes=gib, feature_bytes=8 * gib, available_bytes=4 * gib)
+    precompute, note = decide_precompute(tight, True)
+    assert precompute is False and "on the device per batch instead" in note
+    short = MemoryEstimate(clips=1000, audio_bytes=8 * gib, feature_bytes=0, available_bytes=4 * gib)
+    with pytest.raises(MemoryError, match="--max_samples 39"):
+        decide_precompute(short, True)

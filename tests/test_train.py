@@ -1,0 +1,144 @@
+"""train_vits.py end to end on CPU with a tiny model and a slice of the demo corpus.
+
+Time is injected: a fake clock that only moves when a training step or an evaluation "takes" time,
+so the deadline logic is tested exactly and without sleeps.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from transformers import VitsModel, pipeline
+
+import train_vits
+from finetune import evaluation
+from tests.conftest import REPO, clock_for
+
+
+def args(data_dir, run_dir, *extra: str) -> list[str]:
+    return ["--data_dir", str(data_dir), "--checkpoint_dir", str(run_dir / "checkpoints"),
+            "--output_dir", str(run_dir / "final_model"), "--model_name", "scratch:tiny",
+            "--discriminator_width", "0.0625", "--discriminator_periods", "2", "3", "--batch_size", "4",
+            "--gradient_accumulation_steps", "1", "--learning_rate", "2e-3", "--benchmark_samples", "8",
+            "--val_samples", "2", "--log_every_seconds", "0.001", *extra]
+
+
+def metrics(run_dir, kind: str) -> list[dict]:
+    lines = (run_dir / "checkpoints" / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    return [record for record in map(json.loads, lines) if record["kind"] == kind]
+
+
+def test_deadline_is_kept_with_an_injected_clock_and_the_model_is_usable(prepared_demo, tmp_path, timed_work):
+    fake, costs = timed_work
+    target_s = 120.0
+    code = train_vits.main(args(prepared_demo, tmp_path, "--target_hours", str(target_s / 3600), "--max_samples", "12"),
+                           clock=clock_for(fake))
+    assert code == 0
+    end = metrics(tmp_path, "end")[0]
+    assert end["stop_reason"] == "deadline"
+    assert end["time_used_s"] <= target_s
+    # Stopped because one more step (3 s) would not leave room for the final save and the 2 s margin.
+    assert end["time_used_s"] > target_s - 2.0 - 2 * costs["step_s"] - 2 * costs["eval_s"]
+    assert end["last_lr"] == pytest.approx(2e-3 * 0.1)  # the last step ran at the floor
+    plan = json.loads((tmp_path / "checkpoints" / "plan.json").read_text())
+    assert abs(plan["total_steps"] - end["steps"]) <= 2
+    args_saved = json.loads((tmp_path / "checkpoints" / "training_args.json").read_text())
+    assert args_saved["max_samples"] == 12
+    assert "data: 12 clips" in (tmp_path / "checkpoints" / "train.log").read_text()
+    model, info = VitsModel.from_pretrained(str(tmp_path / "final_model"), output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    speech = pipeline("text-to-speech", model=str(tmp_path / "final_model"))("ez baş im")
+    assert speech["audio"].size > 0 and np.isfinite(speech["audio"]).all()
+    assert (tmp_path / "final_model" / "discriminator.pt").is_file()
+    assert list((tmp_path / "checkpoints" / "samples").glob("step_*/sentence_01.wav"))
+
+
+def losses_by_step(run_dir) -> dict[int, dict]:
+    return {r["step"]: {k: v for k, v in r.items() if k in ("mel", "kl", "duration", "generator", "discriminator", "lr")}
+            for r in metrics(run_dir, "train")}
+
+
+def test_resume_gives_the_same_losses_as_an_uninterrupted_run(prepared_demo, tmp_path, timed_work):
+    fake, _ = timed_work
+    common = ["--target_hours", "1", "--max_epochs", "3", "--gradient_accumulation_steps", "2", "--val_every", "3"]
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    assert train_vits.main(args(prepared_demo, whole, *common), clock=clock_for(fake)) == 0
+
+    def stop_at_5(loop):
+        if loop.state.step == 5:
+            loop.stop.request("SIGINT")
+
+    fake.t = 0.0
+    assert train_vits.main(args(prepared_demo, parts, *common), clock=clock_for(fake), step_callback=stop_at_5) == 130
+    fake.t = 0.0
+    assert train_vits.main(args(prepared_demo, parts, *common, "--resume", "auto"), clock=clock_for(fake)) == 0
+
+    expected, got = losses_by_step(whole), losses_by_step(parts)
+    assert sorted(expected) == sorted(got) and len(expected) >= 9
+    for step_number, values in expected.items():
+        for name, value in values.items():
+            assert got[step_number][name] == pytest.approx(value, rel=1e-5, abs=1e-7), (step_number, name)
+
+
+def test_best_model_follows_the_evaluation_measure(prepared_demo, tmp_path, timed_work, monkeypatch):
+    scores = iter([7.0, 5.0, 6.0, 4.0, 4.5, 8.0, 9.0, 9.5, 9.7, 9.9])
+    real_score = evaluation.Evaluator.score_clips
+
+    def scripted(self, model):
+        per_clip, losses = real_score(self, model)
+        value = next(scores)
+        return {name: value for name in per_clip}, losses
+
+    monkeypatch.setattr(evaluation.Evaluator, "score_clips", scripted)
+    fake, _ = timed_work
+    code = train_vits.main(args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "6", "--val_every", "2",
+                                "--early_stopping_patience", "3"), clock=clock_for(fake))
+    assert code == 0
+    evals = metrics(tmp_path, "eval")
+    best = min(evals, key=lambda r: r["mcd_db"])
+    saved = json.loads((tmp_path / "checkpoints" / "best_model" / "eval.json").read_text())
+    assert saved["mcd_db"] == best["mcd_db"] == 4.0 and saved["step"] == best["step"]
+    assert metrics(tmp_path, "end")[0]["stop_reason"] == "early_stopping"  # 4.5, 8.0, 9.0: three without a better one
+    assert len(evals) == 7
+
+
+def test_an_earlier_run_is_never_silently_mixed_with_a_new_one(prepared_demo, tmp_path, timed_work, capsys):
+    fake, _ = timed_work
+    base = args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "1")
+    assert train_vits.main(base, clock=clock_for(fake)) == 0
+    with pytest.raises(train_vits.ConfigError, match="--resume auto"):
+        train_vits.main(base, clock=clock_for(fake))
+    from finetune.checkpoint import CheckpointError
+
+    with pytest.raises(CheckpointError, match="--batch_size was 4 in the checkpoint, now 2"):
+        train_vits.main(base + ["--resume", "auto", "--batch_size", "2"], clock=clock_for(fake))
+
+
+def test_ctrl_c_saves_a_checkpoint_that_resumes(prepared_demo, tmp_path):
+    """The real script, a real signal: SIGINT after training has started, then --resume auto."""
+    command = [sys.executable, str(REPO / "train_vits.py"),
+               *args(prepared_demo, tmp_path, "--target_hours", "0.05", "--max_epochs", "3")]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics_file = tmp_path / "checkpoints" / "metrics.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and process.poll() is None:
+        if metrics_file.is_file() and '"kind": "plan"' in metrics_file.read_text(encoding="utf-8"):
+            break
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 130, output
+    assert "interrupted (SIGINT)" in output and "--resume auto" in output
+    latest = json.loads((tmp_path / "checkpoints" / "latest_checkpoint.json").read_text())
+    assert (tmp_path / "checkpoints" / latest["path"]).is_file()
+
+    resumed = subprocess.run(command + ["--resume", "auto"], capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"resuming {tmp_path / 'checkpoints' / latest['path']}" in resumed.stdout
+    assert (tmp_path / "final_model" / "model.safetensors").is_file()
+    assert os.path.getsize(tmp_path / "checkpoints" / "train.log") > 0
