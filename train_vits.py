@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from finetune.cli import ConfigError, config_to_dict, flag, parse_config
+from finetune.cli import ConfigError, config_to_dict, flag, parse_config, run_script
 
 
 @dataclass
@@ -108,160 +108,201 @@ RESUME_MUST_MATCH = ("batch_size", "gradient_accumulation_steps", "seed", "max_s
 EXIT_INTERRUPTED = {"SIGINT": 130, "SIGTERM": 143}
 
 
-def main(argv: list[str] | None = None, clock=None, step_callback=None) -> int:
-    import torch
+@dataclass
+class Run:
+    """Where this run writes, what it resumes, its budget and its device."""
 
-    from finetune import session
-    from finetune.budget import Budget, Clock, safety_margin_s
-    from finetune.checkpoint import (TrainingState, check_compatible, data_fingerprint, list_checkpoints,
-                                     load_checkpoint, resolve_resume, restore_rng)
-    from finetune.corpus import decide_precompute, estimate_memory, load_corpus, read_metadata
+    folder: Path
+    logger: object
+    metrics: object
+    budget: object
+    payload: dict | None  # the checkpoint being resumed, if any
+    resume_path: Path | None
+    device: object
+    precision: object
+    num_workers: int
+    dist: object
+
+
+def open_run(config: TrainConfig, clock) -> Run:
+    """Run folder and log; the checkpoint to resume (never silently mixing two runs); budget; device."""
+    from finetune.budget import Budget, safety_margin_s
+    from finetune.checkpoint import list_checkpoints, load_checkpoint, resolve_resume
     from finetune.distributed import from_environment
-    from finetune.evaluation import Evaluator
-    from finetune.features import FeatureConfig, Features
-    from finetune.generator import freeze, hop_length, train_mode
-    from finetune.interrupt import StopRequest
-    from finetune.loop import LoopConfig, RunPaths, TrainingLoop
-    from finetune.losses import LossWeights
-    from finetune.model_source import resolve_model
     from finetune.reporting import Metrics, setup_logging
-    from finetune.sampler import BucketSampler, padding_fraction
-    from finetune.step import StepSettings, TrainStep, resolve_precision
+    from finetune.session import pick_device
+    from finetune.step import resolve_precision
 
-    clock = clock or Clock()
-    config = parse_config(TrainConfig, argv, __doc__)
     dist = from_environment()
-    run_dir, data_dir = Path(config.checkpoint_dir), Path(config.data_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    logger, metrics = setup_logging(run_dir), Metrics(run_dir / "metrics.jsonl")
-
-    # Resume or start: an earlier run's checkpoints are never silently mixed with a new run's.
-    resume_path = resolve_resume(config.resume, run_dir)
-    if resume_path is None and list_checkpoints(run_dir):
-        raise ConfigError([f"{run_dir} holds checkpoints of an earlier run: continue it with --resume auto, or start "
+    folder = Path(config.checkpoint_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    logger = setup_logging(folder)
+    resume_path = resolve_resume(config.resume, folder)
+    if resume_path is None and list_checkpoints(folder):
+        raise ConfigError([f"{folder} holds checkpoints of an earlier run: continue it with --resume auto, or start "
                            "a new run with another --checkpoint_dir (or delete those checkpoints)"])
     payload = load_checkpoint(resume_path) if resume_path else None
     used_before = payload["state"]["time_used_s"] if payload else 0.0
-    budget = Budget(config.target_hours * 3600, clock, used_before_s=used_before,
-                    safety_s=safety_margin_s(config.target_hours * 3600))
-    logger.info(f"train_vits: budget {config.target_hours} h ({budget.target_s:.0f}s), {budget.used_s():.1f}s used "
+    target_s = config.target_hours * 3600
+    budget = Budget(target_s, clock, used_before_s=used_before, safety_s=safety_margin_s(target_s))
+    logger.info(f"train_vits: budget {config.target_hours} h ({target_s:.0f}s), {budget.used_s():.1f}s used "
                 f"({used_before:.1f}s by earlier processes of this run)" + (f"; resuming {resume_path}" if payload else ""))
+    device = pick_device(config.device)
+    workers = config.num_workers if config.num_workers >= 0 else (2 if device.type == "cuda" else 0)
+    return Run(folder, logger, Metrics(folder / "metrics.jsonl"), budget, payload, resume_path, device,
+               resolve_precision(device, config.fp16, config.bf16), workers, dist)
 
-    # Device and precision.
-    device = session.pick_device(config.device)
-    precision = resolve_precision(device, config.fp16, config.bf16)
-    num_workers = config.num_workers if config.num_workers >= 0 else (2 if device.type == "cuda" else 0)
 
-    # Model: the generator (pretrained, scratch, or from the checkpoint) and its tokenizer.
+def build_model(config: TrainConfig, run: Run):
+    """The generator (pretrained, scratch, or from the checkpoint), its tokenizer, and the features."""
+    from finetune import session
+    from finetune.features import FeatureConfig, Features
+    from finetune.generator import freeze, hop_length
+    from finetune.model_source import resolve_model
+
     session.seed_everything(config.seed)  # before any weights are made (a resume restores its own state later)
-    texts = session.corpus_texts(data_dir)
-    source = resolve_model(config.model_name)
-    sample_rate = 16_000
-    loaded = session.build_generator(source, payload, texts, sample_rate)
-    model, tokenizer = loaded.model, loaded.tokenizer
-    sample_rate = int(model.config.sampling_rate)
-    session.check_vocabulary(tokenizer, texts)
-    frozen_parts = freeze(model, config.freeze)
-    hop = hop_length(model.config)
-    features = Features(FeatureConfig(sample_rate=sample_rate, hop_length=hop)).to(device)
-    if features.config.linear_bins != model.config.spectrogram_bins:
-        raise ConfigError([f"the model expects {model.config.spectrogram_bins} spectrogram bins; n_fft 1024 gives "
-                           f"{features.config.linear_bins}"])
-    logger.info(f"generator: {loaded.description}; device {device}, {precision.name}"
-                + (f"; frozen: {', '.join(frozen_parts)}" if frozen_parts else ""))
+    texts = session.corpus_texts(Path(config.data_dir))
+    loaded = session.build_generator(resolve_model(config.model_name), run.payload, texts, 16_000)
+    session.check_vocabulary(loaded.tokenizer, texts)
+    frozen_parts = freeze(loaded.model, config.freeze)
+    hop, rate = hop_length(loaded.model.config), int(loaded.model.config.sampling_rate)
+    features = Features(FeatureConfig(sample_rate=rate, hop_length=hop)).to(run.device)
+    if features.config.linear_bins != loaded.model.config.spectrogram_bins:
+        raise ConfigError([f"the model expects {loaded.model.config.spectrogram_bins} spectrogram bins; n_fft 1024 "
+                           f"gives {features.config.linear_bins}"])
+    run.logger.info(f"generator: {loaded.description}; device {run.device}, {run.precision.name}"
+                    + (f"; frozen: {', '.join(frozen_parts)}" if frozen_parts else ""))
+    return loaded, frozen_parts, features
 
-    # Data: the corpus into RAM, after checking that it fits.
+
+def load_data(config: TrainConfig, run: Run, tokenizer, features):
+    """Training and held-out clips into RAM (after the memory check) and the bucketed sampler."""
+    from finetune.corpus import decide_precompute, estimate_memory, load_corpus, read_metadata
+    from finetune.sampler import BucketSampler, padding_fraction
+
+    data_dir, hop, rate = Path(config.data_dir), features.config.hop_length, features.config.sample_rate
     rows = read_metadata(data_dir / "metadata.csv")[: config.max_samples or None]
-    wanted = config.precompute_mels if config.precompute_mels is not None else device.type == "cpu"
+    wanted = config.precompute_mels if config.precompute_mels is not None else run.device.type == "cpu"
     estimate = estimate_memory(data_dir, rows, features.config.linear_bins, features.config.n_mels, hop)
     precompute, memory_note = decide_precompute(estimate, wanted)
-    logger.info(memory_note)
-    train = load_corpus(data_dir, "metadata.csv", tokenizer, features, sample_rate, config.max_samples, precompute, device)
-    val = load_corpus(data_dir, "metadata_val.csv", tokenizer, features, sample_rate, 0, False, device) \
+    run.logger.info(memory_note)
+    train = load_corpus(data_dir, "metadata.csv", tokenizer, features, rate, config.max_samples, precompute, run.device)
+    val = load_corpus(data_dir, "metadata_val.csv", tokenizer, features, rate, 0, False, run.device) \
         if (data_dir / "metadata_val.csv").is_file() else None
     if not train.examples:
         raise ConfigError([f"no usable training clips in {data_dir}/metadata.csv ({dict(train.report.skipped)})"])
-    sampler = BucketSampler(train.lengths(hop), config.batch_size, config.seed, dist.rank, dist.world_size)
+    sampler = BucketSampler(train.lengths(hop), config.batch_size, config.seed, run.dist.rank, run.dist.world_size)
     padding = padding_fraction(sampler.epoch_batches(0), train.lengths(hop))
-    logger.info(f"data: {len(train.examples)} clips, {train.hours(sample_rate):.2f} h, loaded in {train.load_s:.1f}s, "
-                f"{train.ram_bytes / 2**30:.2f} GiB in RAM; {sampler.batches_per_epoch} batches an epoch, padding "
-                f"{100 * padding:.1f}% of frames" + (f"; skipped {dict(train.report.skipped)}" if train.report.skipped else ""))
-    metrics.write("data", clips=len(train.examples), hours=round(train.hours(sample_rate), 4), load_s=round(train.load_s, 3),
-                  ram_bytes=train.ram_bytes, precomputed=precompute, padding_fraction=round(padding, 4),
-                  skipped=dict(train.report.skipped))
+    run.logger.info(f"data: {len(train.examples)} clips, {train.hours(rate):.2f} h, loaded in {train.load_s:.1f}s, "
+                    f"{train.ram_bytes / 2**30:.2f} GiB in RAM; {sampler.batches_per_epoch} batches an epoch, padding "
+                    f"{100 * padding:.1f}% of frames" + (f"; skipped {dict(train.report.skipped)}" if train.report.skipped else ""))
+    run.metrics.write("data", clips=len(train.examples), hours=round(train.hours(rate), 4), load_s=round(train.load_s, 3),
+                      ram_bytes=train.ram_bytes, precomputed=precompute, padding_fraction=round(padding, 4),
+                      skipped=dict(train.report.skipped))
+    return train, val, sampler, precompute
 
-    # Discriminator, optimizers, evaluation.
+
+def build_loop(config: TrainConfig, run: Run, loaded, frozen_parts, features, train, val, sampler,
+               step_callback) -> "TrainingLoop":
+    """Discriminator, optimizer step, evaluator and state (fresh or restored) around the training loop."""
+    from finetune import session
+    from finetune.checkpoint import TrainingState, check_compatible, data_fingerprint
+    from finetune.evaluation import Evaluator
+    from finetune.interrupt import StopRequest
+    from finetune.loop import RunPaths, TrainingLoop
+
     choice = session.build_discriminator(config.discriminator, config.discriminator_width, config.discriminator_periods,
-                                         payload, loaded.pretrained, config.discriminator_warmup_steps)
-    logger.info(choice.description)
-    weights = LossWeights(mel=config.mel_loss_weight, kl=config.kl_loss_weight, duration=config.duration_loss_weight,
-                          adversarial=config.adversarial_loss_weight, feature_matching=config.feature_matching_loss_weight)
-    d_lr = config.discriminator_learning_rate or config.learning_rate
-    model.to(device)
-    discriminator = choice.discriminator.to(device)
-    step = TrainStep(model, discriminator, features, weights,
-                     StepSettings(learning_rate=config.learning_rate, discriminator_learning_rate=d_lr,
-                                  max_grad_norm=config.max_grad_norm), precision, device)
-    evaluator = Evaluator(session.held_out(val, train, config.val_samples, logger),
-                          features, device, sample_rate, run_dir / "samples",
-                          session.test_sentences(config.test_sentences, tokenizer, logger), seed=config.seed)
-
-    # State: fresh, or everything restored from the checkpoint (random state last, after all construction).
+                                         run.payload, loaded.pretrained, config.discriminator_warmup_steps)
+    run.logger.info(choice.description)
+    loaded.model.to(run.device)
+    discriminator = choice.discriminator.to(run.device)
+    step = _train_step(config, run, loaded.model, discriminator, features)
+    evaluator = Evaluator(session.held_out(val, train, config.val_samples, run.logger), features, run.device,
+                          features.config.sample_rate, run.folder / "samples",
+                          session.test_sentences(config.test_sentences, loaded.tokenizer, run.logger), seed=config.seed)
     fingerprint = data_fingerprint([e.item_id for e in train.examples])
     resolved = config_to_dict(config)
     state, plan = TrainingState(), None
-    if payload:
-        check_compatible(payload, resolved, fingerprint, RESUME_MUST_MATCH)
-        step.load_state_dict(payload["train_step"])
-        sampler.load_state_dict(payload["sampler"])
-        state = TrainingState(**payload["state"])
-        plan = _plan_from(payload.get("plan"))
-    train_mode(model, frozen_parts)
-    _write_args(run_dir, resolved, device, precision.name, precompute, num_workers, resume_path)
-
-    loop = TrainingLoop(
-        model=model, tokenizer=tokenizer, discriminator=discriminator, step=step, examples=train.examples,
-        evaluator=evaluator, budget=budget, sampler=sampler, state=state,
-        config=LoopConfig(batch_size=config.batch_size, accumulation=config.gradient_accumulation_steps,
-                          learning_rate=config.learning_rate, discriminator_learning_rate=d_lr,
-                          lr_floor_ratio=config.lr_floor_ratio, warmup_steps=config.warmup_steps,
-                          benchmark_samples=config.benchmark_samples, eval_every=config.val_every,
-                          max_epochs=config.max_epochs, early_stopping_patience=config.early_stopping_patience,
-                          keep_checkpoints=config.keep_checkpoints, checkpoint_every_s=60 * config.checkpoint_every_minutes,
-                          log_every_s=config.log_every_seconds, discriminator_warmup_steps=choice.warmup_steps,
-                          num_workers=num_workers, seed=config.seed),
-        paths=RunPaths(run_dir=run_dir, output_dir=Path(config.output_dir)), logger=logger, metrics=metrics,
-        device=device, hop=hop, frozen_parts=frozen_parts, plan=plan, dist=dist, step_callback=step_callback,
-        checkpoint_extra={"config": resolved, "model_config": model.config.to_dict(),
-                          "tokenizer_files": session.tokenizer_files(tokenizer), "data_fingerprint": fingerprint},
+    if run.payload:
+        check_compatible(run.payload, resolved, fingerprint, RESUME_MUST_MATCH)
+        step.load_state_dict(run.payload["train_step"])
+        sampler.load_state_dict(run.payload["sampler"])
+        state, plan = TrainingState(**run.payload["state"]), _plan_from(run.payload.get("plan"))
+    return TrainingLoop(
+        model=loaded.model, tokenizer=loaded.tokenizer, discriminator=discriminator, step=step,
+        examples=train.examples, evaluator=evaluator, budget=run.budget, sampler=sampler, state=state,
+        config=_loop_config(config, run, choice.warmup_steps), plan=plan, dist=run.dist, step_callback=step_callback,
+        paths=RunPaths(run_dir=run.folder, output_dir=Path(config.output_dir)), logger=run.logger, metrics=run.metrics,
+        device=run.device, hop=features.config.hop_length, frozen_parts=frozen_parts,
+        checkpoint_extra={"config": resolved, "model_config": loaded.model.config.to_dict(),
+                          "tokenizer_files": session.tokenizer_files(loaded.tokenizer), "data_fingerprint": fingerprint},
         stop=StopRequest(), export_extra=lambda: {"training_args.json": resolved})
-    if payload:
-        restore_rng(payload["rng"])
-    if budget.left_s() <= 2 * budget.safety_s:
-        logger.error(f"error: the budget of {budget.target_s:.0f}s is spent ({budget.used_s():.0f}s used by start-up, "
-                     "loading and earlier processes) before training could start: raise --target_hours")
-        return 1
 
-    # Fit, inside the budget.
-    loop.stop.install()
-    try:
-        result = loop.run()
-    finally:
-        loop.stop.restore()
 
-    # Report.
+def _train_step(config: TrainConfig, run: Run, model, discriminator, features):
+    from finetune.losses import LossWeights
+    from finetune.step import StepSettings, TrainStep
+
+    weights = LossWeights(mel=config.mel_loss_weight, kl=config.kl_loss_weight, duration=config.duration_loss_weight,
+                          adversarial=config.adversarial_loss_weight, feature_matching=config.feature_matching_loss_weight)
+    settings = StepSettings(learning_rate=config.learning_rate,
+                            discriminator_learning_rate=config.discriminator_learning_rate or config.learning_rate,
+                            max_grad_norm=config.max_grad_norm)
+    return TrainStep(model, discriminator, features, weights, settings, run.precision, run.device)
+
+
+def _loop_config(config: TrainConfig, run: Run, discriminator_warmup_steps: int):
+    from finetune.loop import LoopConfig
+
+    return LoopConfig(batch_size=config.batch_size, accumulation=config.gradient_accumulation_steps,
+                      learning_rate=config.learning_rate,
+                      discriminator_learning_rate=config.discriminator_learning_rate or config.learning_rate,
+                      lr_floor_ratio=config.lr_floor_ratio, warmup_steps=config.warmup_steps,
+                      benchmark_samples=config.benchmark_samples, eval_every=config.val_every,
+                      max_epochs=config.max_epochs, early_stopping_patience=config.early_stopping_patience,
+                      keep_checkpoints=config.keep_checkpoints, checkpoint_every_s=60 * config.checkpoint_every_minutes,
+                      log_every_s=config.log_every_seconds, discriminator_warmup_steps=discriminator_warmup_steps,
+                      num_workers=run.num_workers, seed=config.seed)
+
+
+def report_end(config: TrainConfig, run: Run, loop, result) -> int:
     summary = loop.summary(result.stop_reason)
     summary.update(data_wait_share=round(result.data_wait_s / max(result.train_s, 1e-9), 4))
-    metrics.write("end", **summary)
+    run.metrics.write("end", **summary)
+    state = result.state
     if result.stop_reason == "interrupted":
-        logger.info(f"interrupted ({loop.stop.signal_name}) at step {state.step}: saved {result.checkpoint}; "
-                    f"continue with the same command and --resume auto")
+        run.logger.info(f"interrupted ({loop.stop.signal_name}) at step {state.step}: saved {result.checkpoint}; "
+                        f"continue with the same command and --resume auto")
         return EXIT_INTERRUPTED.get(loop.stop.signal_name or "", 130)
-    logger.info(f"done ({result.stop_reason}) after {state.step} steps, {state.epoch} epochs, "
-                f"{budget.used_s():.1f}s of {budget.target_s:.0f}s; last learning rate {result.last_lr:.3e}; "
-                f"best MCD {state.best_score:.3f} dB at step {state.best_step} -> {run_dir / 'best_model'}; "
-                f"final model -> {config.output_dir}; data wait {100 * summary['data_wait_share']:.2f}% of step time")
+    run.logger.info(f"done ({result.stop_reason}) after {state.step} steps, {state.epoch} epochs, "
+                    f"{run.budget.used_s():.1f}s of {run.budget.target_s:.0f}s; last learning rate {result.last_lr:.3e}; "
+                    f"best MCD {state.best_score:.3f} dB at step {state.best_step} -> {run.folder / 'best_model'}; "
+                    f"final model -> {config.output_dir}; data wait {100 * summary['data_wait_share']:.2f}% of step time")
     return 0
+
+
+def main(argv: list[str] | None = None, clock=None, step_callback=None) -> int:
+    from finetune.budget import Clock
+    from finetune.checkpoint import restore_rng
+    from finetune.generator import train_mode
+    from finetune.loop import run_with_signals
+
+    config = parse_config(TrainConfig, argv, __doc__)
+    run = open_run(config, clock or Clock())
+    loaded, frozen_parts, features = build_model(config, run)
+    train, val, sampler, precompute = load_data(config, run, loaded.tokenizer, features)
+    loop = build_loop(config, run, loaded, frozen_parts, features, train, val, sampler, step_callback)
+    train_mode(loaded.model, frozen_parts)
+    _write_args(run.folder, config_to_dict(config), run.device, run.precision.name, precompute, run.num_workers,
+                run.resume_path)
+    if run.payload:
+        restore_rng(run.payload["rng"])  # last: after everything that draws random numbers while being built
+    if run.budget.left_s() <= 2 * run.budget.safety_s:
+        run.logger.error(f"error: the budget of {run.budget.target_s:.0f}s is spent ({run.budget.used_s():.0f}s used by "
+                         "start-up, loading and earlier processes) before training could start: raise --target_hours")
+        return 1
+    result = run_with_signals(loop)
+    return report_end(config, run, loop, result)
 
 
 def _plan_from(saved: dict | None):
@@ -278,20 +319,5 @@ def _write_args(run_dir: Path, resolved: dict, device, precision: str, precomput
     write_text_atomic(run_dir / "training_args.json", json.dumps({**resolved, **extra}, indent=2) + "\n")
 
 
-def run() -> int:
-    from finetune.checkpoint import CheckpointError
-    from finetune.corpus import CorpusError
-    from finetune.model_source import ModelSourceError
-
-    try:
-        return main()
-    except (ModelSourceError, CorpusError, CheckpointError, MemoryError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    except ConfigError as error:
-        print(f"error: invalid settings:\n{error}", file=sys.stderr)
-        return 2
-
-
 if __name__ == "__main__":
-    sys.exit(run())
+    sys.exit(run_script(main))

@@ -82,6 +82,11 @@ class StepTimer:
         return self.prior_s if self.prior_s is not None else float("inf")
 
     @property
+    def slowest_s(self) -> float:
+        """The slowest recent step: for deciding that a step is the last one."""
+        return max(self.recent) if self.recent else self.mean_s
+
+    @property
     def cautious_s(self) -> float:
         """For deciding whether the next step fits: the 90th percentile of recent steps (batch lengths
         vary; the slowest of them would waste most of a step at every deadline), the slowest one while

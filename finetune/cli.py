@@ -91,3 +91,22 @@ def config_to_dict(config: Any) -> dict[str, Any]:
         return value
 
     return {k: plain(v) for k, v in dataclasses.asdict(config).items()}
+
+
+def run_script(main, extra_errors: tuple[type[Exception], ...] = ()) -> int:
+    """Run a recipe's main(): expected failures become one 'error:' line and an exit status (2 for
+    settings, 1 for data, models, checkpoints, memory), never a traceback."""
+    import sys
+
+    from .checkpoint import CheckpointError
+    from .corpus import CorpusError
+    from .model_source import ModelSourceError
+
+    try:
+        return main()
+    except ConfigError as error:
+        print(f"error: invalid settings:\n{error}", file=sys.stderr)
+        return 2
+    except (ModelSourceError, CorpusError, CheckpointError, MemoryError, ValueError, *extra_errors) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1

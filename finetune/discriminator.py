@@ -42,6 +42,17 @@ def scaled(channels: int, width: float) -> int:
     return max(1, int(round(channels * width)))
 
 
+def run_layers(convs: nn.ModuleList, post: nn.Module, hidden: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Convolutions with leaky ReLU, then the output layer: (flattened scores, every layer's output)."""
+    features = []
+    for conv in convs:
+        hidden = F.leaky_relu(conv(hidden), LEAKY_SLOPE)
+        features.append(hidden)
+    hidden = post(hidden)
+    features.append(hidden)
+    return torch.flatten(hidden, 1, -1), features
+
+
 class PeriodDiscriminator(nn.Module):
     """Audio [batch, 1, samples] folded into [batch, 1, samples / period, period], 2-D convolutions."""
 
@@ -59,14 +70,7 @@ class PeriodDiscriminator(nn.Module):
         batch, chans, samples = audio.shape
         if samples % self.period:
             audio = F.pad(audio, (0, self.period - samples % self.period), mode="reflect")
-        hidden = audio.view(batch, chans, -1, self.period)
-        features = []
-        for conv in self.convs:
-            hidden = F.leaky_relu(conv(hidden), LEAKY_SLOPE)
-            features.append(hidden)
-        hidden = self.conv_post(hidden)
-        features.append(hidden)
-        return torch.flatten(hidden, 1, -1), features
+        return run_layers(self.convs, self.conv_post, audio.view(batch, chans, -1, self.period))
 
 
 class ScaleDiscriminator(nn.Module):
@@ -88,13 +92,7 @@ class ScaleDiscriminator(nn.Module):
         self.conv_post = weight_norm(nn.Conv1d(channels[-1], 1, 3, 1, padding=1))
 
     def forward(self, audio: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        hidden, features = audio, []
-        for conv in self.convs:
-            hidden = F.leaky_relu(conv(hidden), LEAKY_SLOPE)
-            features.append(hidden)
-        hidden = self.conv_post(hidden)
-        features.append(hidden)
-        return torch.flatten(hidden, 1, -1), features
+        return run_layers(self.convs, self.conv_post, audio)
 
 
 class Discriminator(nn.Module):

@@ -188,16 +188,20 @@ class TrainingLoop:
         reserve = self.plan.final_s if self.plan else 0.0
         this = step_s + (self.eval_s if self.eval_due(next_step) else 0.0)
         if not self.dist.any(not self.budget.fits(this, reserve)):
-            return Decision(True, last=self.is_last(next_step, this, step_s, reserve))
+            return Decision(True, last=self.is_last(next_step, reserve))
         return Decision(False, reason="deadline")
 
-    def is_last(self, next_step: int, this_s: float, step_s: float, reserve: float) -> bool:
+    def is_last(self, next_step: int, reserve: float) -> bool:
+        """Whether no step would fit after this one. Judged with the slowest recent step (and 25% on
+        evaluations), more cautiously than `decide`: a step not marked last then leaves room for the
+        next, so the run ends on a step marked last, at the learning-rate floor."""
         if self.plan is None:
             return False
         if self.plan.limited_by == "max_epochs" and next_step >= self.plan.total_steps:
             return True
-        after = step_s + (self.eval_s if self.eval_due(next_step + 1) else 0.0)
-        return self.dist.any(not self.budget.fits(this_s + after, reserve))
+        slowest = self.timer.slowest_s if self.timer.ready else 0.0
+        evals = sum(1.25 * self.eval_s for s in (next_step, next_step + 1) if self.eval_due(s))
+        return self.dist.any(not self.budget.fits(2 * slowest + evals, reserve))
 
     def lr_for(self, step: int, last: bool) -> float:
         total = step if last else (self.plan.total_steps if self.plan else 10**9)
@@ -395,3 +399,12 @@ class TrainingLoop:
     def result(self, reason: str, checkpoint: Path | None) -> LoopResult:
         return LoopResult(stop_reason=reason, state=self.state, plan=self.plan, last_eval=self.last_eval,
                           last_lr=self.last_lr, data_wait_s=self.data_wait_s, train_s=self.train_s, checkpoint=checkpoint)
+
+
+def run_with_signals(loop: TrainingLoop) -> LoopResult:
+    """Run the loop with Ctrl-C / SIGTERM turned into "save and stop after this step"."""
+    loop.stop.install()
+    try:
+        return loop.run()
+    finally:
+        loop.stop.restore()

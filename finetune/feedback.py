@@ -1,0 +1,197 @@
+"""Feedback rounds: learn from corrected recordings without forgetting, keep only what helps, in versions.
+
+A round trains on the corrections mixed with a replay sample of the original corpus, scores both the
+corrections and held-out original clips, and keeps the result only when the corrections got better and
+the originals got no worse than a tolerance. Accepted rounds become numbered versions:
+
+    VOICES/current/          the voice in use: the default starting model of the next round
+    VOICES/v000/             the model the first round started from (copied once)
+    VOICES/v001/, v002/ ...  one per accepted round
+    VOICES/history.json      every round (accepted or not) and every rollback, with scores
+    VOICES/rounds/round_NNN/ a round's run folder: checkpoints, logs, listen/, feedback_report.*
+
+Rolling back copies a version into current/ file by file, so current/ is then byte for byte that version.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .atomic import replace_dir, staging_dir, write_text_atomic
+from .data import Example
+from .evaluation import EvalResult, Evaluator
+
+HISTORY = "history.json"
+
+
+def replay_sample(item_ids: list[str], corrections: int, ratio: float, seed: int) -> list[str]:
+    """`ratio` original clips per correction (all of them when there are fewer), drawn with `seed`."""
+    wanted = min(len(item_ids), int(round(ratio * corrections)))
+    chosen = np.random.default_rng(seed).choice(len(item_ids), size=wanted, replace=False)
+    return [item_ids[i] for i in sorted(chosen)]
+
+
+def change_pct(before: float, after: float) -> float:
+    return 100.0 * (after - before) / before if before else 0.0
+
+
+class FeedbackEvaluator:
+    """Scores corrections and held-out originals together. Its measure is the corrections' MCD, but an
+    evaluation whose originals got worse than `max_regression_pct` over the baseline (the first
+    evaluation: the starting model) scores infinity, so it can never become the best model."""
+
+    measure = "corrections MCD (dB; inf when the originals regress past tolerance)"
+
+    def __init__(self, corrections: Evaluator, originals: Evaluator, max_regression_pct: float):
+        self.corrections, self.originals, self.max_regression_pct = corrections, originals, max_regression_pct
+        self.baseline: EvalResult | None = None
+
+    def evaluate(self, model, step: int) -> EvalResult:
+        c = self.corrections.evaluate(model, step)
+        o = self.originals.evaluate(model, step)
+        extra = {"corrections_mcd_db": c.mcd_db, "originals_mcd_db": o.mcd_db}
+        if self.baseline is None:
+            extra["originals_change_pct"] = 0.0
+        else:
+            extra["originals_change_pct"] = change_pct(self.baseline.extra["originals_mcd_db"], o.mcd_db)
+        eligible = extra["originals_change_pct"] <= self.max_regression_pct
+        result = EvalResult(step=step, mcd_db=c.mcd_db if eligible else float("inf"),
+                            per_clip={**{f"correction/{k}": v for k, v in c.per_clip.items()},
+                                      **{f"original/{k}": v for k, v in o.per_clip.items()}},
+                            val_losses=o.val_losses, seconds=c.seconds + o.seconds, samples=c.samples, extra=extra)
+        if self.baseline is None:
+            self.baseline = result
+        return result
+
+
+@dataclass
+class Decision:
+    accepted: bool
+    reason: str
+    before: dict  # corrections_mcd_db, originals_mcd_db of the starting model
+    after: dict  # the same for the candidate: the best evaluation, else the last one
+    candidate_step: int
+
+
+SCORES = ("corrections_mcd_db", "originals_mcd_db")
+
+
+def decide(baseline: EvalResult, best: dict | None, last: EvalResult, max_regression_pct: float) -> Decision:
+    """Accept the round's best model when it improves the corrections without regressing the originals
+    past the tolerance. Without a best model beyond the start, the last evaluation is the candidate,
+    so the report always shows what the round produced."""
+    before = {k: baseline.extra[k] for k in SCORES}
+    if best is not None and best["step"] > 0:
+        after, step = {k: best[k] for k in SCORES}, int(best["step"])
+    else:
+        after, step = {k: last.extra[k] for k in SCORES}, last.step
+    regression = change_pct(before["originals_mcd_db"], after["originals_mcd_db"])
+    if regression > max_regression_pct:
+        reason = f"held-out originals got {regression:.1f}% worse (tolerance {max_regression_pct}%)"
+        return Decision(False, reason, before, after, step)
+    if after["corrections_mcd_db"] >= before["corrections_mcd_db"] or step == 0:
+        return Decision(False, "the corrections did not improve", before, after, step)
+    return Decision(True, "corrections improved, held-out originals within tolerance", before, after, step)
+
+
+class Versions:
+    """The versions folder: numbered model versions, the current voice, the history, round folders."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    @property
+    def current(self) -> Path:
+        return self.root / "current"
+
+    def history(self) -> dict:
+        path = self.root / HISTORY
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"current": None, "events": []}
+
+    def versions(self) -> list[str]:
+        return sorted(p.name for p in self.root.glob("v[0-9][0-9][0-9]") if p.is_dir())
+
+    def _record(self, event: dict, current: str | None = None) -> None:
+        history = self.history()
+        history["events"].append({"time": time.strftime("%Y-%m-%d %H:%M:%S"), **event})
+        if current is not None:
+            history["current"] = current
+        self.root.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(self.root / HISTORY, json.dumps(history, indent=2, ensure_ascii=False) + "\n")
+
+    def new_round_dir(self) -> Path:
+        rounds = self.root / "rounds"
+        rounds.mkdir(parents=True, exist_ok=True)
+        number = 1 + max([int(p.name.split("_")[1]) for p in rounds.glob("round_[0-9]*")] or [0])
+        folder = rounds / f"round_{number:03d}"
+        folder.mkdir()
+        return folder
+
+    def _copy_model(self, source: Path, target: Path) -> None:
+        staging = staging_dir(target)
+        shutil.rmtree(staging)
+        shutil.copytree(source, staging)
+        replace_dir(staging, target)
+
+    def ensure_base(self, base_dir: Path) -> None:
+        """Before the first round: the starting model becomes v000 and current/."""
+        if not self.versions():
+            self._copy_model(base_dir, self.root / "v000")
+            self._copy_model(base_dir, self.current)
+            self._record({"event": "base", "version": "v000", "from": str(base_dir)}, current="v000")
+
+    def accept(self, model_dir: Path, round_name: str, report: dict) -> str:
+        name = f"v{len(self.versions()):03d}"
+        self._copy_model(model_dir, self.root / name)
+        self._copy_model(self.root / name, self.current)
+        self._record({"event": "accepted", "round": round_name, "version": name, **report}, current=name)
+        return name
+
+    def reject(self, round_name: str, report: dict) -> None:
+        self._record({"event": "rejected", "round": round_name, **report})
+
+    def rollback(self, target: str) -> tuple[str, str]:
+        """Make `target` (a version name, or "previous": the version before the current one) current.
+        Returns (from, to)."""
+        history, versions = self.history(), self.versions()
+        current = history.get("current")
+        if target == "previous":
+            if current not in versions or versions.index(current) == 0:
+                raise ValueError(f"no version before {current or 'nothing'} to roll back to; versions: "
+                                 f"{', '.join(versions) or 'none'}")
+            target = versions[versions.index(current) - 1]
+        if target not in versions:
+            raise ValueError(f"--rollback {target}: no such version; versions: {', '.join(versions) or 'none'}")
+        self._copy_model(self.root / target, self.current)
+        self._record({"event": "rollback", "from": current, "to": target}, current=target)
+        return str(current), target
+
+
+def summary_text(round_name: str, decision: Decision, version: str | None, counts: dict, max_regression: float,
+                 listen_dir: Path, dropped: list[dict]) -> str:
+    """The readable report of a round."""
+    head = f"Feedback {round_name}: " + (f"ACCEPTED as {version}" if decision.accepted else "REJECTED") + f" ({decision.reason})"
+    lines = [head, ""]
+
+    def row(label: str, key: str, count: int, tolerance: str = "") -> str:
+        before, after = decision.before[key], decision.after[key]
+        return (f"{label} ({count} clips): MCD {before:.3f} -> {after:.3f} dB "
+                f"({change_pct(before, after):+.1f}%{tolerance})")
+
+    lines.append(row("Corrections", "corrections_mcd_db", counts["corrections"]))
+    lines.append(row("Held-out originals", "originals_mcd_db", counts["originals"], f", tolerance +{max_regression}%"))
+    lines.append(f"Candidate: the model at step {decision.candidate_step}. Trained on {counts['corrections']} corrections "
+                 f"+ {counts['replay']} replayed original clips.")
+    if dropped:
+        lines.append(f"Corrections not used ({len(dropped)}): " + "; ".join(f"{d['id']}: {d['reason']} ({d['detail']})"
+                                                                         for d in dropped[:10]))
+    lines.append(f"Listen: {listen_dir}/ (for each correction: _0_recording, _1_before, _2_after)")
+    if decision.accepted:
+        lines.append("Undo: python train_feedback.py --rollback previous")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,148 @@
+"""train_feedback.py end to end on CPU: a tiny model trained briefly on part of the demo corpus,
+corrections made from other demo clips, accepted and rejected rounds, rollback, bad input, review."""
+
+import hashlib
+import json
+import shutil
+
+import pytest
+
+import train_feedback
+import train_vits
+from finetune.feedback import Versions, replay_sample
+from tests.conftest import DEMO_CORPUS, clock_for
+
+CORRECTION_IDS = ["kmr_demo_0101", "kmr_demo_0102", "kmr_demo_0103", "kmr_demo_0104"]
+
+
+def folder_digest(folder) -> dict[str, str]:
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def base_run(prepared_demo, tmp_path_factory):
+    """A tiny model trained for a few epochs on the first demo clips (best_model with its discriminator)."""
+    from tests.conftest import FakeClock
+
+    run = tmp_path_factory.mktemp("base")
+    fake = FakeClock()
+    code = train_vits.main(["--data_dir", str(prepared_demo), "--checkpoint_dir", str(run / "checkpoints"),
+                            "--output_dir", str(run / "final_model"), "--model_name", "scratch:tiny",
+                            "--discriminator_width", "0.0625", "--discriminator_periods", "2", "3", "--batch_size", "4",
+                            "--gradient_accumulation_steps", "1", "--learning_rate", "2e-3", "--benchmark_samples", "8",
+                            "--val_samples", "3", "--max_epochs", "6", "--target_hours", "1", "--val_every", "100",
+                            "--log_every_seconds", "60"], clock=clock_for(fake))
+    assert code == 0
+    return run
+
+
+def make_feedback(folder, ids=CORRECTION_IDS, extra_rows=()):
+    """Corrections from demo clips outside the training slice: their original 22.05 kHz MP3s and texts."""
+    texts = dict(line.split("|", 1) for line in (DEMO_CORPUS / "metadata.csv").read_text(encoding="utf-8").splitlines())
+    (folder / "wavs").mkdir(parents=True, exist_ok=True)
+    for item_id in ids:
+        shutil.copy(DEMO_CORPUS / "wavs" / f"{item_id}.mp3", folder / "wavs" / f"{item_id}.mp3")
+    rows = [f"{i}|{texts[i]}" for i in ids] + list(extra_rows)
+    (folder / "metadata.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return folder
+
+
+def feedback_args(prepared_demo, base_run, tmp_path, feedback, *extra):
+    return ["--feedback_dir", str(feedback), "--base_model", str(base_run / "checkpoints" / "best_model"),
+            "--data_dir", str(prepared_demo), "--output_dir", str(tmp_path / "voices"), "--batch_size", "4",
+            "--val_samples", "4", "--benchmark_samples", "8", "--log_every_seconds", "60", "--target_minutes", "60",
+            *extra]
+
+
+def test_a_round_improves_the_corrections_and_writes_a_version(prepared_demo, base_run, tmp_path, timed_work):
+    fake, _ = timed_work
+    feedback = make_feedback(tmp_path / "feedback")
+    code = train_feedback.main(feedback_args(prepared_demo, base_run, tmp_path, feedback, "--learning_rate", "1e-3",
+                                             "--max_epochs", "12", "--val_every", "4", "--max_regression", "25"),
+                               clock=clock_for(fake))
+    assert code == 0
+    round_dir = tmp_path / "voices" / "rounds" / "round_001"
+    report = json.loads((round_dir / "feedback_report.json").read_text())
+    assert report["accepted"], report["reason"]
+    assert report["after"]["corrections_mcd_db"] < report["before"]["corrections_mcd_db"]
+    assert set(report["before"]) == set(report["after"]) == {"corrections_mcd_db", "originals_mcd_db"}
+    assert report["counts"] == {"corrections": 4, "originals": 4, "replay": 8}
+    versions = Versions(tmp_path / "voices")
+    assert versions.versions() == ["v000", "v001"] and versions.history()["current"] == "v001"
+    assert folder_digest(versions.current) == folder_digest(tmp_path / "voices" / "v001")
+    text = (round_dir / "feedback_report.txt").read_text()
+    assert "ACCEPTED as v001" in text and "Corrections (4 clips)" in text and "Held-out originals (4 clips)" in text
+    for item_id in CORRECTION_IDS:
+        for suffix in ("_0_recording", "_1_before", "_2_after"):
+            assert (round_dir / "listen" / f"{item_id}{suffix}.wav").is_file()
+
+    # Rollback restores the previous version byte for byte.
+    assert train_feedback.main(["--output_dir", str(tmp_path / "voices"), "--rollback", "previous"]) == 0
+    assert folder_digest(versions.current) == folder_digest(tmp_path / "voices" / "v000")
+    assert folder_digest(tmp_path / "voices" / "v000") == folder_digest(base_run / "checkpoints" / "best_model")
+    assert versions.history()["current"] == "v000"
+    with pytest.raises(ValueError, match="no version before v000"):
+        train_feedback.main(["--output_dir", str(tmp_path / "voices"), "--rollback", "previous"])
+
+
+def test_a_round_that_damages_the_originals_is_rejected_and_the_voice_untouched(prepared_demo, base_run, tmp_path,
+                                                                                timed_work):
+    fake, _ = timed_work
+    feedback = make_feedback(tmp_path / "feedback")
+    voices = Versions(tmp_path / "voices")
+    voices.ensure_base(base_run / "checkpoints" / "best_model")
+    before = folder_digest(voices.current)
+    code = train_feedback.main(feedback_args(prepared_demo, base_run, tmp_path, feedback, "--learning_rate", "0.5",
+                                             "--warmup_steps", "1", "--max_epochs", "4", "--val_every", "2",
+                                             "--max_regression", "2"), clock=clock_for(fake))
+    assert code == 0
+    report = json.loads((tmp_path / "voices" / "rounds" / "round_001" / "feedback_report.json").read_text())
+    assert not report["accepted"] and "held-out originals got" in report["reason"]
+    assert report["after"]["originals_mcd_db"] > 1.02 * report["before"]["originals_mcd_db"]
+    assert folder_digest(voices.current) == before and voices.versions() == ["v000"]
+    assert voices.history()["events"][-1]["event"] == "rejected"
+
+
+def test_bad_corrections_are_reported_and_the_rest_used(prepared_demo, base_run, tmp_path, timed_work):
+    fake, _ = timed_work
+    feedback = make_feedback(tmp_path / "feedback", CORRECTION_IDS[:2],
+                             extra_rows=["missing_one|Ez baş im", "with_digits|Ez 3 sêv dixwim"])
+    (feedback / "wavs" / "with_digits.wav").write_bytes((feedback / "wavs" / f"{CORRECTION_IDS[0]}.mp3").read_bytes())
+    code = train_feedback.main(feedback_args(prepared_demo, base_run, tmp_path, feedback, "--max_epochs", "1"),
+                               clock=clock_for(fake))
+    assert code == 0
+    report = json.loads((tmp_path / "voices" / "rounds" / "round_001" / "feedback_report.json").read_text())
+    reasons = {d["id"]: d["reason"] for d in report["corrections_dropped"]}
+    assert reasons == {"missing_one": "missing_file", "with_digits": "out_of_vocabulary"}
+    assert report["counts"]["corrections"] == 2
+    assert "Corrections not used (2)" in (tmp_path / "voices" / "rounds" / "round_001" / "feedback_report.txt").read_text()
+    assert sorted(p.name for p in (feedback / "wavs").iterdir()) == sorted(  # nothing in the user's folder touched
+        [f"{i}.mp3" for i in CORRECTION_IDS[:2]] + ["with_digits.wav"])
+
+
+def test_empty_or_missing_feedback_is_a_clear_error(prepared_demo, base_run, tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "metadata.csv").write_text("", encoding="utf-8")
+    with pytest.raises(train_feedback.FeedbackError, match="lists no corrections"):
+        train_feedback.main(feedback_args(prepared_demo, base_run, tmp_path, tmp_path / "empty"))
+    with pytest.raises(train_feedback.FeedbackError, match="no such folder"):
+        train_feedback.main(feedback_args(prepared_demo, base_run, tmp_path, tmp_path / "nowhere"))
+    with pytest.raises(train_feedback.FeedbackError, match="no model to start from"):
+        train_feedback.main(["--base_model", str(tmp_path / "nothing"), "--output_dir", str(tmp_path / "v")])
+
+
+def test_review_speaks_sentences_for_listening(base_run, tmp_path):
+    sentences = tmp_path / "sentences.txt"
+    sentences.write_text("Ez baş im.\nSala 2024 xweş bû.\nTu çawa yî?\n", encoding="utf-8")
+    code = train_feedback.main(["--base_model", str(base_run / "checkpoints" / "best_model"), "--review", str(sentences),
+                                "--review_dir", str(tmp_path / "review")])
+    assert code == 0
+    assert sorted(p.name for p in (tmp_path / "review").iterdir()) == ["001.wav", "003.wav", "metadata.csv"]
+    assert (tmp_path / "review" / "metadata.csv").read_text(encoding="utf-8") == "001|Ez baş im.\n003|Tu çawa yî?\n"
+
+
+def test_replay_sample_is_seeded_and_sized():
+    ids = [f"c{i}" for i in range(100)]
+    assert replay_sample(ids, 4, 2.0, seed=1) == replay_sample(ids, 4, 2.0, seed=1)
+    assert len(replay_sample(ids, 4, 2.0, seed=1)) == 8 and len(replay_sample(ids[:5], 4, 2.0, seed=1)) == 5
