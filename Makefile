@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 DEMO_DIR := demo/work
 
-.PHONY: demo test setup clean-demo
+.PHONY: demo demo-feedback test setup clean-demo
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10+ is needed; set PYTHON=python3.x")'
@@ -32,6 +32,22 @@ demo: setup
 	@echo "Demo done: model in $(DEMO_DIR)/final_model, speech in $(DEMO_DIR)/demo.wav,"
 	@echo "best model, samples and logs in $(DEMO_DIR)/checkpoints. Three minutes of CPU training makes a"
 	@echo "voice-like buzz, not speech: the point is the whole pipeline, end to end."
+
+# The feedback workflow on the demo model (after `make demo`; needs espeak-ng, which "records" the
+# corrections): review four sentences the corpus never spoke, correct them, a 3-minute round.
+demo-feedback: setup
+	@test -f $(DEMO_DIR)/checkpoints/best_model/config.json || (echo "run make demo first"; exit 1)
+	rm -rf $(DEMO_DIR)/review $(DEMO_DIR)/feedback $(DEMO_DIR)/voices
+	head -4 demo/corpus/unspoken.txt > $(DEMO_DIR)/review.txt
+	$(BIN)/python train_feedback.py --base_model $(DEMO_DIR)/checkpoints/best_model --review $(DEMO_DIR)/review.txt \
+		--review_dir $(DEMO_DIR)/review
+	$(BIN)/python demo/record_corrections.py --review_dir $(DEMO_DIR)/review --feedback_dir $(DEMO_DIR)/feedback
+	$(BIN)/python train_feedback.py --feedback_dir $(DEMO_DIR)/feedback --data_dir $(DEMO_DIR)/data \
+		--output_dir $(DEMO_DIR)/voices --base_model $(DEMO_DIR)/checkpoints/best_model --target_minutes 3 \
+		--learning_rate 5e-4 --log_every_seconds 30
+	@echo
+	@echo "Listen: $(DEMO_DIR)/voices/rounds/round_001/listen/; undo an accepted round with"
+	@echo "  $(BIN)/python train_feedback.py --output_dir $(DEMO_DIR)/voices --rollback previous"
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -86,18 +86,31 @@ def fork_rng(device: torch.device):
     return torch.random.fork_rng(devices=devices)
 
 
+TEST_SENTENCE_MAX_FRAMES = 30 * 16_000 // 256  # 30 s at 16 kHz
+
+
 @torch.no_grad()
-def synthesise(model, token_ids: list[np.ndarray], device: torch.device, seed: int) -> list[np.ndarray]:
-    """Waveforms (float32 numpy) for token id sequences, seeded; the model must be in eval mode."""
+def synthesise(model, token_ids: list[np.ndarray], device: torch.device, seed: int,
+               max_frames: int | None = None) -> list[np.ndarray]:
+    """Waveforms (float32 numpy) for token id sequences, seeded; the model must be in eval mode.
+    `max_frames` caps what the decoder renders: an untrained duration predictor can ask for minutes
+    of audio, and rendering it would cost more than the rest of an evaluation."""
     count, longest = len(token_ids), max(len(t) for t in token_ids)
     input_ids = torch.zeros(count, longest, dtype=torch.long)
     mask = torch.zeros(count, longest, dtype=torch.long)
     for i, ids in enumerate(token_ids):
         input_ids[i, : len(ids)] = torch.from_numpy(ids.astype(np.int64))
         mask[i, : len(ids)] = 1
-    with fork_rng(device):
-        torch.manual_seed(seed)
-        out = model(input_ids=input_ids.to(device), attention_mask=mask.to(device))
+    hook = None
+    if max_frames is not None:  # latents [batch, channels, frames] reach the decoder as its first argument
+        hook = model.decoder.register_forward_pre_hook(lambda module, args: (args[0][..., :max_frames], *args[1:]))
+    try:
+        with fork_rng(device):
+            torch.manual_seed(seed)
+            out = model(input_ids=input_ids.to(device), attention_mask=mask.to(device))
+    finally:
+        if hook is not None:
+            hook.remove()
     waves = out.waveform.float().cpu().numpy()
     return [waves[i, : int(out.sequence_lengths[i])] for i in range(count)]
 
@@ -105,7 +118,9 @@ def synthesise(model, token_ids: list[np.ndarray], device: torch.device, seed: i
 class Evaluator:
     """Scores a model on held-out examples and writes test-sentence WAVs to samples_dir/step_NNNNNN/."""
 
-    measure = "MCD (dB)"  # what `EvalResult.mcd_db` holds, for log lines
+    @staticmethod
+    def describe(result: EvalResult) -> str:
+        return f"MCD {result.mcd_db:.3f} dB"
 
     def __init__(self, examples: list[Example], features: Features, device: torch.device, sample_rate: int,
                  samples_dir: Path | None, test_sentences: list[tuple[str, np.ndarray]], seed: int = 0,
@@ -130,7 +145,8 @@ class Evaluator:
         hop = self.features.config.hop_length
         for start in range(0, len(self.examples), self.batch_size):
             group = self.examples[start : start + self.batch_size]
-            waves = synthesise(model, [e.token_ids for e in group], self.device, self.seed + start)
+            cap = 4 * max(e.frame_count(hop) for e in group)  # far too long already scores badly; no need to render more
+            waves = synthesise(model, [e.token_ids for e in group], self.device, self.seed + start, cap)
             for example, wave in zip(group, waves):
                 synthesised = self.features.mel(torch.from_numpy(wave).unsqueeze(0).to(self.device))[0].cpu().numpy()
                 real = self.features.mel(torch.from_numpy(example.audio / 32768.0).float().unsqueeze(0).to(self.device))
@@ -155,7 +171,8 @@ class Evaluator:
             return []
         folder = self.samples_dir / f"step_{step:06d}"
         folder.mkdir(parents=True, exist_ok=True)
-        waves = synthesise(model, [ids for _, ids in self.test_sentences], self.device, self.seed)
+        waves = synthesise(model, [ids for _, ids in self.test_sentences], self.device, self.seed,
+                           TEST_SENTENCE_MAX_FRAMES)
         paths = []
         for (name, _), wave in zip(self.test_sentences, waves):
             path = folder / f"{name}.wav"

@@ -46,7 +46,12 @@ class FeedbackEvaluator:
     evaluation whose originals got worse than `max_regression_pct` over the baseline (the first
     evaluation: the starting model) scores infinity, so it can never become the best model."""
 
-    measure = "corrections MCD (dB; inf when the originals regress past tolerance)"
+    @staticmethod
+    def describe(result: EvalResult) -> str:
+        x = result.extra
+        eligible = "" if result.mcd_db != float("inf") else ", past the tolerance: not eligible"
+        return (f"corrections MCD {x['corrections_mcd_db']:.3f} dB, held-out originals {x['originals_mcd_db']:.3f} dB "
+                f"({x['originals_change_pct']:+.1f}%{eligible})")
 
     def __init__(self, corrections: Evaluator, originals: Evaluator, max_regression_pct: float):
         self.corrections, self.originals, self.max_regression_pct = corrections, originals, max_regression_pct

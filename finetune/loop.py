@@ -267,10 +267,10 @@ class TrainingLoop:
         self.eval_s = self.budget.clock.now() - started + (0.0 if improved else self.export_s)
         self.last_eval = result
         self.metrics.write("eval", **result.summary(), best=improved, best_mcd_db=round(self.state.best_score, 4))
-        extra = "".join(f"; {k.replace('_', ' ')} {v:.3f}" for k, v in result.extra.items())
-        self.logger.info(f"eval step {self.state.step}: {self.evaluator.measure} {result.mcd_db:.3f}"
-                         f"{' (best so far: saved best_model)' if improved else f' (best {self.state.best_score:.3f} at step {self.state.best_step})'}"
-                         f"{extra}; val mel {result.val_losses.get('mel', float('nan')):.3f}; {result.seconds:.1f}s")
+        best = ("best so far: saved best_model" if improved
+                else f"best {self.state.best_score:.3f} at step {self.state.best_step}")
+        self.logger.info(f"eval step {self.state.step}: {self.evaluator.describe(result)} ({best}); "
+                         f"val mel {result.val_losses.get('mel', float('nan')):.3f}; {result.seconds:.1f}s")
         return result
 
     def export(self, folder: Path, extra_json: dict) -> None:
