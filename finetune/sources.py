@@ -226,16 +226,20 @@ def load_any_dataset(spec: str, split: str):
 
 
 def load_hub_dataset(repo_id: str):
+    """A hub dataset. The hub is probed first: offline, `datasets` retries for half a minute before
+    failing. With HF_HUB_OFFLINE=1 a copy in the local cache is used without asking the hub."""
     import datasets
 
     from .model_source import hub_reachable, offline_advice
 
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    if not offline and not hub_reachable():
+        raise SourceError(offline_advice("dataset", repo_id, "--dataset")
+                          + " (or, if it is in the local cache, set HF_HUB_OFFLINE=1)")
     try:
         return datasets.load_dataset(repo_id, download_mode="reuse_dataset_if_exists")
-    except (ConnectionError, OSError) as error:
-        if not hub_reachable():
-            raise SourceError(offline_advice("dataset", repo_id, "--dataset")) from error
-        raise SourceError(f"--dataset {repo_id}: cannot load it from the hub: {error}") from error
+    except (ConnectionError, OSError, ValueError) as error:
+        raise SourceError(f"--dataset {repo_id}: cannot load it: {error}") from error
 
 
 def audio_reference(value, base: Path | None) -> tuple[bytes | None, str | None]:

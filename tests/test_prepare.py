@@ -204,3 +204,12 @@ def test_audiofolder_with_jsonl_metadata_in_a_split_folder(tmp_path):
                          "--model_name", "scratch", "--num_workers", "1", "--val_fraction", "0")
     assert read_metadata(tmp_path / "out" / "metadata.csv") == {"a0": "ez yek", "a1": "ez du"}
     assert report["counts"]["kept"] == 2
+
+
+def test_unreachable_hub_dataset_fails_fast_with_the_way_out(tmp_path):
+    started = time.monotonic()
+    with pytest.raises(SourceError, match="--dataset DIR") as error:
+        prepare_data.main(["--dataset", "amedcj/kurmanji-commonvoice", "--data_dir", str(tmp_path / "o"),
+                           "--model_name", "scratch"])
+    assert time.monotonic() - started < 15
+    assert "HF_HUB_OFFLINE=1" in str(error.value)
