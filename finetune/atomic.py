@@ -14,6 +14,17 @@ from pathlib import Path
 from typing import Callable
 
 
+def _file_mode() -> int:
+    """What a plain open() would give a new file under this process's umask (usually 0644): temporary
+    files are created 0600 and would otherwise keep that after the rename."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+FILE_MODE = _file_mode()
+
+
 def write_atomic(path: str | Path, write: Callable[[str], None], durable: bool = True) -> None:
     """Call `write(tmp_path)` to produce the file, then rename it to `path`. On any error the target is
     untouched and the temporary file removed. `durable` flushes to disk before the rename (checkpoints);
@@ -24,6 +35,7 @@ def write_atomic(path: str | Path, write: Callable[[str], None], durable: bool =
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, FILE_MODE)
         if durable:
             with open(tmp, "rb") as handle:
                 os.fsync(handle.fileno())
@@ -48,7 +60,11 @@ def torch_save_atomic(obj, path: str | Path) -> None:
 
 
 def replace_dir(built: Path, target: Path) -> None:
-    """Swap the fully written folder `built` in as `target`; the old target is removed afterwards."""
+    """Swap the fully written folder `built` in as `target`; the old target is removed afterwards.
+    Files in it get ordinary permissions (libraries writing into it may leave temporary-file modes)."""
+    for path in built.rglob("*"):
+        if path.is_file():
+            os.chmod(path, FILE_MODE)
     old = None
     if target.exists():
         old = target.with_name(f".{target.name}.old-{os.getpid()}")

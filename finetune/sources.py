@@ -1,7 +1,7 @@
 """Corpus sources for preparation: each yields SourceItems (id, raw text, audio path or bytes).
 
 - an LJSpeech-style folder: `metadata.csv` (`id|text` or `id|raw|normalised`) and `wavs/<id>.<ext>`;
-- a Hugging Face `datasets` dataset: a hub id or a `save_to_disk` folder;
+- a Hugging Face `datasets` dataset: a hub id, a `save_to_disk` folder, or a downloaded hub snapshot;
 - an audiofolder (audio files + metadata.csv/.jsonl with a `file_name` column, at the top or in a split
   folder), read directly: building it with `datasets` needs torchcodec to encode the audio;
 - a CSV/TSV/JSONL manifest with an audio-path column and a text column (Common Voice's TSVs work).
@@ -163,6 +163,16 @@ def read_manifest(manifest: Path) -> tuple[list[str], list[dict]]:
         return list(reader.fieldnames or []), list(reader)
 
 
+def looks_like_ljspeech(folder: Path) -> bool:
+    """A wavs/ folder beside a headerless `id|text` metadata.csv."""
+    metadata = folder / "metadata.csv"
+    if not (metadata.is_file() and (folder / "wavs").is_dir()):
+        return False
+    with open(metadata, encoding="utf-8", errors="replace") as handle:
+        first = handle.readline()
+    return "|" in first and "file_name" not in first
+
+
 def audiofolder_manifest(folder: Path, split: str) -> Path | None:
     """The metadata file of an audiofolder: DIR/metadata.* or DIR/<split>/metadata.*."""
     for base in (folder, folder / split):
@@ -208,12 +218,19 @@ def is_saved_dataset(folder: Path) -> bool:
 
 
 def load_any_dataset(spec: str, split: str):
-    """A Dataset from a save_to_disk folder or a hub id; `split` picks from a DatasetDict."""
+    """A Dataset from a save_to_disk folder, a downloaded hub snapshot, or a hub id; `split` picks from a
+    DatasetDict."""
     import datasets
 
     folder = Path(spec).expanduser()
-    if folder.is_dir():
+    if folder.is_dir() and is_saved_dataset(folder):
         loaded = datasets.load_from_disk(str(folder))
+    elif folder.is_dir():  # a downloaded hub snapshot (parquet / arrow / csv files), as `hf download` writes
+        try:
+            loaded = datasets.load_dataset(str(folder))
+        except (ValueError, OSError, FileNotFoundError) as error:
+            raise SourceError(f"--dataset {spec}: not a save_to_disk folder, an audiofolder, or a dataset snapshot "
+                              f"that datasets can read ({error})") from error
     elif folder.exists() or spec.startswith((".", "/", "~")):
         raise SourceError(f"--dataset {spec}: not a dataset folder, an audiofolder or a .csv/.tsv/.jsonl manifest")
     else:
@@ -300,11 +317,10 @@ def open_source(input_dir: str | None, dataset: str | None, **options) -> Source
             raise SourceError(f"--dataset {spec}: no such manifest file")
         return manifest_source(spec, **options)
     folder = Path(spec).expanduser()
+    if looks_like_ljspeech(folder):  # what --input_dir reads; taking it here too saves a round trip
+        return ljspeech_source(str(folder), max_samples=options.get("max_samples", 0))
     if folder.is_dir() and not is_saved_dataset(folder):
         manifest = audiofolder_manifest(folder, split)
-        if manifest is None:
-            raise SourceError(f"--dataset {spec}: a folder, but neither a save_to_disk dataset nor an audiofolder "
-                              f"(no metadata.csv or metadata.jsonl in it or in {split}/); for an LJSpeech folder "
-                              "use --input_dir")
-        return manifest_source(manifest, **options)
+        if manifest is not None:
+            return manifest_source(manifest, **options)
     return dataset_source(spec, split, **options)

@@ -64,3 +64,13 @@ def test_write_is_atomic_and_leaves_no_temporary_files(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["a.wav"]
     samples, rate = audio.read_pcm16(tmp_path / "a.wav")
     assert samples.dtype == np.int16 and rate == 16000
+
+
+def test_written_files_get_ordinary_permissions(tmp_path):
+    import os
+    import stat
+
+    from finetune.atomic import FILE_MODE
+
+    audio.write_pcm16(tmp_path / "a.wav", tone(200.0, 0.2, 16000), 16000)
+    assert stat.S_IMODE(os.stat(tmp_path / "a.wav").st_mode) == FILE_MODE and FILE_MODE & 0o044  # others can read

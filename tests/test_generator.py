@@ -26,6 +26,9 @@ def test_export_loads_in_stock_transformers_and_speaks(tmp_path):
     export_model(loaded.model, loaded.tokenizer, out, discriminator, {"training_summary.json": {"steps": 3}})
     export_model(loaded.model, loaded.tokenizer, out, discriminator)  # replacing an export works too
     assert sorted(p.name for p in tmp_path.iterdir()) == ["final_model"]  # no staging folders left
+    from finetune.atomic import FILE_MODE
+
+    assert {p.stat().st_mode & 0o777 for p in out.iterdir()} == {FILE_MODE}  # readable by a server's user too
     model, info = VitsModel.from_pretrained(str(out), output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
     assert not has_weight_norm(model.decoder)

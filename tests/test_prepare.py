@@ -213,3 +213,31 @@ def test_unreachable_hub_dataset_fails_fast_with_the_way_out(tmp_path):
                            "--model_name", "scratch"])
     assert time.monotonic() - started < 15
     assert "HF_HUB_OFFLINE=1" in str(error.value)
+
+
+def test_downloaded_hub_snapshot_of_parquet_files(tmp_path):
+    """What `hf download <dataset> --local-dir DIR` leaves: data/<split>-*.parquet with an audio column."""
+    saved = make_saved_dataset(tmp_path / "saved")
+    import datasets
+
+    snapshot = tmp_path / "snapshot" / "data"
+    snapshot.mkdir(parents=True)
+    datasets.load_from_disk(str(saved))["train"].to_parquet(str(snapshot / "train-00000-of-00001.parquet"))
+    report = run_prepare("--dataset", str(tmp_path / "snapshot"), "--data_dir", str(tmp_path / "out"),
+                         "--model_name", "scratch", "--num_workers", "1", "--val_fraction", "0")
+    assert report["counts"]["items"] == 6 and report["counts"]["kept"] == 1  # "Hevok 1..5" have digits
+
+
+def test_a_folder_that_is_no_dataset_says_so(tmp_path):
+    (tmp_path / "stuff").mkdir()
+    (tmp_path / "stuff" / "notes.txt").write_text("hello", encoding="utf-8")
+    with pytest.raises(SourceError, match="no audio column found.*the columns are: text.*--audio_column"):
+        prepare_data.main(["--dataset", str(tmp_path / "stuff"), "--data_dir", str(tmp_path / "o"), "--model_name", "scratch"])
+
+
+def test_an_ljspeech_folder_given_as_dataset_is_read_as_one(tmp_path, kurmanji_model_dir):
+    corpus = write_ljspeech(tmp_path / "corpus", good_rows(3))
+    report = run_prepare("--dataset", str(corpus), "--data_dir", str(tmp_path / "out"), "--model_name",
+                         str(kurmanji_model_dir), "--val_fraction", "0")
+    assert report["counts"]["kept"] == 3
+    assert set(read_metadata(tmp_path / "out" / "metadata.csv")) == {"clip0", "clip1", "clip2"}
