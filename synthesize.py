@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from finetune.cli import ConfigError, flag, parse_config
+from finetune.cli import ConfigError, flag, parse_config, run_script
 
 
 @dataclass
@@ -38,6 +38,9 @@ class SynthesizeConfig:
             problems.append(f"--sentences {self.sentences}: no such file")
         if not Path(self.model).is_dir():
             problems.append(f"--model {self.model}: no such folder (train first, or point at a model folder)")
+        elif not all((Path(self.model) / name).is_file() for name in ("config.json", "vocab.json")):
+            problems.append(f"--model {self.model}: not a model folder (no config.json or vocab.json); give a folder "
+                            "train_vits.py wrote (final_model, best_model) or a VITS save_pretrained folder")
         if self.speaking_rate <= 0:
             problems.append(f"--speaking_rate {self.speaking_rate}: must be positive")
         if problems:
@@ -74,8 +77,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except ConfigError as error:
-        print(f"error: invalid settings:\n{error}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(run_script(main))

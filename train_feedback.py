@@ -105,8 +105,10 @@ def base_model_dir(config: FeedbackConfig, versions) -> Path:
         path = versions.current
     else:
         path = Path("training/checkpoints/best_model")
-    if not (path / "config.json").is_file():
-        raise FeedbackError(f"no model to start from at {path}: train one first (train_vits.py), or pass --base_model DIR")
+    missing = [name for name in ("config.json", "vocab.json") if not (path / name).is_file()]
+    if missing:
+        raise FeedbackError(f"no model to start from at {path} (no {' or '.join(missing)}): train one first "
+                            "(train_vits.py), or pass --base_model DIR with a model folder train_vits.py wrote")
     return path
 
 
@@ -137,9 +139,9 @@ def prepare_corrections(config: FeedbackConfig, round_dir: Path, base: Path, log
     from finetune.text import TextNormalizer
 
     try:
-        source = ljspeech_source(config.feedback_dir)
+        source = ljspeech_source(config.feedback_dir, flag="--feedback_dir")
     except SourceError as error:
-        raise FeedbackError(f"{error} (--feedback_dir)") from error
+        raise FeedbackError(str(error)) from error
     if source.count == 0:
         raise FeedbackError(f"{config.feedback_dir}/metadata.csv lists no corrections: record some first "
                             "(see train_feedback.py --review)")
@@ -313,7 +315,7 @@ def conclude_round(config: FeedbackConfig, round_: Round, data: RoundData, versi
               "before": decision.before, "after": decision.after, "candidate_step": decision.candidate_step,
               "counts": counts, "max_regression_pct": config.max_regression, "steps": result.state.step,
               "stop_reason": result.stop_reason, "time_used_s": round(round_.budget.used_s(), 1)}
-    version = versions.accept(best_dir, round_.folder.name, record) if decision.accepted else None
+    version = versions.accept(candidate, round_.folder.name, record) if decision.accepted else None
     if not decision.accepted:
         versions.reject(round_.folder.name, record)
     report = {"round": round_.folder.name, "version": version, **record, "listen_dir": str(listen),

@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from finetune.cli import ConfigError, config_to_dict, flag, parse_config, run_script
+from finetune.cli import ConfigError, config_to_dict, flag, given_flags, parse_config, run_script
 
 
 @dataclass
@@ -102,8 +102,12 @@ class TrainConfig:
             raise ConfigError(problems)
 
 
-# Settings a resumed run must share with the checkpoint (they shape the saved state).
-RESUME_MUST_MATCH = ("batch_size", "gradient_accumulation_steps", "seed", "max_samples", "freeze")
+# A resumed run continues with its checkpoint's settings. These may be changed by giving them again
+# (budget, where it runs, what it writes and how often); the first group always comes from this command.
+RESUME_FROM_COMMAND_LINE = ("resume", "checkpoint_dir", "discriminator", "benchmark_samples")
+RESUME_MAY_CHANGE = ("target_hours", "data_dir", "output_dir", "device", "fp16", "bf16", "num_workers",
+                     "precompute_mels", "val_every", "early_stopping_patience", "max_epochs", "keep_checkpoints",
+                     "checkpoint_every_minutes", "log_every_seconds")
 
 EXIT_INTERRUPTED = {"SIGINT": 130, "SIGTERM": 143}
 
@@ -124,10 +128,11 @@ class Run:
     dist: object
 
 
-def open_run(config: TrainConfig, clock) -> Run:
-    """Run folder and log; the checkpoint to resume (never silently mixing two runs); budget; device."""
+def open_run(config: TrainConfig, given: set[str], clock) -> tuple[Run, TrainConfig]:
+    """Run folder and log; the checkpoint to resume (never silently mixing two runs) and the settings it
+    continues with; budget; device."""
     from finetune.budget import Budget, safety_margin_s
-    from finetune.checkpoint import list_checkpoints, load_checkpoint, resolve_resume
+    from finetune.checkpoint import list_checkpoints, load_checkpoint, resolve_resume, resumed_settings
     from finetune.distributed import from_environment
     from finetune.reporting import Metrics, setup_logging
     from finetune.session import pick_device
@@ -142,6 +147,12 @@ def open_run(config: TrainConfig, clock) -> Run:
         raise ConfigError([f"{folder} holds checkpoints of an earlier run: continue it with --resume auto, or start "
                            "a new run with another --checkpoint_dir (or delete those checkpoints)"])
     payload = load_checkpoint(resume_path) if resume_path else None
+    if payload:
+        settings, changed = resumed_settings(payload["config"], config_to_dict(config), given, RESUME_MAY_CHANGE,
+                                             RESUME_FROM_COMMAND_LINE)
+        config = TrainConfig(**settings)
+        logger.info("resuming with the checkpoint's settings" + (f"; changed on this command line: "
+                    + ", ".join(f"--{k} {settings[k]}" for k in changed) if changed else ""))
     used_before = payload["state"]["time_used_s"] if payload else 0.0
     target_s = config.target_hours * 3600
     budget = Budget(target_s, clock, used_before_s=used_before, safety_s=safety_margin_s(target_s))
@@ -150,7 +161,7 @@ def open_run(config: TrainConfig, clock) -> Run:
     device = pick_device(config.device)
     workers = config.num_workers if config.num_workers >= 0 else (2 if device.type == "cuda" else 0)
     return Run(folder, logger, Metrics(folder / "metrics.jsonl"), budget, payload, resume_path, device,
-               resolve_precision(device, config.fp16, config.bf16), workers, dist)
+               resolve_precision(device, config.fp16, config.bf16), workers, dist), config
 
 
 def build_model(config: TrainConfig, run: Run):
@@ -158,11 +169,10 @@ def build_model(config: TrainConfig, run: Run):
     from finetune import session
     from finetune.features import FeatureConfig, Features
     from finetune.generator import freeze, hop_length
-    from finetune.model_source import resolve_model
 
     session.seed_everything(config.seed)  # before any weights are made (a resume restores its own state later)
     texts = session.corpus_texts(Path(config.data_dir))
-    loaded = session.build_generator(resolve_model(config.model_name), run.payload, texts, 16_000)
+    loaded = session.build_generator(config.model_name, run.payload, texts, 16_000)
     session.check_vocabulary(loaded.tokenizer, texts)
     frozen_parts = freeze(loaded.model, config.freeze)
     hop, rate = hop_length(loaded.model.config), int(loaded.model.config.sampling_rate)
@@ -206,7 +216,7 @@ def build_loop(config: TrainConfig, run: Run, loaded, frozen_parts, features, tr
                step_callback) -> "TrainingLoop":
     """Discriminator, optimizer step, evaluator and state (fresh or restored) around the training loop."""
     from finetune import session
-    from finetune.checkpoint import TrainingState, check_compatible, data_fingerprint
+    from finetune.checkpoint import TrainingState, check_same_data, data_fingerprint
     from finetune.evaluation import Evaluator
     from finetune.interrupt import StopRequest
     from finetune.loop import RunPaths, TrainingLoop
@@ -224,7 +234,7 @@ def build_loop(config: TrainConfig, run: Run, loaded, frozen_parts, features, tr
     resolved = config_to_dict(config)
     state, plan = TrainingState(), None
     if run.payload:
-        check_compatible(run.payload, resolved, fingerprint, RESUME_MUST_MATCH)
+        check_same_data(run.payload, fingerprint)
         step.load_state_dict(run.payload["train_step"])
         sampler.load_state_dict(run.payload["sampler"])
         state, plan = TrainingState(**run.payload["state"]), _plan_from(run.payload.get("plan"))
@@ -288,7 +298,7 @@ def main(argv: list[str] | None = None, clock=None, step_callback=None) -> int:
     from finetune.loop import run_with_signals
 
     config = parse_config(TrainConfig, argv, __doc__)
-    run = open_run(config, clock or Clock())
+    run, config = open_run(config, given_flags(TrainConfig, argv), clock or Clock())
     loaded, frozen_parts, features = build_model(config, run)
     train, val, sampler, precompute = load_data(config, run, loaded.tokenizer, features)
     loop = build_loop(config, run, loaded, frozen_parts, features, train, val, sampler, step_callback)

@@ -44,6 +44,7 @@ class TrainingState:
     best_step: int = -1
     evals_since_best: int = 0
     step_s_estimate: float = 0.0  # seconds per optimizer step when saved (0: unknown)
+    export_s_estimate: float = 0.0  # seconds the last model export took (kept for the final save)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -148,12 +149,28 @@ def load_checkpoint(path: Path) -> dict:
     return payload
 
 
-def check_compatible(payload: dict, config: dict, fingerprint: str, keys: tuple[str, ...]) -> None:
-    """Resuming must continue the same run: the same data and the settings that shape the state."""
-    problems = [f"--{k} was {payload['config'].get(k)!r} in the checkpoint, now {config.get(k)!r}"
-                for k in keys if payload["config"].get(k) != config.get(k)]
-    if payload.get("data_fingerprint") != fingerprint:
-        problems.append("the training clips (metadata.csv) differ from the checkpoint's")
+def resumed_settings(saved: dict, current: dict, given: set[str], may_change: tuple[str, ...],
+                     from_command_line: tuple[str, ...]) -> tuple[dict, list[str]]:
+    """The settings a resumed run continues with, and the names of those this command line changed.
+
+    The checkpoint's settings hold (the learning rates, loss weights, held-out clips: the run being
+    continued), so `--resume auto` alone continues it. Flags in `may_change` (budget, device, output,
+    logging) given on this command line win; `from_command_line` ones always come from it. Any other
+    flag given with a value other than the checkpoint's is refused."""
+    problems = [f"--{k} was {saved[k]!r} in the checkpoint, now {current[k]!r}" for k in sorted(given)
+                if k in saved and k not in may_change + from_command_line and saved[k] != current[k]]
     if problems:
         raise CheckpointError("cannot resume this checkpoint with these settings: " + "; ".join(problems)
-                              + ". Use the original settings, or start a new run in another --checkpoint_dir")
+                              + ". Leave those flags out (the checkpoint's values are used), or start a new run "
+                              "in another --checkpoint_dir")
+    keep_current = set(from_command_line) | (given & set(may_change)) | (current.keys() - saved.keys())
+    merged = {key: (value if key in keep_current else saved[key]) for key, value in current.items()}
+    changed = sorted(k for k in given & set(may_change) if k in saved and saved[k] != current[k])
+    return merged, changed
+
+
+def check_same_data(payload: dict, fingerprint: str) -> None:
+    """Resuming must continue on the same training clips."""
+    if payload.get("data_fingerprint") != fingerprint:
+        raise CheckpointError("cannot resume this checkpoint: the training clips (metadata.csv) differ from the "
+                              "checkpoint's. Use the original data, or start a new run in another --checkpoint_dir")

@@ -39,9 +39,10 @@ def _unwrap_optional(annotation: Any) -> Any:
     return annotation
 
 
-def _add_field(parser: argparse.ArgumentParser, field: dataclasses.Field, annotation: Any) -> None:
-    default = field.default_factory() if field.default is dataclasses.MISSING else field.default
-    kwargs: dict[str, Any] = {"default": default, "help": field.metadata.get("help", "")}
+def _add_field(parser: argparse.ArgumentParser, field: dataclasses.Field, annotation: Any, with_default: bool) -> None:
+    kwargs: dict[str, Any] = {"help": field.metadata.get("help", "")}
+    if with_default:
+        kwargs["default"] = field.default_factory() if field.default is dataclasses.MISSING else field.default
     if "choices" in field.metadata:
         kwargs["choices"] = field.metadata["choices"]
     if "metavar" in field.metadata:
@@ -60,12 +61,14 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
     """Keeps the script docstring's layout and appends each flag's default to its help."""
 
 
-def build_parser(config_cls: type, description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=description, formatter_class=HelpFormatter)
+def build_parser(config_cls: type, description: str, with_defaults: bool = True) -> argparse.ArgumentParser:
+    """The flags of `config_cls`; without defaults, only the flags given end up in the namespace."""
+    extra = {} if with_defaults else {"argument_default": argparse.SUPPRESS}
+    parser = argparse.ArgumentParser(description=description, formatter_class=HelpFormatter, **extra)
     hints = typing.get_type_hints(config_cls)
     for field in dataclasses.fields(config_cls):
         if field.init and field.metadata.get("help") is not None:
-            _add_field(parser, field, hints[field.name])
+            _add_field(parser, field, hints[field.name], with_defaults)
     return parser
 
 
@@ -77,6 +80,11 @@ def parse_config(config_cls: type, argv: list[str] | None, description: str) -> 
         return config_cls(**vars(namespace))
     except ConfigError as error:
         parser.error(f"invalid settings:\n{error}")
+
+
+def given_flags(config_cls: type, argv: list[str] | None) -> set[str]:
+    """The fields whose flags this command line names (a resumed run takes the others from its checkpoint)."""
+    return set(vars(build_parser(config_cls, "", with_defaults=False).parse_args(argv)))
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:

@@ -25,6 +25,7 @@ training's random state is left exactly as it was (a resumed run then matches an
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -38,6 +39,8 @@ from .data import Example, collate
 from .features import Features
 from .losses import LossWeights
 from .objective import generator_forward, generator_losses, real_segments
+
+LOG = logging.getLogger(__name__)  # a child of the run's "finetune" logger
 
 MCD_SCALE = 10.0 / math.log(10.0) * math.sqrt(2.0)
 
@@ -133,8 +136,22 @@ class Evaluator:
         """Eval mode for the duration of the call; the caller restores training mode."""
         started = time.monotonic()
         model.eval()
-        per_clip, losses = self.score_clips(model)
-        samples = self.write_samples(model, step)
+        while True:
+            try:
+                per_clip, losses = self.score_clips(model)
+                break
+            except torch.cuda.OutOfMemoryError:
+                if self.batch_size == 1:
+                    raise
+                torch.cuda.empty_cache()
+                self.batch_size //= 2  # kept for the rest of the run
+                LOG.warning(f"evaluation ran out of GPU memory: scoring {self.batch_size} clips at a time from now on")
+        try:
+            samples = self.write_samples(model, step)
+        except torch.cuda.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            samples = []
+            LOG.warning(f"test sentences not written at step {step}: out of GPU memory (shorten --test_sentences)")
         mcd = float(np.mean(list(per_clip.values()))) if per_clip else float("nan")
         return EvalResult(step=step, mcd_db=mcd, per_clip=per_clip, val_losses=losses,
                           seconds=time.monotonic() - started, samples=samples)

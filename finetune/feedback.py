@@ -16,6 +16,7 @@ Rolling back copies a version into current/ file by file, so current/ is then by
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import time
 from dataclasses import dataclass
@@ -96,6 +97,8 @@ def decide(baseline: EvalResult, best: dict | None, last: EvalResult, max_regres
         after, step = {k: best[k] for k in SCORES}, int(best["step"])
     else:
         after, step = {k: last.extra[k] for k in SCORES}, last.step
+    if not all(math.isfinite(v) for v in (*before.values(), *after.values())):
+        return Decision(False, "a score is not a finite number (the model produced no usable speech)", before, after, step)
     regression = change_pct(before["originals_mcd_db"], after["originals_mcd_db"])
     if regression > max_regression_pct:
         reason = f"held-out originals got {regression:.1f}% worse (tolerance {max_regression_pct}%)"
@@ -155,22 +158,32 @@ class Versions:
         name = f"v{len(self.versions()):03d}"
         self._copy_model(model_dir, self.root / name)
         self._copy_model(self.root / name, self.current)
-        self._record({"event": "accepted", "round": round_name, "version": name, **report}, current=name)
+        self._record({"event": "accepted", "round": round_name, "version": name,
+                      "base_version": self.history().get("current"), **report}, current=name)
         return name
+
+    def parent(self, version: str) -> str | None:
+        """The version the round that made `version` started from (v000 has none)."""
+        for event in reversed(self.history()["events"]):
+            if event.get("event") == "accepted" and event.get("version") == version and event.get("base_version"):
+                return event["base_version"]
+        versions = self.versions()  # histories written before base_version was recorded: number order
+        return versions[versions.index(version) - 1] if version in versions and versions.index(version) > 0 else None
 
     def reject(self, round_name: str, report: dict) -> None:
         self._record({"event": "rejected", "round": round_name, **report})
 
     def rollback(self, target: str) -> tuple[str, str]:
-        """Make `target` (a version name, or "previous": the version before the current one) current.
-        Returns (from, to)."""
+        """Make `target` current: a version name, or "previous": the version the current one was trained
+        from (so repeated "previous" walks back along the accepted rounds). Returns (from, to)."""
         history, versions = self.history(), self.versions()
         current = history.get("current")
         if target == "previous":
-            if current not in versions or versions.index(current) == 0:
+            parent = self.parent(current) if current in versions else None
+            if parent is None:
                 raise ValueError(f"no version before {current or 'nothing'} to roll back to; versions: "
                                  f"{', '.join(versions) or 'none'}")
-            target = versions[versions.index(current) - 1]
+            target = parent
         if target not in versions:
             raise ValueError(f"--rollback {target}: no such version; versions: {', '.join(versions) or 'none'}")
         self._copy_model(self.root / target, self.current)

@@ -123,7 +123,7 @@ class TrainingLoop:
         self.timer = StepTimer(prior_s=state.step_s_estimate or None)
         self.eval_s = plan.eval_s if plan else 0.0
         self.checkpoint_s = plan.checkpoint_s if plan else 0.0
-        self.export_s = 0.0
+        self.export_s = state.export_s_estimate
         self.last_eval: EvalResult | None = None
         self.last_checkpoint: Path | None = None
         self.last_checkpoint_at = budget.clock.now()
@@ -186,10 +186,12 @@ class TrainingLoop:
             return Decision(False, reason="max_epochs")
         step_s = self.timer.cautious_s if self.timer.ready else 0.0
         reserve = self.plan.final_s if self.plan else 0.0
-        this = step_s + (self.eval_s if self.eval_due(next_step) else 0.0)
-        if not self.dist.any(not self.budget.fits(this, reserve)):
-            return Decision(True, last=self.is_last(next_step, reserve))
-        return Decision(False, reason="deadline")
+        if self.dist.any(not self.budget.fits(step_s, reserve)):
+            return Decision(False, reason="deadline")
+        # A step with no room for the evaluation or checkpoint due after it runs as the last (which skips them).
+        after = (self.eval_s if self.eval_due(next_step) else 0.0) + self.checkpoint_after_s(step_s)
+        no_room_after = self.dist.any(not self.budget.fits(step_s + after, reserve))
+        return Decision(True, last=self.plan is not None and (no_room_after or self.is_last(next_step, reserve)))
 
     def is_last(self, next_step: int, reserve: float) -> bool:
         """Whether no step would fit after this one. Judged with the slowest recent step (and 25% on
@@ -201,7 +203,15 @@ class TrainingLoop:
             return True
         slowest = self.timer.slowest_s if self.timer.ready else 0.0
         evals = sum(1.25 * self.eval_s for s in (next_step, next_step + 1) if self.eval_due(s))
-        return self.dist.any(not self.budget.fits(2 * slowest + evals, reserve))
+        saves = self.checkpoint_after_s(slowest)  # after the next step; the one after it, if last, writes none
+        return self.dist.any(not self.budget.fits(2 * slowest + evals + saves, reserve))
+
+    def checkpoint_after_s(self, step_s: float) -> float:
+        """The checkpoint `after_step` will write after the next step (the epoch ends in its window, or the
+        periodic one falls due), as a cost to count before running it."""
+        epoch_ends = self.sampler.state.position + self.config.accumulation >= self.sampler.batches_per_epoch
+        periodic = self.budget.clock.now() + step_s - self.last_checkpoint_at >= self.config.checkpoint_every_s
+        return self.checkpoint_s if epoch_ends or periodic else 0.0
 
     def lr_for(self, step: int, last: bool) -> float:
         total = step if last else (self.plan.total_steps if self.plan else 10**9)
@@ -286,6 +296,7 @@ class TrainingLoop:
         started = self.budget.clock.now()
         self.state.time_used_s = self.budget.used_s()
         self.state.step_s_estimate = self.timer.mean_s if self.timer.ready else 0.0
+        self.state.export_s_estimate = self.export_s
         epoch = self.state.epoch if end_of_epoch else self.state.epoch + 1
         payload = {"model": self.model.state_dict(), "discriminator": {"config": self.discriminator.config.to_dict(),
                    "state": self.discriminator.state_dict(), "warmup_steps": self.config.discriminator_warmup_steps},

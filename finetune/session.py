@@ -19,7 +19,7 @@ from transformers import VitsConfig, VitsModel, VitsTokenizer
 from .corpus import Corpus, CorpusError, read_metadata, tokenize
 from .discriminator import Discriminator, DiscriminatorConfig, load_discriminator, parameter_count
 from .generator import LoadedGenerator, load_generator, ready_for_training
-from .model_source import ModelSource
+from .model_source import resolve_model
 from .text import TextNormalizer, describe_oov
 
 # Kurmanji sentences written for this project and absent from the demo corpus's recordings.
@@ -83,11 +83,12 @@ def generator_from_checkpoint(payload: dict) -> LoadedGenerator:
                            description=f"resumed at step {payload['state']['step']}")
 
 
-def build_generator(source: ModelSource, payload: dict | None, texts: list[str], sample_rate: int) -> LoadedGenerator:
+def build_generator(model_name: str, payload: dict | None, texts: list[str], sample_rate: int) -> LoadedGenerator:
+    """From the checkpoint alone when resuming (the hub is not asked); else --model_name, resolved here."""
     if payload is not None:
         return generator_from_checkpoint(payload)
     vocabulary = sorted(set("".join(texts)))
-    loaded = load_generator(source, vocabulary, sample_rate)
+    loaded = load_generator(resolve_model(model_name), vocabulary, sample_rate)
     ready_for_training(loaded.model)
     return loaded
 

@@ -105,13 +105,14 @@ def find_audio_file(wav_dir: Path, name: str) -> Path:
     return wav_dir / f"{name}.wav"
 
 
-def ljspeech_source(input_dir: str | Path, max_samples: int = 0) -> Source:
+def ljspeech_source(input_dir: str | Path, max_samples: int = 0, flag: str = "--input_dir") -> Source:
+    """`flag` is the option that named the folder, for the messages."""
     folder = Path(input_dir)
     metadata = folder / "metadata.csv"
     if not folder.is_dir():
-        raise SourceError(f"--input_dir {input_dir}: no such folder")
+        raise SourceError(f"{flag} {input_dir}: no such folder")
     if not metadata.is_file():
-        raise SourceError(f"--input_dir {input_dir}: no metadata.csv (expected an LJSpeech layout: "
+        raise SourceError(f"{flag} {input_dir}: no metadata.csv (expected an LJSpeech layout: "
                           "metadata.csv with id|text lines and wavs/<id>.wav)")
     rows = []
     for line in metadata.read_text(encoding="utf-8-sig").splitlines():
@@ -306,9 +307,21 @@ def dataset_source(spec: str, split: str, audio_column: str | None, text_column:
     return Source(description=description, count=len(dataset), iterate=iterate, notes=notes)
 
 
+COLUMN_FLAGS = ("audio_column", "text_column", "id_column", "speaker_column", "speaker")
+
+
+def refuse_column_flags(options: dict, what: str) -> None:
+    """Column and speaker flags mean nothing to an LJSpeech folder: refuse them rather than ignore them."""
+    given = [f"--{name}" for name in COLUMN_FLAGS if options.get(name)]
+    if given:
+        raise SourceError(f"{what} (id|text lines, one speaker): {', '.join(given)} only apply to datasets and "
+                          "manifests; leave them out, or give only the clips you want in metadata.csv")
+
+
 def open_source(input_dir: str | None, dataset: str | None, **options) -> Source:
     """The source the flags name: --input_dir (LJSpeech) or --dataset (datasets / manifest)."""
     if input_dir:
+        refuse_column_flags(options, f"--input_dir {input_dir} is an LJSpeech folder")
         return ljspeech_source(input_dir, max_samples=options.get("max_samples", 0))
     spec = str(dataset)
     split = options.pop("split")
@@ -318,7 +331,8 @@ def open_source(input_dir: str | None, dataset: str | None, **options) -> Source
         return manifest_source(spec, **options)
     folder = Path(spec).expanduser()
     if looks_like_ljspeech(folder):  # what --input_dir reads; taking it here too saves a round trip
-        return ljspeech_source(str(folder), max_samples=options.get("max_samples", 0))
+        refuse_column_flags(options, f"--dataset {spec} is an LJSpeech folder")
+        return ljspeech_source(str(folder), max_samples=options.get("max_samples", 0), flag="--dataset")
     if folder.is_dir() and not is_saved_dataset(folder):
         manifest = audiofolder_manifest(folder, split)
         if manifest is not None:

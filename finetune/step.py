@@ -231,8 +231,9 @@ class TrainStep:
     def load_state_dict(self, state: dict) -> None:
         self.optimizer_g.load_state_dict(state["optimizer_g"])
         self.optimizer_d.load_state_dict(state["optimizer_d"])
-        self.scaler_g.load_state_dict(state["scaler_g"])
-        self.scaler_d.load_state_dict(state["scaler_d"])
+        for scaler, saved in ((self.scaler_g, state["scaler_g"]), (self.scaler_d, state["scaler_d"])):
+            if saved and scaler.is_enabled():  # empty when the checkpoint ran without fp16: start a fresh scale
+                scaler.load_state_dict(saved)
         self.nonfinite_skips = state.get("nonfinite_skips", 0)
         self.overflow_skips = state.get("overflow_skips", 0)
         self.oom_skips = state.get("oom_skips", 0)

@@ -135,12 +135,25 @@ def clock_for(fake: FakeClock):
 
 @pytest.fixture
 def timed_work(monkeypatch):
-    """Optimizer steps take `step_s` and evaluations `eval_s` of fake time."""
+    """Optimizer steps take `step_s`, evaluations `eval_s`, checkpoints `checkpoint_s` and model exports
+    `export_s` of fake time."""
     fake = FakeClock()
-    costs = {"step_s": 3.0, "eval_s": 1.0}
-    from finetune import evaluation, step
+    costs = {"step_s": 3.0, "eval_s": 1.0, "checkpoint_s": 2.0, "export_s": 1.0}
+    from finetune import evaluation, loop, step
 
     real_run, real_evaluate = step.TrainStep.run, evaluation.Evaluator.evaluate
+    real_save, real_export = loop.save_checkpoint, loop.export_model
+
+    def save_checkpoint(*args, **kwargs):
+        fake.t += costs["checkpoint_s"]
+        return real_save(*args, **kwargs)
+
+    def export_model(*args, **kwargs):
+        fake.t += costs["export_s"]
+        return real_export(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "save_checkpoint", save_checkpoint)
+    monkeypatch.setattr(loop, "export_model", export_model)
 
     def run(self, *args, **kwargs):
         fake.t += costs["step_s"]

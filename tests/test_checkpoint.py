@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from finetune.checkpoint import (CheckpointError, capture_rng, check_compatible, latest_checkpoint, list_checkpoints,
-                                 load_checkpoint, resolve_resume, restore_rng, save_checkpoint)
+from finetune.checkpoint import (CheckpointError, capture_rng, check_same_data, latest_checkpoint, list_checkpoints,
+                                 load_checkpoint, resolve_resume, restore_rng, resumed_settings,
+                                 save_checkpoint)
 from finetune.corpus import MemoryEstimate, decide_precompute
 
 
@@ -48,11 +49,23 @@ def test_a_damaged_checkpoint_is_an_error_naming_the_way_out(tmp_path):
         load_checkpoint(tmp_path / "checkpoint_epoch_1.pt")
 
 
-def test_resuming_with_other_settings_or_data_is_refused():
-    saved = {"config": {"batch_size": 8, "seed": 1}, "data_fingerprint": "abc"}
-    check_compatible(saved, {"batch_size": 8, "seed": 1}, "abc", ("batch_size", "seed"))
-    with pytest.raises(CheckpointError, match="--batch_size was 8 in the checkpoint, now 16.*clips"):
-        check_compatible(saved, {"batch_size": 16, "seed": 1}, "xyz", ("batch_size", "seed"))
+def test_a_resumed_run_keeps_its_settings_and_refuses_changes_to_them():
+    saved = {"batch_size": 8, "learning_rate": 2e-3, "target_hours": 1.0, "resume": "none", "device": "auto"}
+    current = {"batch_size": 8, "learning_rate": 2e-5, "target_hours": 2.0, "resume": "auto", "device": "auto"}
+    merged, changed = resumed_settings(saved, current, {"resume", "target_hours"}, ("target_hours", "device"), ("resume",))
+    assert merged == {"batch_size": 8, "learning_rate": 2e-3, "target_hours": 2.0, "resume": "auto", "device": "auto"}
+    assert changed == ["target_hours"]
+    merged, _ = resumed_settings(saved, current, {"resume"}, ("target_hours",), ("resume",))
+    assert merged["target_hours"] == 1.0  # not given: the same budget
+    with pytest.raises(CheckpointError, match="--learning_rate was 0.002 in the checkpoint, now 2e-05.*Leave those flags out"):
+        resumed_settings(saved, current, {"resume", "learning_rate"}, ("target_hours",), ("resume",))
+
+
+def test_resuming_on_other_data_is_refused():
+    saved = {"config": {}, "data_fingerprint": "abc"}
+    check_same_data(saved, "abc")
+    with pytest.raises(CheckpointError, match="training clips"):
+        check_same_data(saved, "xyz")
 
 
 def test_memory_check_falls_back_then_refuses_with_a_way_out():

@@ -4,12 +4,14 @@ corrections made from other demo clips, accepted and rejected rounds, rollback, 
 import hashlib
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
 import train_feedback
 import train_vits
-from finetune.feedback import Versions, replay_sample
+from finetune.evaluation import EvalResult
+from finetune.feedback import Versions, decide, replay_sample
 from tests.conftest import DEMO_CORPUS, clock_for
 
 CORRECTION_IDS = ["kmr_demo_0101", "kmr_demo_0102", "kmr_demo_0103", "kmr_demo_0104"]
@@ -84,6 +86,38 @@ def test_a_round_improves_the_corrections_and_writes_a_version(prepared_demo, ba
     assert versions.history()["current"] == "v000"
     with pytest.raises(ValueError, match="no version before v000"):
         train_feedback.main(["--output_dir", str(tmp_path / "voices"), "--rollback", "previous"])
+
+
+def test_the_decision_accepts_only_a_finite_improvement_within_tolerance():
+    def scores(step, corrections, originals):
+        return EvalResult(step, corrections, {}, {}, 0.0,
+                          extra={"corrections_mcd_db": corrections, "originals_mcd_db": originals})
+
+    base = scores(0, 10.0, 8.0)
+    best = {"step": 6, "corrections_mcd_db": 9.0, "originals_mcd_db": 8.1}
+    assert decide(base, best, scores(8, 9.5, 8.0), 2.0).accepted
+    assert not decide(base, {**best, "originals_mcd_db": 8.3}, scores(8, 9.5, 8.0), 2.0).accepted  # +3.75%
+    assert not decide(base, {**best, "corrections_mcd_db": 10.0}, scores(8, 9.5, 8.0), 2.0).accepted
+    assert not decide(base, None, scores(8, float("nan"), 8.0), 2.0).accepted
+    assert not decide(base, {**best, "originals_mcd_db": float("nan")}, scores(8, 9.5, 8.0), 2.0).accepted
+
+
+def test_rollback_previous_follows_what_each_version_was_trained_from(tmp_path):
+    def model(name: str) -> Path:
+        folder = tmp_path / "models" / name
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_text(name, encoding="utf-8")
+        return folder
+
+    voices = Versions(tmp_path / "voices")
+    voices.ensure_base(model("base"))
+    voices.accept(model("round1"), "round_001", {})  # v001 from v000
+    voices.rollback("v000")  # the user did not like v001
+    voices.accept(model("round2"), "round_002", {})  # v002, trained from v000
+    assert voices.rollback("previous") == ("v002", "v000")  # not v001, which the user had rejected
+    assert (voices.current / "model.safetensors").read_text(encoding="utf-8") == "base"
+    with pytest.raises(ValueError, match="no version before v000"):
+        voices.rollback("previous")
 
 
 def test_a_round_that_damages_the_originals_is_rejected_and_the_voice_untouched(prepared_demo, base_run, tmp_path,

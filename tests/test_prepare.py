@@ -241,3 +241,6 @@ def test_an_ljspeech_folder_given_as_dataset_is_read_as_one(tmp_path, kurmanji_m
                          str(kurmanji_model_dir), "--val_fraction", "0")
     assert report["counts"]["kept"] == 3
     assert set(read_metadata(tmp_path / "out" / "metadata.csv")) == {"clip0", "clip1", "clip2"}
+    with pytest.raises(SourceError, match="LJSpeech folder.*--speaker_column only apply to datasets"):
+        prepare_data.main(["--input_dir", str(corpus), "--speaker_column", "client_id", "--data_dir",
+                           str(tmp_path / "o2"), "--model_name", str(kurmanji_model_dir)])

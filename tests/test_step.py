@@ -3,6 +3,7 @@ seeded overfit run on real demo clips."""
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 
@@ -117,3 +118,40 @@ def test_cuda_out_of_memory_skips_the_window_and_training_goes_on(prepared_demo,
     assert all(p.grad is None for p in model.parameters())
     monkeypatch.setattr(TrainStep, "accumulate", real)
     assert step.run([batch], adversarial=True).applied
+
+
+def test_a_checkpoint_without_fp16_resumes_under_fp16_and_back(prepared_demo):
+    """A CPU or bf16 run saves an empty scaler state; resuming it with fp16 (the CUDA default) starts a
+    fresh scale instead of failing, and the other way round the saved scale is simply not needed."""
+    model = tiny_generator(prepared_demo).model
+    fp32_step = make_step(model)
+    scaled = TrainStep(model, Discriminator(SMALL_D), Features(FeatureConfig()), LossWeights(),
+                       StepSettings(learning_rate=1e-3, discriminator_learning_rate=1e-3),
+                       Precision("fp16", torch.float16), torch.device("cpu"))
+    scaled.load_state_dict(fp32_step.state_dict())
+    assert scaled.scaler_g.is_enabled() and scaled.scaler_g.get_scale() == 65536.0
+    fp32_step.load_state_dict(scaled.state_dict())
+
+
+def test_evaluation_out_of_gpu_memory_retries_with_smaller_groups(prepared_demo, monkeypatch):
+    """Synthesising 8 clips at once (each up to 4x its recording) may not fit a small GPU: the
+    evaluation halves its group size and scores every clip, rather than ending the run."""
+    from finetune import evaluation
+    from finetune.corpus import load_examples
+
+    loaded = tiny_generator(prepared_demo)
+    examples, _ = load_examples(prepared_demo, "metadata.csv", loaded.tokenizer, hop=256, sample_rate=16000,
+                                max_samples=6)
+    real_synthesise = evaluation.synthesise
+
+    def small_gpu(model, token_ids, *args, **kwargs):
+        if len(token_ids) > 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real_synthesise(model, token_ids, *args, **kwargs)
+
+    monkeypatch.setattr(evaluation, "synthesise", small_gpu)
+    evaluator = evaluation.Evaluator(examples, Features(FeatureConfig()), torch.device("cpu"), 16000, None, [],
+                                     batch_size=8)
+    result = evaluator.evaluate(loaded.model, step=0)
+    assert evaluator.batch_size == 2 and len(result.per_clip) == 6
+    assert all(np.isfinite(v) for v in result.per_clip.values())

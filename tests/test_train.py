@@ -76,7 +76,9 @@ def test_resume_gives_the_same_losses_as_an_uninterrupted_run(prepared_demo, tmp
     fake.t = 0.0
     assert train_vits.main(args(prepared_demo, parts, *common), clock=clock_for(fake), step_callback=stop_at_5) == 130
     fake.t = 0.0
-    assert train_vits.main(args(prepared_demo, parts, *common, "--resume", "auto"), clock=clock_for(fake)) == 0
+    # The short command: every other setting (learning rate, batch, data, model...) comes from the checkpoint.
+    resume = ["--checkpoint_dir", str(parts / "checkpoints"), "--resume", "auto"]
+    assert train_vits.main(resume, clock=clock_for(fake)) == 0
 
     expected, got = losses_by_step(whole), losses_by_step(parts)
     assert sorted(expected) == sorted(got) and len(expected) >= 9
@@ -142,3 +144,19 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(prepared_demo, tmp_path):
     assert f"resuming {tmp_path / 'checkpoints' / latest['path']}" in resumed.stdout
     assert (tmp_path / "final_model" / "model.safetensors").is_file()
     assert os.path.getsize(tmp_path / "checkpoints" / "train.log") > 0
+
+
+def test_checkpoints_slower_than_steps_still_fit_the_deadline(prepared_demo, tmp_path, timed_work):
+    """An epoch-end checkpoint after a step is counted before the step runs: with 3 steps an epoch and a
+    checkpoint 3x as slow as a step, the run still ends inside the budget, on a step at the floor."""
+    fake, costs = timed_work
+    costs["checkpoint_s"] = 10.0
+    for target_s in (150.0, 160.0, 170.0):
+        run_dir = tmp_path / str(int(target_s))
+        fake.t = 0.0
+        code = train_vits.main(args(prepared_demo, run_dir, "--target_hours", str(target_s / 3600), "--max_samples", "12"),
+                               clock=clock_for(fake))
+        assert code == 0
+        end = metrics(run_dir, "end")[0]
+        assert end["stop_reason"] == "deadline" and end["time_used_s"] <= target_s, (target_s, end)
+        assert end["last_lr"] == pytest.approx(2e-3 * 0.1)
