@@ -106,7 +106,7 @@ class TrainConfig:
 # (budget, where it runs, what it writes and how often); the first group always comes from this command.
 RESUME_FROM_COMMAND_LINE = ("resume", "checkpoint_dir", "discriminator", "benchmark_samples")
 RESUME_MAY_CHANGE = ("target_hours", "data_dir", "output_dir", "device", "fp16", "bf16", "num_workers",
-                     "precompute_mels", "val_every", "early_stopping_patience", "max_epochs", "keep_checkpoints",
+                     "precompute_mels", "early_stopping_patience", "max_epochs", "keep_checkpoints",
                      "checkpoint_every_minutes", "log_every_seconds", "test_sentences")
 
 EXIT_INTERRUPTED = {"SIGINT": 130, "SIGTERM": 143}
