@@ -50,29 +50,29 @@ class SynthesizeConfig:
 def main(argv: list[str] | None = None) -> int:
     from finetune.audio import write_pcm16
     from finetune.session import pick_device
-    from finetune.synthesis import load_voice, numbered, prepare_lines, read_sentences, speak, speak_to_folder
+    from finetune.synthesis import load_voice, numbered, prepare_lines, read_sentences, speak, speak_for_review
 
     config = parse_config(SynthesizeConfig, argv, __doc__)
     voice = load_voice(config.model, pick_device(config.device), config.speaking_rate)
-    lines = prepare_lines(voice, numbered([config.text] if config.text else read_sentences(config.sentences)))
-    for line in lines:
-        if line.token_ids is None:
-            print(f"skipped line {line.item_id}: {line.problem}: {line.text}", file=sys.stderr)
-    sayable = [line for line in lines if line.token_ids is not None]
-    if not sayable:
-        print("error: nothing to say: every sentence was skipped", file=sys.stderr)
-        return 1
     if config.text:
-        wave = speak(voice, sayable[0].token_ids, config.seed)
+        line = prepare_lines(voice, numbered([config.text]))[0]
+        if line.token_ids is None:
+            print(f"error: nothing to say: {line.problem}: {line.text}", file=sys.stderr)
+            return 1
+        wave = speak(voice, line.token_ids, config.seed)
         write_pcm16(config.out, wave, voice.sample_rate)
         print(f"{config.out}  {len(wave) / voice.sample_rate:.2f}s  {config.text}")
         return 0
     out_dir = Path(config.out_dir)
-    for path, line in zip(speak_to_folder(voice, sayable, out_dir, config.seed), sayable):
+    lines = prepare_lines(voice, numbered(read_sentences(config.sentences)))
+    spoken = speak_for_review(voice, lines, out_dir, config.seed)
+    if not spoken:
+        print("error: nothing to say: every sentence was skipped", file=sys.stderr)
+        return 1
+    for path, line in spoken:
         print(f"{path}  {line.text}")
-    (out_dir / "metadata.csv").write_text("".join(f"{l.item_id}|{l.text}\n" for l in sayable), encoding="utf-8")
-    print(f"{len(sayable)} sentences -> {out_dir}/ (metadata.csv lists id|text)"
-          + (f"; {len(lines) - len(sayable)} skipped" if len(sayable) < len(lines) else ""))
+    print(f"{len(spoken)} sentences -> {out_dir}/ (metadata.csv lists id|text)"
+          + (f"; {len(lines) - len(spoken)} skipped" if len(spoken) < len(lines) else ""))
     return 0
 
 

@@ -88,6 +88,7 @@ class FeedbackConfig:
             problems.append(f"--freeze {' '.join(unknown)}: unknown part; choose from {', '.join(FREEZABLE_PARTS)}")
         if problems:
             raise ConfigError(problems)
+        self.discriminator_learning_rate = self.discriminator_learning_rate or self.learning_rate  # 0: the same
 
     @property
     def budget_s(self) -> float:
@@ -114,17 +115,12 @@ def base_model_dir(config: FeedbackConfig, versions) -> Path:
 
 def review(config: FeedbackConfig, base: Path) -> int:
     from finetune.session import pick_device
-    from finetune.synthesis import load_voice, numbered, prepare_lines, read_sentences, speak_to_folder
+    from finetune.synthesis import load_voice, numbered, prepare_lines, read_sentences, speak_for_review
 
     voice = load_voice(base, pick_device(config.device))
     lines = prepare_lines(voice, numbered(read_sentences(config.review)))
     out = Path(config.review_dir)
-    sayable = [line for line in lines if line.token_ids is not None]
-    speak_to_folder(voice, sayable, out)
-    (out / "metadata.csv").write_text("".join(f"{l.item_id}|{l.text}\n" for l in sayable), encoding="utf-8")
-    for line in lines:
-        if line.token_ids is None:
-            print(f"skipped {line.item_id}: {line.problem}: {line.text}", file=sys.stderr)
+    sayable = speak_for_review(voice, lines, out)
     print(f"{len(sayable)} sentences spoken by {base} -> {out}/ (<id>.wav, metadata.csv)\n"
           f"Listen; record each sentence it says wrong as {config.feedback_dir}/wavs/<id>.wav and copy its line from "
           f"{out}/metadata.csv into {config.feedback_dir}/metadata.csv; then run train_feedback.py")
@@ -236,9 +232,9 @@ def build_trainer(config: FeedbackConfig, round_: Round, data: RoundData, base: 
     round_.logger.info(choice.description)
     data.model.to(round_.device)
     discriminator = choice.discriminator.to(round_.device)
-    d_lr = config.discriminator_learning_rate or config.learning_rate
     step = TrainStep(data.model, discriminator, data.features, LossWeights(),
-                     StepSettings(learning_rate=config.learning_rate, discriminator_learning_rate=d_lr),
+                     StepSettings(learning_rate=config.learning_rate,
+                                  discriminator_learning_rate=config.discriminator_learning_rate),
                      resolve_precision(round_.device, config.fp16, config.bf16), round_.device)
     return step, choice.warmup_steps, frozen_parts
 
@@ -281,7 +277,7 @@ def fit_round(config: FeedbackConfig, round_: Round, data: RoundData, step, warm
         sampler=BucketSampler([e.frame_count(data.hop) for e in examples], config.batch_size, config.seed),
         config=LoopConfig(batch_size=config.batch_size, accumulation=config.gradient_accumulation_steps,
                           learning_rate=config.learning_rate,
-                          discriminator_learning_rate=config.discriminator_learning_rate or config.learning_rate,
+                          discriminator_learning_rate=config.discriminator_learning_rate,
                           lr_floor_ratio=config.lr_floor_ratio, warmup_steps=config.warmup_steps,
                           benchmark_samples=config.benchmark_samples, eval_every=config.val_every,
                           max_epochs=config.max_epochs, early_stopping_patience=0, keep_checkpoints=1,

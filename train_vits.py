@@ -100,6 +100,7 @@ class TrainConfig:
             problems.append(f"--test_sentences {self.test_sentences}: no such file")
         if problems:
             raise ConfigError(problems)
+        self.discriminator_learning_rate = self.discriminator_learning_rate or self.learning_rate  # 0: the same
 
 
 # A resumed run continues with its checkpoint's settings. These may be changed by giving them again
@@ -256,7 +257,7 @@ def _train_step(config: TrainConfig, run: Run, model, discriminator, features):
     weights = LossWeights(mel=config.mel_loss_weight, kl=config.kl_loss_weight, duration=config.duration_loss_weight,
                           adversarial=config.adversarial_loss_weight, feature_matching=config.feature_matching_loss_weight)
     settings = StepSettings(learning_rate=config.learning_rate,
-                            discriminator_learning_rate=config.discriminator_learning_rate or config.learning_rate,
+                            discriminator_learning_rate=config.discriminator_learning_rate,
                             max_grad_norm=config.max_grad_norm)
     return TrainStep(model, discriminator, features, weights, settings, run.precision, run.device)
 
@@ -266,7 +267,7 @@ def _loop_config(config: TrainConfig, run: Run, discriminator_warmup_steps: int)
 
     return LoopConfig(batch_size=config.batch_size, accumulation=config.gradient_accumulation_steps,
                       learning_rate=config.learning_rate,
-                      discriminator_learning_rate=config.discriminator_learning_rate or config.learning_rate,
+                      discriminator_learning_rate=config.discriminator_learning_rate,
                       lr_floor_ratio=config.lr_floor_ratio, warmup_steps=config.warmup_steps,
                       benchmark_samples=config.benchmark_samples, eval_every=config.val_every,
                       max_epochs=config.max_epochs, early_stopping_patience=config.early_stopping_patience,

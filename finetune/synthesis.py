@@ -3,6 +3,8 @@ training did, skip (and name) what the vocabulary cannot say, write 16-bit WAVs.
 
 from __future__ import annotations
 
+import sys
+
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,6 +71,21 @@ def speak_to_folder(voice: Voice, lines: list[Line], folder: Path, seed: int = 0
         write_pcm16(path, speak(voice, line.token_ids, seed), voice.sample_rate)
         paths.append(path)
     return paths
+
+
+def speak_for_review(voice: Voice, lines: list[Line], folder: Path, seed: int = 0) -> list[tuple[Path, Line]]:
+    """The sayable lines to folder/<id>.wav and folder/metadata.csv (`id|text`, what corrections are
+    recorded against); each line that cannot be said is named on stderr. Returns (path, line) pairs;
+    with nothing sayable, nothing is written."""
+    for line in lines:
+        if line.token_ids is None:
+            print(f"skipped line {line.item_id}: {line.problem}: {line.text}", file=sys.stderr)
+    sayable = [line for line in lines if line.token_ids is not None]
+    if not sayable:
+        return []
+    paths = speak_to_folder(voice, sayable, folder, seed)
+    (folder / "metadata.csv").write_text("".join(f"{l.item_id}|{l.text}\n" for l in sayable), encoding="utf-8")
+    return list(zip(paths, sayable))
 
 
 def numbered(lines: list[str]) -> list[tuple[str, str]]:

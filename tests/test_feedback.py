@@ -176,6 +176,23 @@ def test_review_speaks_sentences_for_listening(base_run, tmp_path):
     assert (tmp_path / "review" / "metadata.csv").read_text(encoding="utf-8") == "001|Ez baş im.\n003|Tu çawa yî?\n"
 
 
+def test_synthesize_speaks_a_sentence_or_a_list_and_refuses_what_it_cannot_say(base_run, tmp_path, capsys):
+    import soundfile as sf
+
+    import synthesize
+
+    model = str(base_run / "checkpoints" / "best_model")
+    assert synthesize.main(["--model", model, "--text", "Ez baş im.", "--out", str(tmp_path / "one.wav")]) == 0
+    assert sf.info(str(tmp_path / "one.wav")).frames > 0
+    assert synthesize.main(["--model", model, "--text", "2024", "--out", str(tmp_path / "none.wav")]) == 1
+    assert not (tmp_path / "none.wav").exists()
+    sentences = tmp_path / "sentences.txt"
+    sentences.write_text("Tu çawa yî?\n12 sêv\n", encoding="utf-8")
+    assert synthesize.main(["--model", model, "--sentences", str(sentences), "--out_dir", str(tmp_path / "list")]) == 0
+    assert (tmp_path / "list" / "metadata.csv").read_text(encoding="utf-8") == "001|Tu çawa yî?\n"
+    assert "skipped line 002" in capsys.readouterr().err
+
+
 def test_replay_sample_is_seeded_and_sized():
     ids = [f"c{i}" for i in range(100)]
     assert replay_sample(ids, 4, 2.0, seed=1) == replay_sample(ids, 4, 2.0, seed=1)
