@@ -43,6 +43,8 @@ class FeedbackConfig:
     target_minutes: float = flag(15.0, "time budget of the round, everything included (minutes)")
     target_hours: float = flag(0.0, "time budget in hours instead (0: use --target_minutes)")
     max_regression: float = flag(2.0, "accept only if the held-out originals' MCD rises by at most this (percent)")
+    max_length_ratio: float = flag(1.25, "timing rule: a model whose median length ratio (synthesised / recorded) on "
+                                          "the corrections or the originals lies outside [1/X, X] is never accepted")
     freeze: list[str] = flag([], "parts to keep fixed: text_encoder duration_predictor posterior_encoder flow decoder")
     batch_size: int = flag(8, "clips per micro-batch")
     gradient_accumulation_steps: int = flag(1, "micro-batches per optimizer step")
@@ -77,6 +79,8 @@ class FeedbackConfig:
                      "max_epochs", "benchmark_samples", "discriminator_warmup_steps", "target_hours"):
             if getattr(self, name) < 0:
                 problems.append(f"--{name} {getattr(self, name)}: must be 0 or more")
+        if self.max_length_ratio < 1:
+            problems.append(f"--max_length_ratio {self.max_length_ratio}: must be 1 or more (1.25 accepts 0.8-1.25)")
         if self.rollback and self.review:
             problems.append("--rollback and --review are separate actions: give one")
         if self.review and not Path(self.review).is_file():
@@ -157,13 +161,14 @@ def prepare_corrections(config: FeedbackConfig, round_dir: Path, base: Path, log
 
 @dataclass
 class Round:
-    """One feedback round's place and means: its folder, log, metrics, budget and device."""
+    """One feedback round's place and means: its folder, log, metrics, budget, device and stop request."""
 
     folder: Path
     logger: object
     metrics: object
     budget: object
     device: object
+    stop: object
 
 
 @dataclass
@@ -179,7 +184,7 @@ class RoundData:
     rate: int
 
 
-def start_round(config: FeedbackConfig, versions, base: Path, clock) -> Round:
+def start_round(config: FeedbackConfig, versions, base: Path, clock, stop) -> Round:
     from finetune.budget import Budget, safety_margin_s
     from finetune.reporting import Metrics, setup_logging
     from finetune.session import pick_device, seed_everything
@@ -190,7 +195,7 @@ def start_round(config: FeedbackConfig, versions, base: Path, clock) -> Round:
     logger = setup_logging(folder)
     logger.info(f"train_feedback {folder.name}: starting from {base}; budget {config.budget_s:.0f}s")
     seed_everything(config.seed)
-    return Round(folder, logger, Metrics(folder / "metrics.jsonl"), budget, pick_device(config.device))
+    return Round(folder, logger, Metrics(folder / "metrics.jsonl"), budget, pick_device(config.device), stop)
 
 
 def load_round_data(config: FeedbackConfig, round_: Round, base: Path) -> RoundData:
@@ -205,13 +210,14 @@ def load_round_data(config: FeedbackConfig, round_: Round, base: Path) -> RoundD
     model, tokenizer = ready_for_training(loaded.model), loaded.tokenizer
     hop, rate = hop_length(model.config), int(model.config.sampling_rate)
     features = Features(FeatureConfig(sample_rate=rate, hop_length=hop)).to(round_.device)
-    corrections = load_corpus(corrections_dir, "metadata.csv", tokenizer, features, rate, 0, False, round_.device)
+    corrections = load_corpus(corrections_dir, "metadata.csv", tokenizer, features, rate, 0, False, round_.device,
+                              round_.stop)
     data_dir = Path(config.data_dir)
     if not (data_dir / "metadata_val.csv").is_file() or not read_metadata(data_dir / "metadata_val.csv"):
         raise FeedbackError(f"{data_dir}/metadata_val.csv is missing or empty: held-out original clips are needed to "
                             "check that nothing else got worse (prepare the corpus with --val_fraction > 0)")
     originals = load_corpus(data_dir, "metadata_val.csv", tokenizer, features, rate, config.val_samples, False,
-                            round_.device)
+                            round_.device, round_.stop)
     replay = _replay(data_dir, len(corrections.examples), config, tokenizer, features, rate, round_.logger)
     round_.logger.info(f"training data: {len(corrections.examples)} corrections + {len(replay)} replayed original "
                        f"clips; {len(originals.examples)} held-out originals scored")
@@ -257,16 +263,17 @@ def fit_round(config: FeedbackConfig, round_: Round, data: RoundData, step, warm
     from finetune.evaluation import Evaluator
     from finetune.feedback import FeedbackEvaluator
     from finetune.generator import train_mode
-    from finetune.interrupt import StopRequest
     from finetune.loop import LoopConfig, RunPaths, TrainingLoop, run_with_signals
+    from finetune.measures import TimingRule
     from finetune.sampler import BucketSampler
-    from finetune.session import tokenizer_files
+    from finetune.session import eval_batch_size, tokenizer_files
 
     corrections = data.corrections.examples
+    common = dict(seed=config.seed, batch_size=eval_batch_size(round_.device), rule=TimingRule(config.max_length_ratio))
     evaluator = FeedbackEvaluator(
         Evaluator(corrections, data.features, round_.device, data.rate, round_.folder / "samples",
-                  [(e.item_id, e.token_ids) for e in corrections[:5]], seed=config.seed),
-        Evaluator(data.originals.examples, data.features, round_.device, data.rate, None, [], seed=config.seed),
+                  [(e.item_id, e.token_ids) for e in corrections[:5]], **common),
+        Evaluator(data.originals.examples, data.features, round_.device, data.rate, None, [], **common),
         config.max_regression)
     examples = corrections + data.replay
     resolved = config_to_dict(config)
@@ -288,7 +295,7 @@ def fit_round(config: FeedbackConfig, round_: Round, data: RoundData, step, warm
         logger=round_.logger, metrics=round_.metrics, device=round_.device, hop=data.hop, frozen_parts=frozen_parts,
         checkpoint_extra={"config": resolved, "model_config": data.model.config.to_dict(),
                           "tokenizer_files": tokenizer_files(data.tokenizer), "data_fingerprint": ""},
-        stop=StopRequest(), export_extra=lambda: {"feedback_args.json": resolved})
+        stop=round_.stop, export_extra=lambda: {"feedback_args.json": resolved})
     loop.paths.run_dir.mkdir(parents=True, exist_ok=True)
     return loop, evaluator, run_with_signals(loop)
 
@@ -315,7 +322,7 @@ def conclude_round(config: FeedbackConfig, round_: Round, data: RoundData, versi
     if not decision.accepted:
         versions.reject(round_.folder.name, record)
     report = {"round": round_.folder.name, "version": version, **record, "listen_dir": str(listen),
-              "corrections_dropped": data.prepare_report["dropped"], "per_clip_before": evaluator.baseline.per_clip,
+              "corrections_dropped": data.prepare_report["dropped"], "per_clip_before": evaluator.baseline.per_clip_dict(),
               "per_clip_after": best["per_clip"] if best else None}
     write_text_atomic(round_.folder / "feedback_report.json", json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     text = summary_text(round_.folder.name, decision, version, counts, config.max_regression, listen,
@@ -329,10 +336,12 @@ def conclude_round(config: FeedbackConfig, round_: Round, data: RoundData, versi
 def main(argv: list[str] | None = None, clock=None) -> int:
     from finetune.budget import Clock
     from finetune.feedback import Versions
+    from finetune.interrupt import StopRequest, StopRequested
 
-    clock = clock or Clock()
     config = parse_config(FeedbackConfig, argv, __doc__)
     versions = Versions(Path(config.output_dir))
+    for note in versions.repair():
+        print(f"{versions.root}: {note} (left by a round that was killed)", file=sys.stderr)
 
     # Actions that do not train: roll back, or speak sentences for review.
     if config.rollback:
@@ -342,9 +351,19 @@ def main(argv: list[str] | None = None, clock=None) -> int:
     base = base_model_dir(config, versions)
     if config.review:
         return review(config, base)
+    stop = StopRequest()
+    with stop.installed():  # from the start: Ctrl-C while preparing or loading stops within seconds too
+        try:
+            return feedback_round(config, versions, base, clock or Clock(), stop)
+        except StopRequested as request:
+            print(f"interrupted ({request.signal_name}): the current voice is unchanged; run again to start a new "
+                  "round", file=sys.stderr)
+            return stop.exit_status
 
-    # A round: data, model, "before" renders, the training loop, then the decision and the report.
-    round_ = start_round(config, versions, base, clock)
+
+def feedback_round(config: FeedbackConfig, versions, base: Path, clock, stop) -> int:
+    """A round: data, model, "before" renders, the training loop, then the decision and the report."""
+    round_ = start_round(config, versions, base, clock, stop)
     data = load_round_data(config, round_, base)
     step, warmup_steps, frozen_parts = build_trainer(config, round_, data, base)
     lines = render_before(round_, data, base)
@@ -352,7 +371,7 @@ def main(argv: list[str] | None = None, clock=None) -> int:
     if result.stop_reason == "interrupted":
         round_.logger.info(f"interrupted: the current voice is unchanged; {round_.folder} keeps what was done. "
                            "Run again to start a new round")
-        return {"SIGTERM": 143}.get(loop.stop.signal_name or "", 130)
+        return stop.exit_status
     return conclude_round(config, round_, data, versions, base, loop, evaluator, result, lines)
 
 

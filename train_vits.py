@@ -56,7 +56,11 @@ class TrainConfig:
     discriminator: str | None = flag(None, "discriminator to start from: this tool's discriminator.pt or an original VITS D_*.pth")
     discriminator_width: float = flag(1.0, "channel multiplier of a new discriminator (1: standard VITS, 46.7M parameters)")
     discriminator_periods: list[int] = flag([2, 3, 5, 7, 11], "periods of a new discriminator's period discriminators")
-    discriminator_warmup_steps: int = flag(200, "steps a new discriminator trains alone before reaching a pretrained generator")
+    discriminator_warmup_steps: int = flag(200, "steps a new discriminator trains alone (the generator untouched) before "
+                                                "joint training, when the generator is pretrained")
+    discriminator_warmup_learning_rate: float = flag(2e-4, "constant learning rate of that warm-up (original VITS: 2e-4)")
+    max_length_ratio: float = flag(1.25, "timing rule: a model whose median length ratio (synthesised / recorded) "
+                                          "lies outside [1/X, X] is never kept as best_model")
     mel_loss_weight: float = flag(45.0, "weight of the mel L1 loss (VITS c_mel)")
     kl_loss_weight: float = flag(1.0, "weight of the KL loss (VITS c_kl)")
     duration_loss_weight: float = flag(1.0, "weight of the duration loss")
@@ -75,7 +79,8 @@ class TrainConfig:
         positive = {"target_hours": self.target_hours, "batch_size": self.batch_size, "learning_rate": self.learning_rate,
                     "gradient_accumulation_steps": self.gradient_accumulation_steps, "val_samples": self.val_samples,
                     "discriminator_width": self.discriminator_width, "log_every_seconds": self.log_every_seconds,
-                    "checkpoint_every_minutes": self.checkpoint_every_minutes}
+                    "checkpoint_every_minutes": self.checkpoint_every_minutes,
+                    "discriminator_warmup_learning_rate": self.discriminator_warmup_learning_rate}
         problems += [f"--{k} {v}: must be positive" for k, v in positive.items() if v <= 0]
         non_negative = {"max_samples": self.max_samples, "warmup_steps": self.warmup_steps, "val_every": self.val_every,
                         "early_stopping_patience": self.early_stopping_patience, "max_epochs": self.max_epochs,
@@ -83,6 +88,8 @@ class TrainConfig:
                         "benchmark_samples": self.benchmark_samples, "max_grad_norm": self.max_grad_norm,
                         "discriminator_warmup_steps": self.discriminator_warmup_steps}
         problems += [f"--{k} {v}: must be 0 or more" for k, v in non_negative.items() if v < 0]
+        if self.max_length_ratio < 1:
+            problems.append(f"--max_length_ratio {self.max_length_ratio}: must be 1 or more (1.25 accepts 0.8-1.25)")
         if not 0 <= self.lr_floor_ratio <= 1:
             problems.append(f"--lr_floor_ratio {self.lr_floor_ratio}: use a value from 0 to 1")
         if self.fp16 and self.bf16:
@@ -105,17 +112,14 @@ class TrainConfig:
 
 # A resumed run continues with its checkpoint's settings. These may be changed by giving them again
 # (budget, where it runs, what it writes and how often); the first group always comes from this command.
-RESUME_FROM_COMMAND_LINE = ("resume", "checkpoint_dir", "discriminator", "benchmark_samples")
-RESUME_MAY_CHANGE = ("target_hours", "data_dir", "output_dir", "device", "fp16", "bf16", "num_workers",
+RESUME_FROM_COMMAND_LINE = ("resume", "checkpoint_dir", "discriminator")
+RESUME_MAY_CHANGE = ("target_hours", "data_dir", "output_dir", "device", "fp16", "bf16", "num_workers", "benchmark_samples",
                      "precompute_mels", "early_stopping_patience", "max_epochs", "keep_checkpoints",
                      "checkpoint_every_minutes", "log_every_seconds", "test_sentences")
 
-EXIT_INTERRUPTED = {"SIGINT": 130, "SIGTERM": 143}
-
-
 @dataclass
 class Run:
-    """Where this run writes, what it resumes, its budget and its device."""
+    """Where this run writes, what it resumes, its budget, its device, and its stop request."""
 
     folder: Path
     logger: object
@@ -127,13 +131,15 @@ class Run:
     precision: object
     num_workers: int
     dist: object
+    stop: object
 
 
-def open_run(config: TrainConfig, given: set[str], clock) -> tuple[Run, TrainConfig]:
-    """Run folder and log; the checkpoint to resume (never silently mixing two runs) and the settings it
-    continues with; budget; device."""
+def open_run(config: TrainConfig, given: set[str], clock, stop) -> tuple[Run, TrainConfig]:
+    """Run folder and log (leftovers of a killed process cleared); the checkpoint to resume (never silently
+    mixing two runs; an unreadable newest one skipped) and the settings it continues with; budget; device."""
+    from finetune.atomic import recover
     from finetune.budget import Budget, safety_margin_s
-    from finetune.checkpoint import list_checkpoints, load_checkpoint, resolve_resume, resumed_settings
+    from finetune.checkpoint import list_checkpoints, resolve_resume, resumed_settings
     from finetune.distributed import from_environment
     from finetune.reporting import Metrics, setup_logging
     from finetune.session import pick_device
@@ -143,16 +149,18 @@ def open_run(config: TrainConfig, given: set[str], clock) -> tuple[Run, TrainCon
     folder = Path(config.checkpoint_dir)
     folder.mkdir(parents=True, exist_ok=True)
     logger = setup_logging(folder)
-    resume_path = resolve_resume(config.resume, folder)
+    output = Path(config.output_dir)
+    for note in recover(folder) + recover(output.parent, only=output.name):
+        logger.info(f"{note} (left by a process that was killed while saving)")
+    resume_path, payload = resolve_resume(config.resume, folder, warn=logger.warning)
     if resume_path is None and list_checkpoints(folder):
         raise ConfigError([f"{folder} holds checkpoints of an earlier run: continue it with --resume auto, or start "
                            "a new run with another --checkpoint_dir (or delete those checkpoints)"])
-    payload = load_checkpoint(resume_path) if resume_path else None
     if payload:
         settings, changed = resumed_settings(payload["config"], config_to_dict(config), given, RESUME_MAY_CHANGE,
                                              RESUME_FROM_COMMAND_LINE)
         config = TrainConfig(**settings)
-        logger.info("resuming with the checkpoint's settings" + (f"; changed on this command line: "
+        logger.info("resuming with the checkpoint's settings" + ("; changed on this command line: "
                     + ", ".join(f"--{k} {settings[k]}" for k in changed) if changed else ""))
     used_before = payload["state"]["time_used_s"] if payload else 0.0
     target_s = config.target_hours * 3600
@@ -162,7 +170,7 @@ def open_run(config: TrainConfig, given: set[str], clock) -> tuple[Run, TrainCon
     device = pick_device(config.device)
     workers = config.num_workers if config.num_workers >= 0 else (2 if device.type == "cuda" else 0)
     return Run(folder, logger, Metrics(folder / "metrics.jsonl"), budget, payload, resume_path, device,
-               resolve_precision(device, config.fp16, config.bf16), workers, dist), config
+               resolve_precision(device, config.fp16, config.bf16), workers, dist, stop), config
 
 
 def build_model(config: TrainConfig, run: Run):
@@ -197,8 +205,9 @@ def load_data(config: TrainConfig, run: Run, tokenizer, features):
     estimate = estimate_memory(data_dir, rows, features.config.linear_bins, features.config.n_mels, hop)
     precompute, memory_note = decide_precompute(estimate, wanted)
     run.logger.info(memory_note)
-    train = load_corpus(data_dir, "metadata.csv", tokenizer, features, rate, config.max_samples, precompute, run.device)
-    val = load_corpus(data_dir, "metadata_val.csv", tokenizer, features, rate, 0, False, run.device) \
+    train = load_corpus(data_dir, "metadata.csv", tokenizer, features, rate, config.max_samples, precompute, run.device,
+                        run.stop)
+    val = load_corpus(data_dir, "metadata_val.csv", tokenizer, features, rate, 0, False, run.device, run.stop) \
         if (data_dir / "metadata_val.csv").is_file() else None
     if not train.examples:
         raise ConfigError([f"no usable training clips in {data_dir}/metadata.csv ({dict(train.report.skipped)})"])
@@ -219,8 +228,8 @@ def build_loop(config: TrainConfig, run: Run, loaded, frozen_parts, features, tr
     from finetune import session
     from finetune.checkpoint import TrainingState, check_same_data, data_fingerprint
     from finetune.evaluation import Evaluator
-    from finetune.interrupt import StopRequest
     from finetune.loop import RunPaths, TrainingLoop
+    from finetune.measures import TimingRule
 
     choice = session.build_discriminator(config.discriminator, config.discriminator_width, config.discriminator_periods,
                                          run.payload, loaded.pretrained, config.discriminator_warmup_steps)
@@ -230,7 +239,8 @@ def build_loop(config: TrainConfig, run: Run, loaded, frozen_parts, features, tr
     step = _train_step(config, run, loaded.model, discriminator, features)
     evaluator = Evaluator(session.held_out(val, train, config.val_samples, run.logger), features, run.device,
                           features.config.sample_rate, run.folder / "samples",
-                          session.test_sentences(config.test_sentences, loaded.tokenizer, run.logger), seed=config.seed)
+                          session.test_sentences(config.test_sentences, loaded.tokenizer, run.logger), seed=config.seed,
+                          batch_size=session.eval_batch_size(run.device), rule=TimingRule(config.max_length_ratio))
     fingerprint = data_fingerprint([e.item_id for e in train.examples])
     resolved = config_to_dict(config)
     state, plan = TrainingState(), None
@@ -247,7 +257,7 @@ def build_loop(config: TrainConfig, run: Run, loaded, frozen_parts, features, tr
         device=run.device, hop=features.config.hop_length, frozen_parts=frozen_parts,
         checkpoint_extra={"config": resolved, "model_config": loaded.model.config.to_dict(),
                           "tokenizer_files": session.tokenizer_files(loaded.tokenizer), "data_fingerprint": fingerprint},
-        stop=StopRequest(), export_extra=lambda: {"training_args.json": resolved})
+        stop=run.stop, export_extra=lambda: {"training_args.json": resolved}, resumed_from=run.resume_path)
 
 
 def _train_step(config: TrainConfig, run: Run, model, discriminator, features):
@@ -273,33 +283,40 @@ def _loop_config(config: TrainConfig, run: Run, discriminator_warmup_steps: int)
                       max_epochs=config.max_epochs, early_stopping_patience=config.early_stopping_patience,
                       keep_checkpoints=config.keep_checkpoints, checkpoint_every_s=60 * config.checkpoint_every_minutes,
                       log_every_s=config.log_every_seconds, discriminator_warmup_steps=discriminator_warmup_steps,
+                      discriminator_warmup_lr=config.discriminator_warmup_learning_rate,
                       num_workers=run.num_workers, seed=config.seed)
 
 
 def report_end(config: TrainConfig, run: Run, loop, result) -> int:
+    """The closing lines and the exit status: 0 finished, 1 stopped by a failure, 130/143 interrupted."""
     summary = loop.summary(result.stop_reason)
     summary.update(data_wait_share=round(result.data_wait_s / max(result.train_s, 1e-9), 4))
     run.metrics.write("end", **summary)
     state = result.state
     if result.stop_reason == "interrupted":
-        run.logger.info(f"interrupted ({loop.stop.signal_name}) at step {state.step}: saved {result.checkpoint}; "
-                        f"continue with the same command and --resume auto")
-        return EXIT_INTERRUPTED.get(loop.stop.signal_name or "", 130)
+        saved = (f"saved {result.checkpoint}; continue with the same command and --resume auto" if result.checkpoint
+                 else "no checkpoint could be written (see the errors above)")
+        run.logger.info(f"interrupted ({loop.stop.signal_name}) at step {state.step}: {saved}")
+        return loop.stop.exit_status
+    best = (f"best MCD {state.best_score:.3f} dB at step {state.best_step} -> {run.folder / 'best_model'}"
+            if state.best_step >= 0 else f"no evaluation was within the timing rule ({loop.evaluator.rule.describe()}): "
+                                         "no best_model written")
     run.logger.info(f"done ({result.stop_reason}) after {state.step} steps, {state.epoch} epochs, "
                     f"{run.budget.used_s():.1f}s of {run.budget.target_s:.0f}s; last learning rate {result.last_lr:.3e}; "
-                    f"best MCD {state.best_score:.3f} dB at step {state.best_step} -> {run.folder / 'best_model'}; "
-                    f"final model -> {config.output_dir}; data wait {100 * summary['data_wait_share']:.2f}% of step time")
-    return 0
+                    f"{best}; final model -> {config.output_dir}; data wait {100 * summary['data_wait_share']:.2f}% "
+                    "of step time")
+    if result.save_failures:
+        run.logger.error(f"error: {result.save_failures} save(s) could not be written (see above)")
+    final_written = (Path(config.output_dir) / "config.json").is_file()
+    return 1 if result.stop_reason in ("diverged", "out_of_memory") or not final_written else 0
 
 
-def main(argv: list[str] | None = None, clock=None, step_callback=None) -> int:
-    from finetune.budget import Clock
+def train(config: TrainConfig, given: set[str], clock, step_callback, stop) -> int:
     from finetune.checkpoint import restore_rng
     from finetune.generator import train_mode
-    from finetune.loop import run_with_signals
+    from finetune.loop import BudgetTooSmall, run_with_signals
 
-    config = parse_config(TrainConfig, argv, __doc__)
-    run, config = open_run(config, given_flags(TrainConfig, argv), clock or Clock())
+    run, config = open_run(config, given, clock, stop)
     loaded, frozen_parts, features = build_model(config, run)
     train, val, sampler, precompute = load_data(config, run, loaded.tokenizer, features)
     loop = build_loop(config, run, loaded, frozen_parts, features, train, val, sampler, step_callback)
@@ -312,8 +329,28 @@ def main(argv: list[str] | None = None, clock=None, step_callback=None) -> int:
         run.logger.error(f"error: the budget of {run.budget.target_s:.0f}s is spent ({run.budget.used_s():.0f}s used by "
                          "start-up, loading and earlier processes) before training could start: raise --target_hours")
         return 1
-    result = run_with_signals(loop)
+    try:
+        result = run_with_signals(loop)
+    except BudgetTooSmall as error:
+        run.logger.error(f"error: {error}")
+        return 1
     return report_end(config, run, loop, result)
+
+
+def main(argv: list[str] | None = None, clock=None, step_callback=None) -> int:
+    from finetune.budget import Clock
+    from finetune.interrupt import StopRequest, StopRequested
+
+    config = parse_config(TrainConfig, argv, __doc__)
+    stop = StopRequest()
+    with stop.installed():  # from the start: Ctrl-C while loading stops within seconds too
+        try:
+            return train(config, given_flags(TrainConfig, argv), clock or Clock(), step_callback, stop)
+        except StopRequested as request:
+            resumed = "the checkpoints in --checkpoint_dir are as they were; " if config.resume != "none" else ""
+            print(f"interrupted ({request.signal_name}) before training started: nothing was trained; {resumed}"
+                  "run the command again to start", file=sys.stderr)
+            return stop.exit_status
 
 
 def _plan_from(saved: dict | None):

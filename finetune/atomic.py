@@ -2,12 +2,15 @@
 
 Files are written to a temporary name in the same folder, flushed, then renamed over the target (a
 rename within one filesystem is atomic). Folders are built under a temporary name and swapped in; the
-previous one is only deleted once the new one is in place.
+previous one is only deleted once the new one is in place. A folder swap is two renames (old aside, new
+in): a process killed between them leaves the old folder under its aside name, and `recover` (run when a
+run starts) puts it back and clears what unfinished writes left.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -84,3 +87,32 @@ def staging_dir(target: Path) -> Path:
         shutil.rmtree(staging)
     staging.mkdir()
     return staging
+
+
+LEFTOVER = re.compile(r"^\.(?P<name>.+?)(?:\.old-\d+|\.tmp-\d+|\.[^.]+\.tmp)$")
+
+
+def recover(folder: Path, only: str | None = None) -> list[str]:
+    """Undo what a process killed mid-write left in `folder` (for the target named `only`, if given): a
+    folder set aside by an unfinished swap whose replacement never arrived is put back; unfinished
+    temporary files and folders are deleted. Returns what was done, for the log. Only for folders one
+    run writes at a time."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    done = []
+    for path in sorted(folder.iterdir()):
+        match = LEFTOVER.match(path.name)
+        if not match or (only is not None and match["name"] != only):
+            continue
+        target = folder / match["name"]
+        if ".old-" in path.name and path.is_dir() and not target.exists():
+            os.replace(path, target)
+            done.append(f"restored {target.name} from an unfinished swap")
+        elif path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+            done.append(f"removed unfinished {path.name}")
+        else:
+            path.unlink(missing_ok=True)
+            done.append(f"removed unfinished {path.name}")
+    return done

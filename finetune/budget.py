@@ -57,44 +57,97 @@ def safety_margin_s(target_s: float) -> float:
     return min(60.0, max(2.0, 0.005 * target_s))
 
 
-class StepTimer:
-    """Seconds per optimizer step over the recent window, leaving out the first `skip` steps of this
-    process (compilation, allocator warm-up, autotuning make them slower than the rest)."""
+class Durations:
+    """Recent durations of one kind of work, leaving the first `skip` out of the estimates once enough
+    later ones exist (compilation, allocator warm-up and autotuning make the first ones slower)."""
 
     def __init__(self, skip: int = 2, window: int = 50, prior_s: float | None = None):
         self.skip, self.seen = skip, 0
+        self.first: list[float] = []  # the first `skip`, kept to bound estimates until warm ones exist
         self.recent: deque[float] = deque(maxlen=window)
-        self.prior_s = prior_s  # an estimate to use before any step is timed (e.g. from a checkpoint)
+        self.prior_s = prior_s  # an estimate to use before any is timed (e.g. from a checkpoint)
 
     def add(self, seconds: float) -> None:
         self.seen += 1
-        if self.seen > self.skip:
-            self.recent.append(seconds)
+        (self.first if self.seen <= self.skip else self.recent).append(seconds)
 
     @property
     def ready(self) -> bool:
-        return bool(self.recent) or self.prior_s is not None
+        return self.seen > 0 or self.prior_s is not None
 
     @property
     def mean_s(self) -> float:
-        if self.recent:
-            return sum(self.recent) / len(self.recent)
+        """For planning: the mean of the warm ones; before any, of the first ones (slower: safe)."""
+        values = self.recent or self.first
+        if values:
+            return sum(values) / len(values)
         return self.prior_s if self.prior_s is not None else float("inf")
 
     @property
-    def slowest_s(self) -> float:
-        """The slowest recent step: for deciding that a step is the last one."""
-        return max(self.recent) if self.recent else self.mean_s
+    def cautious_s(self) -> float:
+        """For deciding whether more work fits: the 90th percentile of the warm ones once there are 10
+        (lengths vary; the slowest of them would waste time at every deadline), before that the slowest
+        seen, the first ones included; and never less than the median of the last three, so that a
+        machine that suddenly got slower (another job started) is believed within two steps. Unluckier
+        work than this is absorbed by the safety margin."""
+        if len(self.recent) >= 10:
+            ordered = sorted(self.recent)
+            return max(ordered[int(0.9 * (len(ordered) - 1))], self.latest_s)
+        values = list(self.recent) + self.first
+        if values:
+            return max(values)
+        return self.prior_s if self.prior_s is not None else float("inf")
 
     @property
-    def cautious_s(self) -> float:
-        """For deciding whether the next step fits: the 90th percentile of recent steps (batch lengths
-        vary; the slowest of them would waste most of a step at every deadline), the slowest one while
-        fewer than 10 are timed. An unluckier step than this is absorbed by the safety margin."""
+    def latest_s(self) -> float:
+        """The median of the last three (robust to one unusually long batch)."""
+        last = sorted(list(self.recent)[-3:])
+        return last[len(last) // 2] if last else self.mean_s
+
+    @property
+    def slowdown(self) -> float:
+        """How much slower the latest work is than usual (1 when not): what the final save, timed
+        earlier, should be expected to slow down by too."""
         if len(self.recent) < 10:
-            return max(self.recent) if self.recent else self.mean_s
+            return 1.0
         ordered = sorted(self.recent)
-        return ordered[int(0.9 * (len(ordered) - 1))]
+        return max(1.0, self.latest_s / max(ordered[len(ordered) // 2], 1e-9))
+
+
+class StepTimer:
+    """What an optimizer step costs, in its two parts: each micro-batch (data, forward, backward) and the
+    update (clipping, both optimizers). A step of an accumulation window of n micro-batches costs about
+    n micro-batches and one update; the deadline decisions work a micro-batch at a time, so that the
+    last step of a run can be cut short instead of leaving most of a step's time unused."""
+
+    def __init__(self, accumulation: int, skip: int = 2, prior_micro_batch_s: float | None = None,
+                 prior_update_s: float | None = None):
+        self.accumulation = accumulation
+        self.micro_batches = Durations(skip=skip, prior_s=prior_micro_batch_s)
+        self.updates = Durations(skip=skip, prior_s=prior_update_s)
+
+    @property
+    def ready(self) -> bool:
+        return self.micro_batches.ready
+
+    @property
+    def micro_batch_s(self) -> float:
+        """Cautious seconds of one more micro-batch (0 before any is timed: the first always runs)."""
+        return self.micro_batches.cautious_s if self.micro_batches.ready else 0.0
+
+    @property
+    def update_s(self) -> float:
+        return self.updates.cautious_s if self.updates.ready else 0.0
+
+    @property
+    def step_s(self) -> float:
+        """Mean seconds of a whole step (a full window and its update): what the plan counts in."""
+        update = self.updates.mean_s if self.updates.ready else 0.0
+        return self.accumulation * self.micro_batches.mean_s + update
+
+    @property
+    def cautious_step_s(self) -> float:
+        return self.accumulation * self.micro_batch_s + self.update_s
 
 
 @dataclass

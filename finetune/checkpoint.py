@@ -25,7 +25,7 @@ import torch
 
 from .atomic import torch_save_atomic, write_text_atomic
 
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2
 LATEST = "latest_checkpoint.json"
 NAME_PATTERN = re.compile(r"checkpoint_epoch_(\d+)(?:_step_(\d+))?\.pt$")
 
@@ -43,8 +43,14 @@ class TrainingState:
     best_score: float = float("inf")  # best evaluation measure (MCD, dB)
     best_step: int = -1
     evals_since_best: int = 0
-    step_s_estimate: float = 0.0  # seconds per optimizer step when saved (0: unknown)
+    micro_batch_s_estimate: float = 0.0  # cautious seconds per micro-batch when saved (0: unknown)
+    update_s_estimate: float = 0.0  # cautious seconds per optimizer update when saved
     export_s_estimate: float = 0.0  # seconds the last model export took (kept for the final save)
+    eval_s_estimate: float = 0.0  # seconds the last evaluation took
+    checkpoint_s_estimate: float = 0.0  # seconds the last checkpoint took
+    lr_scale: float = 1.0  # lowered each time a NaN storm sent the run back to its last good state
+    rollbacks: int = 0  # times that happened
+    discriminator_warmup_done: int = 0  # discriminator-only steps run (a new discriminator's warm-up)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -112,31 +118,47 @@ def rotate(folder: Path, keep: int, protect: Path) -> None:
             old.unlink(missing_ok=True)
 
 
-def latest_checkpoint(folder: Path) -> Path | None:
-    """The newest checkpoint: the one latest_checkpoint.json names, else the most recently written."""
+def newest_first(folder: Path) -> list[Path]:
+    """Checkpoints in `folder`, newest first: the one latest_checkpoint.json names, then by write time."""
+    existing = sorted(list_checkpoints(folder), key=lambda p: p.stat().st_mtime, reverse=True)
     pointer = folder / LATEST
     if pointer.is_file():
         try:
             named = folder / json.loads(pointer.read_text(encoding="utf-8"))["path"]
-            if named.is_file():
-                return named
-        except (ValueError, KeyError):
-            pass  # an unreadable pointer: fall back to the files themselves
-    existing = list_checkpoints(folder)
-    return max(existing, key=lambda p: p.stat().st_mtime) if existing else None
+        except (ValueError, KeyError, TypeError):
+            named = None  # an unreadable pointer: the files themselves decide
+        if named in existing:
+            existing.remove(named)
+            existing.insert(0, named)
+    return existing
 
 
-def resolve_resume(resume: str, folder: Path) -> Path | None:
-    """--resume none: None. auto: the newest checkpoint in `folder`, or None when there is none.
-    A path: that file, which must exist."""
+def latest_checkpoint(folder: Path) -> Path | None:
+    existing = newest_first(folder)
+    return existing[0] if existing else None
+
+
+def resolve_resume(resume: str, folder: Path, warn=print) -> tuple[Path | None, dict | None]:
+    """--resume none: (None, None). auto: the newest checkpoint in `folder` that can be read, and its
+    contents; one that cannot (truncated by a crash, corrupt) is skipped with a warning naming it; an
+    empty folder gives (None, None). A path: that file, which must exist and be readable."""
     if resume == "none":
-        return None
-    if resume == "auto":
-        return latest_checkpoint(folder) if folder.is_dir() else None
-    path = Path(resume)
-    if not path.is_file():
-        raise CheckpointError(f"--resume {resume}: no such checkpoint file")
-    return path
+        return None, None
+    if resume != "auto":
+        path = Path(resume)
+        if not path.is_file():
+            raise CheckpointError(f"--resume {resume}: no such checkpoint file")
+        return path, load_checkpoint(path)
+    candidates = newest_first(folder) if folder.is_dir() else []
+    for path in candidates:
+        try:
+            return path, load_checkpoint(path)
+        except CheckpointError as error:
+            warn(f"warning: skipping {path.name}: {error}")
+    if candidates:
+        raise CheckpointError(f"none of the {len(candidates)} checkpoints in {folder} can be read; start a new run "
+                              "in another --checkpoint_dir")
+    return None, None
 
 
 def load_checkpoint(path: Path) -> dict:

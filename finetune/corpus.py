@@ -24,6 +24,7 @@ import torch
 from .audio import read_pcm16
 from .data import Example, collate
 from .features import Features
+from .interrupt import StopRequest
 from .progress import Progress
 
 WAV_HEADER_BYTES = 44
@@ -60,8 +61,10 @@ def tokenize(tokenizer, text: str) -> np.ndarray:
 
 
 def load_examples(data_dir: Path, metadata_name: str, tokenizer, hop: int, sample_rate: int,
-                  max_samples: int = 0, only_ids: set[str] | None = None) -> tuple[list[Example], LoadReport]:
-    """Examples for the metadata file's rows (the first `max_samples`, or just `only_ids`)."""
+                  max_samples: int = 0, only_ids: set[str] | None = None,
+                  stop: StopRequest | None = None) -> tuple[list[Example], LoadReport]:
+    """Examples for the metadata file's rows (the first `max_samples`, or just `only_ids`). A stop
+    request raises StopRequested between clips."""
     path = data_dir / metadata_name
     if not path.is_file():
         raise CorpusError(f"{path} not found: run prepare_data.py --data_dir {data_dir} first")
@@ -73,6 +76,8 @@ def load_examples(data_dir: Path, metadata_name: str, tokenizer, hop: int, sampl
     examples, report = [], LoadReport()
     progress = Progress(f"load {metadata_name}", total=len(rows), unit="clips") if len(rows) > 2000 else None
     for item_id, text in rows:
+        if stop is not None:
+            stop.check()
         if progress is not None:
             progress.update()
         example, reason = load_example(data_dir / "wavs" / f"{item_id}.wav", item_id, text, tokenizer, hop, sample_rate)
@@ -170,11 +175,13 @@ def decide_precompute(estimate: MemoryEstimate, wanted: bool) -> tuple[bool, str
 
 @torch.no_grad()
 def precompute_features(examples: list[Example], features: Features, device: torch.device, hop: int,
-                        chunk: int = 16) -> None:
+                        chunk: int = 16, stop: StopRequest | None = None) -> None:
     """Fill each example's linear and mel spectrograms (float16, on the CPU), computed on `device` in
     chunks of similar length."""
     order = sorted(range(len(examples)), key=lambda i: len(examples[i].audio))
     for start in range(0, len(order), chunk):
+        if stop is not None:
+            stop.check()
         group = [examples[i] for i in order[start : start + chunk]]
         batch = collate(group, hop).to(device)
         linear = features.linear(batch.audio)
@@ -201,11 +208,11 @@ class Corpus:
 
 
 def load_corpus(data_dir: Path, metadata_name: str, tokenizer, features: Features, sample_rate: int,
-                max_samples: int, precompute: bool, device: torch.device) -> Corpus:
+                max_samples: int, precompute: bool, device: torch.device, stop: StopRequest | None = None) -> Corpus:
     started = time.monotonic()
     examples, report = load_examples(data_dir, metadata_name, tokenizer, features.config.hop_length, sample_rate,
-                                     max_samples)
+                                     max_samples, stop=stop)
     if precompute and examples:
-        precompute_features(examples, features, device, features.config.hop_length)
+        precompute_features(examples, features, device, features.config.hop_length, stop=stop)
     return Corpus(examples=examples, report=report, precomputed=precompute, load_s=time.monotonic() - started,
                   ram_bytes=sum(e.nbytes() for e in examples))

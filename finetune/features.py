@@ -4,7 +4,8 @@ spectrogram (mel loss), from one set of STFT parameters, always computed in fp32
 Framing follows the original VITS: the waveform is reflect-padded by (n_fft - hop) / 2 on each side
 and the STFT is not centred, so a clip of N samples gives exactly N // hop frames and frame i covers
 samples [i * hop, (i + 1) * hop). Random segments of frames and of samples then line up exactly.
-Mel filters are librosa's (Slaney), applied to the magnitude; log with a floor of 1e-5.
+Mel filters are librosa's (Slaney), applied to the magnitude; log with a floor of 1e-5. `silence_mel` is
+the log-mel of a silent frame: what padding past a clip's end must read as, precomputed or not.
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ class Features(torch.nn.Module):
         self.config = config
         self.register_buffer("window", torch.hann_window(config.win_length), persistent=False)
         self.register_buffer("mel_basis", mel_filterbank(config), persistent=False)
+        silence = linear_spectrogram(torch.zeros(1, config.n_fft), self.window, config)[0, :, :1]  # [bins, 1]
+        self.register_buffer("silence_mel", log_mel_from_linear(silence, self.mel_basis)[:, 0], persistent=False)
 
     def linear(self, waveform: torch.Tensor) -> torch.Tensor:
         return linear_spectrogram(waveform, self.window, self.config)

@@ -24,11 +24,18 @@ from pathlib import Path
 
 import numpy as np
 
-from .atomic import replace_dir, staging_dir, write_text_atomic
-from .data import Example
+from .atomic import recover, replace_dir, staging_dir, write_text_atomic
 from .evaluation import EvalResult, Evaluator
 
 HISTORY = "history.json"
+
+
+def listing(folder: Path) -> list[tuple[str, int, int]]:
+    """(relative path, size, modification time) of every file: copies made with copytree keep the last two."""
+    if not folder.is_dir():
+        return []
+    return sorted((p.relative_to(folder).as_posix(), p.stat().st_size, p.stat().st_mtime_ns)
+                  for p in folder.rglob("*") if p.is_file())
 
 
 def replay_sample(item_ids: list[str], corrections: int, ratio: float, seed: int) -> list[str]:
@@ -43,34 +50,41 @@ def change_pct(before: float, after: float) -> float:
 
 
 class FeedbackEvaluator:
-    """Scores corrections and held-out originals together. Its measure is the corrections' MCD, but an
-    evaluation whose originals got worse than `max_regression_pct` over the baseline (the first
-    evaluation: the starting model) scores infinity, so it can never become the best model."""
+    """Scores corrections and held-out originals together. Its measure is the corrections' MCD; an
+    evaluation may become the round's best only when the originals got no worse than
+    `max_regression_pct` over the baseline (the first evaluation: the starting model) and both the
+    corrections and the originals pass the timing rule."""
 
     @staticmethod
     def describe(result: EvalResult) -> str:
         x = result.extra
-        eligible = "" if result.mcd_db != float("inf") else ", past the tolerance: not eligible"
-        return (f"corrections MCD {x['corrections_mcd_db']:.3f} dB, held-out originals {x['originals_mcd_db']:.3f} dB "
-                f"({x['originals_change_pct']:+.1f}%{eligible})")
+        eligible = "" if result.eligible else f"; not eligible: {result.ineligible_reason}"
+        return (f"corrections MCD {x['corrections_mcd_db']:.3f} dB (length x{x['corrections_length_ratio']:.2f}), "
+                f"held-out originals {x['originals_mcd_db']:.3f} dB ({x['originals_change_pct']:+.1f}%, length "
+                f"x{x['originals_length_ratio']:.2f}){eligible}")
 
     def __init__(self, corrections: Evaluator, originals: Evaluator, max_regression_pct: float):
         self.corrections, self.originals, self.max_regression_pct = corrections, originals, max_regression_pct
+        self.rule = corrections.rule
         self.baseline: EvalResult | None = None
 
-    def evaluate(self, model, step: int) -> EvalResult:
-        c = self.corrections.evaluate(model, step)
-        o = self.originals.evaluate(model, step)
-        extra = {"corrections_mcd_db": c.mcd_db, "originals_mcd_db": o.mcd_db}
-        if self.baseline is None:
-            extra["originals_change_pct"] = 0.0
-        else:
-            extra["originals_change_pct"] = change_pct(self.baseline.extra["originals_mcd_db"], o.mcd_db)
-        eligible = extra["originals_change_pct"] <= self.max_regression_pct
-        result = EvalResult(step=step, mcd_db=c.mcd_db if eligible else float("inf"),
+    def evaluate(self, model, step: int, stop=None) -> EvalResult:
+        c = self.corrections.evaluate(model, step, stop)
+        o = self.originals.evaluate(model, step, stop)
+        extra = {"corrections_mcd_db": c.mcd_db, "originals_mcd_db": o.mcd_db, "corrections_length_ratio": c.length_ratio,
+                 "originals_length_ratio": o.length_ratio}
+        baseline = self.baseline.extra["originals_mcd_db"] if self.baseline else o.mcd_db
+        extra["originals_change_pct"] = change_pct(baseline, o.mcd_db)
+        reasons = [f"corrections: {c.ineligible_reason}"] if not c.eligible else []
+        reasons += [f"originals: {o.ineligible_reason}"] if not o.eligible else []
+        if extra["originals_change_pct"] > self.max_regression_pct:
+            reasons.append(f"originals {extra['originals_change_pct']:+.1f}%, past the {self.max_regression_pct}% tolerance")
+        result = EvalResult(step=step, mcd_db=c.mcd_db,
                             per_clip={**{f"correction/{k}": v for k, v in c.per_clip.items()},
                                       **{f"original/{k}": v for k, v in o.per_clip.items()}},
-                            val_losses=o.val_losses, seconds=c.seconds + o.seconds, samples=c.samples, extra=extra)
+                            val_losses=o.val_losses, seconds=c.seconds + o.seconds, length_ratio=c.length_ratio,
+                            duration_error=c.duration_error, eligible=not reasons, ineligible_reason="; ".join(reasons),
+                            samples=c.samples, extra=extra)
         if self.baseline is None:
             self.baseline = result
         return result
@@ -94,15 +108,18 @@ def decide(baseline: EvalResult, best: dict | None, last: EvalResult, max_regres
     so the report always shows what the round produced."""
     before = {k: baseline.extra[k] for k in SCORES}
     if best is not None and best["step"] > 0:
-        after, step = {k: best[k] for k in SCORES}, int(best["step"])
+        after, step, timing_problem = {k: best[k] for k in SCORES}, int(best["step"]), ""
     else:
         after, step = {k: last.extra[k] for k in SCORES}, last.step
+        timing_problem = last.ineligible_reason if not last.eligible else ""
     if not all(math.isfinite(v) for v in (*before.values(), *after.values())):
         return Decision(False, "a score is not a finite number (the model produced no usable speech)", before, after, step)
     regression = change_pct(before["originals_mcd_db"], after["originals_mcd_db"])
     if regression > max_regression_pct:
         reason = f"held-out originals got {regression:.1f}% worse (tolerance {max_regression_pct}%)"
         return Decision(False, reason, before, after, step)
+    if timing_problem:
+        return Decision(False, f"the model's timing drifted ({timing_problem})", before, after, step)
     if after["corrections_mcd_db"] >= before["corrections_mcd_db"] or step == 0:
         return Decision(False, "the corrections did not improve", before, after, step)
     return Decision(True, "corrections improved, held-out originals within tolerance", before, after, step)
@@ -132,6 +149,25 @@ class Versions:
             history["current"] = current
         self.root.mkdir(parents=True, exist_ok=True)
         write_text_atomic(self.root / HISTORY, json.dumps(history, indent=2, ensure_ascii=False) + "\n")
+
+    def repair(self) -> list[str]:
+        """Undo what a round killed while making a version left (run before anything else): an unfinished
+        folder swap is rolled back, a version folder the history never recorded is removed, and current/
+        is made the version the history names again. Returns what was done."""
+        if not self.root.is_dir():
+            return []
+        notes = recover(self.root)
+        history = self.history()
+        recorded = {e.get("version") for e in history["events"] if e.get("event") in ("base", "accepted")}
+        for name in self.versions():
+            if name not in recorded:
+                shutil.rmtree(self.root / name)
+                notes.append(f"removed {name}, a version whose round did not finish making it")
+        named = history.get("current")
+        if named in self.versions() and listing(self.current) != listing(self.root / named):
+            self._copy_model(self.root / named, self.current)
+            notes.append(f"current/ restored to {named}, the version the history names")
+        return notes
 
     def new_round_dir(self) -> Path:
         rounds = self.root / "rounds"

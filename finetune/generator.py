@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ from transformers import VitsConfig, VitsModel, VitsTokenizer
 from transformers.utils import logging as transformers_logging
 
 from .atomic import replace_dir, staging_dir, write_text_atomic
-from .model_source import ModelSource, load_tokenizer
+from .model_source import ModelSource, ModelSourceError, load_tokenizer
 
 transformers_logging.disable_progress_bar()  # "Writing model shards" bars would interleave with our log lines
 
@@ -74,10 +75,28 @@ def scratch_generator(size: str, vocabulary: list[str], sample_rate: int) -> Loa
                                        f"{len(tokenizer.encoder)} tokens from the training text)")
 
 
+def load_complete_model(folder: Path, name: str) -> VitsModel:
+    """VitsModel.from_pretrained, refusing what it would accept silently: weights missing from the folder
+    (transformers fills them with random values and only logs it) and multi-speaker models (this tool
+    trains and speaks one voice, without speaker ids)."""
+    config = VitsConfig.from_pretrained(str(folder))
+    if config.num_speakers > 1:
+        raise ModelSourceError(f"{name}: a multi-speaker VITS model ({config.num_speakers} speakers); this tool "
+                               "fine-tunes single-speaker models such as MMS-TTS")
+    model, info = VitsModel.from_pretrained(str(folder), output_loading_info=True)
+    problems = {kind: info.get(kind) or [] for kind in ("missing_keys", "mismatched_keys")}
+    if any(problems.values()):
+        names = [str(k if isinstance(k, str) else k[0]) for keys in problems.values() for k in keys]
+        raise ModelSourceError(f"{name}: {len(names)} weights are missing or of the wrong shape in the saved model "
+                               f"({', '.join(names[:6])}{', ...' if len(names) > 6 else ''}); the folder is incomplete or "
+                               "not a VITS model: download or export it again")
+    return model
+
+
 def pretrained_generator(source: ModelSource) -> LoadedGenerator:
     assert source.local_dir is not None
     tokenizer = load_tokenizer(source)
-    model = VitsModel.from_pretrained(str(source.local_dir))
+    model = load_complete_model(source.local_dir, source.name)
     if len(tokenizer.encoder) > model.config.vocab_size:
         raise ValueError(f"{source.name}: tokenizer has {len(tokenizer.encoder)} tokens but the model embeds "
                          f"only {model.config.vocab_size}")
@@ -118,8 +137,11 @@ def fold_weight_norm(module: torch.nn.Module) -> None:
 
 
 def inference_copy(model: VitsModel) -> VitsModel:
-    """A CPU copy in the stock layout (decoder weight norm folded), built fresh so no GPU memory is used."""
-    plain = VitsModel(model.config)
+    """A CPU copy in the stock layout (decoder weight norm folded), built fresh so no GPU memory is used.
+    Building it initialises weights, which draws random numbers: that happens in a forked generator, or a
+    run's random state would depend on when it exported (and a resumed run would not match)."""
+    with torch.random.fork_rng(devices=[]):
+        plain = VitsModel(model.config)
     if has_weight_norm(model.decoder):
         plain.decoder.apply_weight_norm()
     plain.load_state_dict({k: v.detach().cpu() for k, v in model.state_dict().items()})
@@ -136,12 +158,16 @@ def export_model(model: VitsModel, tokenizer: VitsTokenizer, out_dir: str | Path
 
     out_dir = Path(out_dir)
     staging = staging_dir(out_dir)
-    inference_copy(model).save_pretrained(str(staging), safe_serialization=True)
-    tokenizer.save_pretrained(str(staging))
-    if discriminator is not None:
-        save_discriminator(discriminator, staging / "discriminator.pt")
-    for name, data in (extra_json or {}).items():
-        write_text_atomic(staging / name, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    try:
+        inference_copy(model).save_pretrained(str(staging), safe_serialization=True)
+        tokenizer.save_pretrained(str(staging))
+        if discriminator is not None:
+            save_discriminator(discriminator, staging / "discriminator.pt")
+        for name, data in (extra_json or {}).items():
+            write_text_atomic(staging / name, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)  # a full disk or a kill: the previous export stays as it was
+        raise
     replace_dir(staging, out_dir)
 
 

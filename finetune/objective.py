@@ -23,6 +23,7 @@ from transformers import VitsModel
 
 from . import losses
 from .alignment import maximum_path, prior_log_likelihood
+from .duration import stochastic_duration_nll
 from .data import Batch
 from .features import Features
 
@@ -54,11 +55,12 @@ def encode_text(model: VitsModel, input_ids: torch.Tensor, attention_mask: torch
 
 
 def duration_loss(model: VitsModel, text: TextEncoding, durations: torch.Tensor) -> torch.Tensor:
-    """durations: [batch, 1, tokens] frames per token from the alignment. Runs in fp32."""
+    """durations: [batch, 1, tokens] frames per token from the alignment. Runs in fp32. The stochastic
+    predictor trains in the original VITS flow order (finetune/duration.py says why)."""
     with fp32(durations.device):
         hidden, mask = text.hidden.float(), text.mask.float()
         if model.config.use_stochastic_duration_prediction:
-            nll = model.duration_predictor(hidden, mask, durations=durations.float())  # [batch]
+            nll = stochastic_duration_nll(model.duration_predictor, hidden, mask, durations.float())  # [batch]
             return torch.sum(nll) / torch.sum(mask)
         log_duration = model.duration_predictor(hidden, mask)  # [batch, 1, tokens]
         return losses.deterministic_duration_loss(log_duration, durations, mask)
@@ -119,11 +121,14 @@ def real_segments(batch: Batch, features: Features, starts: torch.Tensor, segmen
     """The real audio [batch, 1, samples] and log-mel [batch, n_mels, frames] matching the generated segments."""
     hop = features.config.hop_length
     audio = slice_segments(batch.audio.unsqueeze(1), starts * hop, segment_frames * hop)
-    if batch.mel is not None:
-        mel = slice_segments(batch.mel, starts, segment_frames)
-    else:
-        mel = features.mel(audio.squeeze(1))
-    return audio, mel
+    if batch.mel is None:
+        return audio, features.mel(audio.squeeze(1))
+    mel = slice_segments(batch.mel, starts, segment_frames)
+    # A clip shorter than a segment is read past its end: there the audio is silence (zero padding),
+    # and so must the precomputed mel be (its padding is 0, which is loud), as computing it would give.
+    frames = starts.unsqueeze(1) + torch.arange(segment_frames, device=starts.device)  # [batch, segment]
+    past_end = (frames >= batch.frame_lengths.unsqueeze(1)).unsqueeze(1)  # [batch, 1, segment]
+    return audio, torch.where(past_end, features.silence_mel.view(1, -1, 1).to(mel.dtype), mel)
 
 
 @dataclass

@@ -115,8 +115,8 @@ class DiscriminatorChoice:
 def build_discriminator(path: str | None, width: float, periods: list[int], payload: dict | None,
                         generator_pretrained: bool, warmup_steps: int) -> DiscriminatorChoice:
     """From the checkpoint when resuming; else loaded from --discriminator; else new. A new
-    discriminator facing a pretrained generator is warmed up first, so its first, uninformed gradients
-    do not pull the generator away from what it already says well."""
+    discriminator facing a pretrained generator is warmed up first (finetune/warmup.py), so its first,
+    uninformed gradients do not pull the generator away from what it already says well."""
     if payload is not None:
         saved = payload["discriminator"]
         config = DiscriminatorConfig(periods=tuple(saved["config"]["periods"]), width=saved["config"]["width"],
@@ -132,13 +132,20 @@ def build_discriminator(path: str | None, width: float, periods: list[int], payl
     discriminator = Discriminator(DiscriminatorConfig(periods=tuple(periods), width=width))
     size = parameter_count(discriminator) / 1e6
     warmup = warmup_steps if generator_pretrained else 0
-    note = (f"; warming it up for {warmup} steps before its gradients reach the generator" if warmup
-            else "; generator and discriminator start together" if not generator_pretrained else "")
+    note = (f"; it trains alone for {warmup} steps before its gradients reach the pretrained generator" if warmup
+            else "; generator and discriminator start together" if not generator_pretrained else
+            "; no warm-up (--discriminator_warmup_steps 0): its first, random gradients reach the pretrained generator")
     return DiscriminatorChoice(discriminator, f"discriminator initialised fresh (width {width}, {size:.1f}M parameters){note}",
                                warmup)
 
 
 # ---------------------------------------------------------------- evaluation inputs
+
+
+def eval_batch_size(device: torch.device) -> int:
+    """Held-out clips synthesised at once: 8 on a GPU; one at a time on a CPU, where batching gains little
+    and a stop request is then honoured between clips."""
+    return 8 if device.type == "cuda" else 1
 
 
 def held_out(val: Corpus | None, train: Corpus, count: int, logger) -> list:

@@ -4,14 +4,20 @@ For each micro-batch of an accumulation window:
   1. generator forward (objective.generator_forward);
   2. discriminator loss on real audio and the *detached* generated audio, backward into the
      discriminator only;
-  3. generator loss with the discriminator frozen (requires_grad off), backward into the generator only.
-A CUDA out-of-memory error inside a window drops that window the same way (counted, logged with the
-batch shape and the flags that help) and training goes on.
+  3. generator loss with the discriminator frozen (requires_grad off), backward into the generator only
+     (left out in a new discriminator's warm-up, where the generator runs without gradients and does
+     not change).
+Micro-batches come one at a time (accumulate_window): the loop may end a window early at the deadline
+or an epoch's end, and the gradients are then rescaled to the mean over the micro-batches used. A CUDA
+out-of-memory error inside a window drops that window (counted, logged with the batch shape and the
+flags that help) and training goes on.
 
-Then, once per window: if any loss was not finite the window is dropped (gradients zeroed, no optimizer
+Then, once per window (apply): if any loss was not finite the window is dropped (gradients zeroed, no optimizer
 step, so nothing reaches the weights or the Adam moments); otherwise gradients are unscaled, clipped,
 and both AdamW optimizers step (discriminator first). Both use the discriminator as it was during the
-window, so all micro-batches of a window see the same one.
+window, so all micro-batches of a window see the same one. Running out of GPU memory inside the update
+itself may leave the weights partly updated: the result says so, and the loop goes back to the last
+good state.
 
 Freezing the discriminator in step 3 is what keeps its gradients clean: without it, the generator's
 adversarial loss would add gradients to the discriminator that its own optimizer then applies (a known
@@ -21,6 +27,8 @@ bug in a public fine-tuning script).
 from __future__ import annotations
 
 import contextlib
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -88,10 +96,23 @@ class StepResult:
     grad_norm_generator: float = float("nan")
     grad_norm_discriminator: float = float("nan")
     reason: str = ""  # why it was dropped
+    update_failed: bool = False  # the optimizer update itself failed: the weights may be partly updated
+
+
+@dataclass
+class Window:
+    """Gradients of one accumulation window, summed into the parameters' .grad, not yet applied."""
+
+    totals: dict[str, torch.Tensor]  # loss terms, averaged over the micro-batches used
+    used: int  # micro-batches run
+    planned: int  # micro-batches the window was meant to have
+    generator: bool = True  # False: only the discriminator learned (its gradients alone are set)
+    oom: str = ""  # set when it ran out of GPU memory: what it was running
 
 
 class TrainStep:
-    """Owns the two optimizers and gradient scalers; `run(micro_batches, adversarial)` is one step."""
+    """Owns the two optimizers and gradient scalers. One step: `accumulate_window`, then `apply`
+    (or `run` for a list of micro-batches)."""
 
     def __init__(self, model: VitsModel, discriminator: Discriminator, features: Features, weights: LossWeights,
                  settings: StepSettings, precision: Precision, device: torch.device):
@@ -120,14 +141,19 @@ class TrainStep:
         for group in self.optimizer_d.param_groups:
             group["lr"] = discriminator_lr
 
-    def accumulate(self, batch: Batch, adversarial: bool, scale: float) -> dict[str, torch.Tensor]:
-        """Forward and backward for one micro-batch; `scale` is 1 / micro-batches per step.
-        Returns the loss terms as detached tensors (no sync)."""
-        out, real_audio, mel_real = self.forward(batch)
-        d_loss, real_features = self.discriminator_backward(real_audio, out.audio, adversarial, scale)
-        g_losses = self.generator_backward(out, mel_real, real_features, adversarial, scale)
-        terms = {k: v.detach() for k, v in g_losses.terms().items()}
+    def accumulate(self, batch: Batch, scale: float, generator: bool = True) -> dict[str, torch.Tensor]:
+        """Forward and backward for one micro-batch; `scale` is 1 / micro-batches per step. With
+        `generator` False only the discriminator learns (its warm-up): the generator runs without
+        gradients and is left untouched. Returns the loss terms as detached tensors (no sync)."""
+        with torch.set_grad_enabled(generator):
+            out, real_audio, mel_real = self.forward(batch)
+        d_loss, margin, real_features = self.discriminator_backward(real_audio, out.audio, generator, scale)
+        terms = {}
+        if generator:
+            g_losses = self.generator_backward(out, mel_real, real_features, scale)
+            terms = {k: v.detach() for k, v in g_losses.terms().items()}
         terms["discriminator"] = d_loss.detach()
+        terms["margin"] = margin.detach()
         return terms
 
     def forward(self, batch: Batch):
@@ -137,66 +163,104 @@ class TrainStep:
             real_audio, mel_real = real_segments(batch, self.features, out.segment_starts, self.settings.segment_frames)
         return out, real_audio, mel_real
 
-    def discriminator_backward(self, real_audio: torch.Tensor, generated_audio: torch.Tensor, adversarial: bool,
-                               scale: float) -> tuple[torch.Tensor, list[list[torch.Tensor]] | None]:
+    def discriminator_backward(self, real_audio: torch.Tensor, generated_audio: torch.Tensor, keep_real_features: bool,
+                               scale: float) -> tuple[torch.Tensor, torch.Tensor, list[list[torch.Tensor]] | None]:
         """Discriminator loss on real and detached generated audio (one pass over both), backward into the
-        discriminator. Returns the loss and, when the generator needs them, the real features (detached)."""
+        discriminator. Returns the loss, the real-minus-generated score margin (mean over
+        sub-discriminators: near 0 while it cannot tell them apart), and the real features (detached)
+        when the generator needs them."""
         size = real_audio.shape[0]
         with self.autocast():
             scores, features = self.discriminator(torch.cat([real_audio, generated_audio.detach()]))
-        d_loss = discriminator_loss([s[:size] for s in scores], [s[size:] for s in scores])
+        real_scores, fake_scores = [s[:size].float() for s in scores], [s[size:].float() for s in scores]
+        d_loss = discriminator_loss(real_scores, fake_scores)
         self.scaler_d.scale(d_loss * scale).backward()
-        real_features = [[f[:size].detach() for f in fs] for fs in features] if adversarial else None
-        return d_loss, real_features
+        margin = torch.stack([r.mean() - f.mean() for r, f in zip(real_scores, fake_scores)]).mean()
+        real_features = [[f[:size].detach() for f in fs] for fs in features] if keep_real_features else None
+        return d_loss, margin, real_features
 
-    def generator_backward(self, out, mel_real: torch.Tensor, real_features, adversarial: bool,
-                           scale: float) -> GeneratorLosses:
+    def generator_backward(self, out, mel_real: torch.Tensor, real_features, scale: float) -> GeneratorLosses:
         """Generator loss with the discriminator frozen, backward into the generator only."""
         mel_generated = self.features.mel(out.audio.squeeze(1))
-        fake_scores = fake_features = None
-        if adversarial:
-            with frozen(self.discriminator), self.autocast():
-                fake_scores, fake_features = self.discriminator(out.audio)
+        with frozen(self.discriminator), self.autocast():
+            fake_scores, fake_features = self.discriminator(out.audio)
         g_losses = generator_losses(out, mel_real, mel_generated, fake_scores, fake_features, real_features, self.weights)
         self.scaler_g.scale(g_losses.total * scale).backward()
         return g_losses
 
-    def run(self, micro_batches: list[Batch], adversarial: bool) -> StepResult:
-        """One optimizer step over `micro_batches` (gradient accumulation)."""
-        scale = 1.0 / len(micro_batches)
+    def accumulate_window(self, micro_batches: Iterable[tuple[Batch, bool]], planned: int,
+                          generator: bool = True) -> Window:
+        """Forward and backward over the micro-batches of one optimizer step, as they come: (batch, whether
+        it is the window's last). `planned` is the window's full size; when fewer come (an epoch's end, a
+        window cut short at the deadline), gradients and losses are rescaled to the mean over those used.
+        Any exception (a stop request, for one) clears the gradients before it propagates."""
+        scale = 1.0 / planned
         totals: dict[str, torch.Tensor] = {}
+        used, longest, widest = 0, 0, 0
         try:
-            for batch in micro_batches:
-                for name, value in self.accumulate(batch, adversarial, scale).items():
+            for batch, _last in micro_batches:
+                used += 1
+                longest, widest = max(longest, int(batch.frame_lengths.max())), max(widest, len(batch))
+                for name, value in self.accumulate(batch, scale, generator).items():
                     totals[name] = totals.get(name, 0.0) + value * scale
         except torch.cuda.OutOfMemoryError:
-            return self._out_of_memory(micro_batches)
-        return self.apply(totals)
+            self.zero_grad()
+            return Window(totals={}, used=used, planned=planned, generator=generator, oom=f"{used} micro-batches of up to {widest} clips "
+                                                                        f"(longest {longest} frames)")
+        except BaseException:
+            self.zero_grad()
+            raise
+        if 0 < used < planned:
+            self._rescale(planned / used, totals)
+        return Window(totals=totals, used=used, planned=planned, generator=generator)
 
-    def _out_of_memory(self, micro_batches: list[Batch]) -> StepResult:
-        """A window too big for the GPU: drop it (no partial update), free the cache, and say which."""
+    def _rescale(self, factor: float, totals: dict[str, torch.Tensor]) -> None:
+        for param in [*self.generator_params, *self.discriminator.parameters()]:
+            if param.grad is not None:
+                param.grad.mul_(factor)
+        for name in totals:
+            totals[name] = totals[name] * factor
+
+    def run(self, micro_batches: list[Batch], generator: bool = True) -> StepResult:
+        """One optimizer step over a list of micro-batches (gradient accumulation)."""
+        marked = [(batch, i == len(micro_batches) - 1) for i, batch in enumerate(micro_batches)]
+        return self.apply(self.accumulate_window(marked, len(micro_batches), generator))
+
+    def zero_grad(self) -> None:
         self.optimizer_g.zero_grad(set_to_none=True)
         self.optimizer_d.zero_grad(set_to_none=True)
+
+    def apply(self, window: Window) -> StepResult:
+        """End of an accumulation window: drop it if it ran out of memory or any loss is not finite,
+        else clip and step."""
+        if window.oom:
+            return self._out_of_memory(window.oom)
+        values = torch.stack(list(window.totals.values())).tolist()  # a sync point: finiteness decides the step
+        losses = dict(zip(window.totals, values))
+        if not all(map(math.isfinite, values)):
+            return self._drop(losses, "non-finite loss")
+        try:
+            return self._step_optimizers(losses, window.generator)
+        except torch.cuda.OutOfMemoryError:
+            self.zero_grad()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            self.oom_skips += 1
+            return StepResult(applied=False, losses=losses, update_failed=True,
+                              reason="CUDA out of memory inside the optimizer update (the weights may be partly updated)")
+
+    def _out_of_memory(self, what: str) -> StepResult:
+        """A window too big for the GPU: drop it (no partial update), free the cache, and say which."""
+        self.zero_grad()
         self.oom_skips += 1
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        longest = max(int(b.frame_lengths.max()) for b in micro_batches)
-        reason = (f"CUDA out of memory on {len(micro_batches)} micro-batches of up to {max(len(b) for b in micro_batches)} "
-                  f"clips (longest {longest} frames): skipped; lower --batch_size (and raise "
+        reason = (f"CUDA out of memory on {what}: skipped; lower --batch_size (and raise "
                   f"--gradient_accumulation_steps) or prepare with a lower --max_seconds")
         return StepResult(applied=False, reason=reason)
 
-    def apply(self, totals: dict[str, torch.Tensor]) -> StepResult:
-        """End of an accumulation window: drop it if any loss is not finite, else clip and step."""
-        values = torch.stack(list(totals.values())).tolist()  # a sync point: finiteness decides the step
-        losses = dict(zip(totals, values))
-        if not all(map(torch.isfinite, torch.tensor(values))):
-            return self._drop(losses, "non-finite loss")
-        return self._step_optimizers(losses)
-
     def _drop(self, losses: dict[str, float], reason: str) -> StepResult:
-        self.optimizer_g.zero_grad(set_to_none=True)
-        self.optimizer_d.zero_grad(set_to_none=True)
+        self.zero_grad()
         self.nonfinite_skips += 1
         return StepResult(applied=False, losses=losses, reason=reason)
 
@@ -205,22 +269,24 @@ class TrainStep:
         max_norm = self.settings.max_grad_norm or float("inf")
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
 
-    def _step_optimizers(self, losses: dict[str, float]) -> StepResult:
-        norm_d = self._clip(self.optimizer_d, self.scaler_d, list(self.discriminator.parameters()))
-        norm_g = self._clip(self.optimizer_g, self.scaler_g, self.generator_params)
-        if not self.precision.uses_scaler and not bool(torch.isfinite(norm_d) & torch.isfinite(norm_g)):
+    def _step_optimizers(self, losses: dict[str, float], generator: bool = True) -> StepResult:
+        """Unscale, clip and step the discriminator, then (unless it sat out) the generator."""
+        pairs = [(self.optimizer_d, self.scaler_d, list(self.discriminator.parameters()))]
+        if generator:
+            pairs.append((self.optimizer_g, self.scaler_g, self.generator_params))
+        norms = [self._clip(optimizer, scaler, params) for optimizer, scaler, params in pairs]
+        if not self.precision.uses_scaler and not all(bool(torch.isfinite(n)) for n in norms):
             return self._drop(losses, "non-finite gradient")
-        scale_before = self.scaler_g.get_scale() if self.precision.uses_scaler else None
-        self.scaler_d.step(self.optimizer_d)
-        self.scaler_g.step(self.optimizer_g)
-        self.scaler_d.update()
-        self.scaler_g.update()
-        if scale_before is not None and self.scaler_g.get_scale() < scale_before:
-            self.overflow_skips += 1  # fp16 overflow: the scaler skipped the step and lowered its scale
-        self.optimizer_d.zero_grad(set_to_none=True)
-        self.optimizer_g.zero_grad(set_to_none=True)
-        return StepResult(applied=True, losses=losses, grad_norm_generator=float(norm_g),
-                          grad_norm_discriminator=float(norm_d))
+        scales_before = [scaler.get_scale() for _, scaler, _ in pairs] if self.precision.uses_scaler else None
+        for optimizer, scaler, _ in pairs:
+            scaler.step(optimizer)
+            scaler.update()
+        if scales_before is not None and any(scaler.get_scale() < before
+                                             for (_, scaler, _), before in zip(pairs, scales_before)):
+            self.overflow_skips += 1  # fp16 overflow: a scaler skipped its step and lowered its scale
+        self.zero_grad()
+        return StepResult(applied=True, losses=losses, grad_norm_discriminator=float(norms[0]),
+                          grad_norm_generator=float(norms[1]) if generator else float("nan"))
 
     def state_dict(self) -> dict:
         return {"optimizer_g": self.optimizer_g.state_dict(), "optimizer_d": self.optimizer_d.state_dict(),
@@ -229,11 +295,20 @@ class TrainStep:
                 "oom_skips": self.oom_skips}
 
     def load_state_dict(self, state: dict) -> None:
+        self.load_optimizers(state)
+        self.nonfinite_skips = state.get("nonfinite_skips", 0)
+        self.overflow_skips = state.get("overflow_skips", 0)
+        self.oom_skips = state.get("oom_skips", 0)
+
+    def load_optimizers(self, state: dict) -> None:
+        """Both optimizers and gradient scalers from a saved state (the skip counters stay as they are)."""
         self.optimizer_g.load_state_dict(state["optimizer_g"])
         self.optimizer_d.load_state_dict(state["optimizer_d"])
         for scaler, saved in ((self.scaler_g, state["scaler_g"]), (self.scaler_d, state["scaler_d"])):
             if saved and scaler.is_enabled():  # empty when the checkpoint ran without fp16: start a fresh scale
                 scaler.load_state_dict(saved)
-        self.nonfinite_skips = state.get("nonfinite_skips", 0)
-        self.overflow_skips = state.get("overflow_skips", 0)
-        self.oom_skips = state.get("oom_skips", 0)
+
+    def reset_optimizers(self) -> None:
+        """Empty optimizer states (as at the start of a fresh run), learning rates kept."""
+        for optimizer in (self.optimizer_g, self.optimizer_d):
+            optimizer.state.clear()

@@ -1,5 +1,6 @@
 """Speaking text with a saved model folder: load it with stock transformers, normalise text the way
-training did, skip (and name) what the vocabulary cannot say, write 16-bit WAVs."""
+training did, skip (and name) what the vocabulary cannot say, write 16-bit WAVs. Synthesis is bounded
+(finetune/inference.py): a sentence lasts at most ceiling_for_text of its length, whatever the model asks."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 
 from .audio import write_pcm16
 from .corpus import tokenize
-from .evaluation import synthesise
+from .inference import ceiling_for_text, speak as speak_bounded
 from .text import TextNormalizer, describe_oov
 
 
@@ -27,9 +28,11 @@ class Voice:
 
 
 def load_voice(model_dir: str | Path, device: torch.device, speaking_rate: float = 1.0) -> Voice:
-    from transformers import VitsModel, VitsTokenizer
+    from transformers import VitsTokenizer
 
-    model = VitsModel.from_pretrained(str(model_dir)).to(device).eval()
+    from .generator import load_complete_model
+
+    model = load_complete_model(Path(model_dir), str(model_dir)).to(device).eval()
     model.speaking_rate = speaking_rate
     tokenizer = VitsTokenizer.from_pretrained(str(model_dir))
     normalizer = TextNormalizer({t for t in tokenizer.encoder if len(t) == 1})
@@ -57,7 +60,8 @@ def prepare_lines(voice: Voice, lines: list[tuple[str, str]]) -> list[Line]:
 
 
 def speak(voice: Voice, token_ids: np.ndarray, seed: int = 0) -> np.ndarray:
-    return synthesise(voice.model, [token_ids], voice.device, seed)[0]
+    ceiling_s = ceiling_for_text(len(token_ids)) / voice.model.speaking_rate  # slower speech may take longer
+    return speak_bounded(voice.model, [token_ids], voice.device, seed, [ceiling_s]).waveforms[0]
 
 
 def speak_to_folder(voice: Voice, lines: list[Line], folder: Path, seed: int = 0, suffix: str = "") -> list[Path]:

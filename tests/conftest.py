@@ -135,14 +135,14 @@ def clock_for(fake: FakeClock):
 
 @pytest.fixture
 def timed_work(monkeypatch):
-    """Optimizer steps take `step_s`, evaluations `eval_s`, checkpoints `checkpoint_s` and model exports
-    `export_s` of fake time."""
+    """Micro-batches take `micro_batch_s`, evaluations `eval_s`, checkpoints `checkpoint_s` and model
+    exports `export_s` of fake time (an optimizer step of n micro-batches: n * micro_batch_s)."""
     fake = FakeClock()
-    costs = {"step_s": 3.0, "eval_s": 1.0, "checkpoint_s": 2.0, "export_s": 1.0}
-    from finetune import evaluation, loop, step
+    costs = {"micro_batch_s": 3.0, "eval_s": 1.0, "checkpoint_s": 2.0, "export_s": 1.0}
+    from finetune import evaluation, saving, step
 
-    real_run, real_evaluate = step.TrainStep.run, evaluation.Evaluator.evaluate
-    real_save, real_export = loop.save_checkpoint, loop.export_model
+    real_accumulate, real_evaluate = step.TrainStep.accumulate, evaluation.Evaluator.evaluate
+    real_save, real_export = saving.save_checkpoint, saving.export_model
 
     def save_checkpoint(*args, **kwargs):
         fake.t += costs["checkpoint_s"]
@@ -152,17 +152,16 @@ def timed_work(monkeypatch):
         fake.t += costs["export_s"]
         return real_export(*args, **kwargs)
 
-    monkeypatch.setattr(loop, "save_checkpoint", save_checkpoint)
-    monkeypatch.setattr(loop, "export_model", export_model)
-
-    def run(self, *args, **kwargs):
-        fake.t += costs["step_s"]
-        return real_run(self, *args, **kwargs)
+    def accumulate(self, *args, **kwargs):
+        fake.t += costs["micro_batch_s"]
+        return real_accumulate(self, *args, **kwargs)
 
     def evaluate(self, *args, **kwargs):
         fake.t += costs["eval_s"]
         return real_evaluate(self, *args, **kwargs)
 
-    monkeypatch.setattr(step.TrainStep, "run", run)
+    monkeypatch.setattr(saving, "save_checkpoint", save_checkpoint)
+    monkeypatch.setattr(saving, "export_model", export_model)
+    monkeypatch.setattr(step.TrainStep, "accumulate", accumulate)
     monkeypatch.setattr(evaluation.Evaluator, "evaluate", evaluate)
     return fake, costs

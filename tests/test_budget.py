@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from finetune.budget import Budget, Clock, StepTimer, learning_rate, make_plan, safety_margin_s
+from finetune.budget import Budget, Clock, Durations, StepTimer, learning_rate, make_plan, safety_margin_s
 
 
 def test_warmup_rises_linearly_then_cosine_reaches_the_floor_at_the_last_step():
@@ -51,12 +51,30 @@ def test_budget_counts_earlier_processes_and_keeps_the_reserve():
     assert safety_margin_s(180) == 2.0 and safety_margin_s(9.5 * 3600) == 60.0
 
 
-def test_step_timer_skips_warm_up_steps_and_is_cautious():
-    timer = StepTimer(skip=2)
-    for seconds in (9.0, 8.0, 1.0, 2.0, 3.0):
-        timer.add(seconds)
-    assert timer.mean_s == pytest.approx(2.0) and timer.cautious_s == 3.0  # few timed: the slowest
-    for seconds in [1.0] * 17 + [5.0, 9.0]:
-        timer.add(seconds)
-    assert timer.cautious_s == 2.0  # 22 timed (eighteen 1s, then 2, 3, 5, 9): the 90th percentile, not 9
-    assert StepTimer(prior_s=4.0).mean_s == 4.0 and not StepTimer().ready
+def test_durations_skip_warm_up_ones_once_later_ones_exist_and_are_cautious():
+    durations = Durations(skip=2)
+    durations.add(9.0)
+    assert durations.mean_s == 9.0 and durations.cautious_s == 9.0  # only a slow first one: it bounds the estimate
+    for seconds in (8.0, 1.0, 2.0, 3.0):
+        durations.add(seconds)
+    assert durations.mean_s == pytest.approx(2.0)  # the plan leaves the first two out
+    assert durations.cautious_s == 9.0  # few warm ones: the slowest seen, the first ones included
+    for seconds in [5.0, 9.0] + [1.0] * 17:
+        durations.add(seconds)
+    assert durations.cautious_s == 2.0  # 22 warm (2, 3, 5, 9 and eighteen 1s): the 90th percentile, not 9
+    assert durations.slowdown == 1.0
+    for seconds in (30.0, 30.0):  # the machine got busy: believed after two
+        durations.add(seconds)
+    assert durations.cautious_s == 30.0 and durations.slowdown == 30.0
+    assert Durations(prior_s=4.0).mean_s == 4.0 and not Durations().ready
+
+
+def test_step_timer_counts_a_window_of_micro_batches_and_an_update():
+    timer = StepTimer(accumulation=4, skip=0)
+    assert not timer.ready and timer.micro_batch_s == 0.0  # nothing timed: the first micro-batch always runs
+    for seconds in (2.0, 2.0, 2.0, 2.0):
+        timer.micro_batches.add(seconds)
+    timer.updates.add(0.5)
+    assert timer.step_s == pytest.approx(8.5) and timer.cautious_step_s == pytest.approx(8.5)
+    resumed = StepTimer(accumulation=4, prior_micro_batch_s=3.0, prior_update_s=1.0)
+    assert resumed.ready and resumed.step_s == pytest.approx(13.0)

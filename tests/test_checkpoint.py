@@ -37,8 +37,8 @@ def test_keeps_the_newest_and_points_at_the_latest(tmp_path):
 
 
 def test_resume_resolution(tmp_path):
-    assert resolve_resume("none", tmp_path) is None
-    assert resolve_resume("auto", tmp_path / "empty") is None  # auto tolerates nothing to resume
+    assert resolve_resume("none", tmp_path) == (None, None)
+    assert resolve_resume("auto", tmp_path / "empty") == (None, None)  # auto tolerates nothing to resume
     with pytest.raises(CheckpointError, match="no such checkpoint"):
         resolve_resume(str(tmp_path / "missing.pt"), tmp_path)  # a named checkpoint must exist
 

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 import train_feedback
 import train_vits
@@ -24,7 +25,9 @@ def folder_digest(folder) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def base_run(prepared_demo, tmp_path_factory):
-    """A tiny model trained for a few epochs on the first demo clips (best_model with its discriminator)."""
+    """A tiny model trained for a few epochs on the first demo clips (best_model with its discriminator).
+    30 steps from scratch do not learn the corpus's tempo; the timing rule is relaxed for these tests (it
+    has its own)."""
     from tests.conftest import FakeClock
 
     run = tmp_path_factory.mktemp("base")
@@ -34,7 +37,7 @@ def base_run(prepared_demo, tmp_path_factory):
                             "--discriminator_width", "0.0625", "--discriminator_periods", "2", "3", "--batch_size", "4",
                             "--gradient_accumulation_steps", "1", "--learning_rate", "2e-3", "--benchmark_samples", "8",
                             "--val_samples", "3", "--max_epochs", "6", "--target_hours", "1", "--val_every", "100",
-                            "--log_every_seconds", "60"], clock=clock_for(fake))
+                            "--log_every_seconds", "60", "--max_length_ratio", "100"], clock=clock_for(fake))
     assert code == 0
     return run
 
@@ -54,6 +57,7 @@ def feedback_args(prepared_demo, base_run, tmp_path, feedback, *extra):
     return ["--feedback_dir", str(feedback), "--base_model", str(base_run / "checkpoints" / "best_model"),
             "--data_dir", str(prepared_demo), "--output_dir", str(tmp_path / "voices"), "--batch_size", "4",
             "--val_samples", "4", "--benchmark_samples", "8", "--log_every_seconds", "60", "--target_minutes", "60",
+            "--max_length_ratio", "100",
             *extra]
 
 
@@ -121,15 +125,30 @@ def test_rollback_previous_follows_what_each_version_was_trained_from(tmp_path):
 
 
 def test_a_round_that_damages_the_originals_is_rejected_and_the_voice_untouched(prepared_demo, base_run, tmp_path,
-                                                                                timed_work):
+                                                                                timed_work, monkeypatch):
+    """Forced, not hoped for: after each real update the decoder's weights get seeded noise, so the round's
+    models speak worse (corrections and originals alike) and the round must be rejected."""
+    from finetune.step import TrainStep
+
+    real_apply = TrainStep.apply
+    noise = torch.Generator().manual_seed(0)
+
+    def damaging_apply(self, window):
+        result = real_apply(self, window)
+        with torch.no_grad():
+            for param in self.model.decoder.parameters():
+                param.add_(0.5 * param.std() * torch.randn(param.shape, generator=noise))
+        return result
+
+    monkeypatch.setattr(TrainStep, "apply", damaging_apply)
     fake, _ = timed_work
     feedback = make_feedback(tmp_path / "feedback")
     voices = Versions(tmp_path / "voices")
     voices.ensure_base(base_run / "checkpoints" / "best_model")
     before = folder_digest(voices.current)
-    code = train_feedback.main(feedback_args(prepared_demo, base_run, tmp_path, feedback, "--learning_rate", "0.5",
-                                             "--warmup_steps", "1", "--max_epochs", "4", "--val_every", "2",
-                                             "--max_regression", "2"), clock=clock_for(fake))
+    code = train_feedback.main(feedback_args(prepared_demo, base_run, tmp_path, feedback, "--learning_rate", "1e-4",
+                                             "--max_epochs", "2", "--val_every", "2", "--max_regression", "2"),
+                               clock=clock_for(fake))
     assert code == 0
     report = json.loads((tmp_path / "voices" / "rounds" / "round_001" / "feedback_report.json").read_text())
     assert not report["accepted"] and "held-out originals got" in report["reason"]
@@ -197,3 +216,30 @@ def test_replay_sample_is_seeded_and_sized():
     ids = [f"c{i}" for i in range(100)]
     assert replay_sample(ids, 4, 2.0, seed=1) == replay_sample(ids, 4, 2.0, seed=1)
     assert len(replay_sample(ids, 4, 2.0, seed=1)) == 8 and len(replay_sample(ids[:5], 4, 2.0, seed=1)) == 5
+
+
+def test_a_round_killed_while_making_its_version_leaves_the_voice_and_the_next_round_starts_cleanly(
+        prepared_demo, base_run, tmp_path, timed_work, capsys):
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    fake, _ = timed_work
+    feedback = make_feedback(tmp_path / "feedback")
+    voices = Versions(tmp_path / "voices")
+    voices.ensure_base(base_run / "checkpoints" / "best_model")
+    before = folder_digest(voices.current)
+    round_args = feedback_args(prepared_demo, base_run, tmp_path, feedback, "--learning_rate", "1e-3", "--max_epochs",
+                               "12", "--val_every", "4", "--max_regression", "25")
+    killed = subprocess.run([sys.executable, str(REPO / "tests" / "crash_helper.py"), "accept-version", "1",
+                             "train_feedback", *round_args], capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr  # after copying v001, before current/ and the history
+    assert (tmp_path / "voices" / "v001").is_dir() and folder_digest(voices.current) == before
+
+    assert train_feedback.main(round_args, clock=clock_for(fake)) == 0
+    assert "removed v001, a version whose round did not finish making it" in capsys.readouterr().err
+    assert voices.versions() == ["v000", "v001"] and voices.history()["current"] == "v001"
+    assert [e["round"] for e in voices.history()["events"] if e["event"] == "accepted"] == ["round_002"]
+    assert folder_digest(voices.current) == folder_digest(tmp_path / "voices" / "v001")

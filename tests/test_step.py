@@ -31,7 +31,7 @@ def test_discriminator_gradients_hold_nothing_from_the_generator_loss(prepared_d
     model, batch = loaded.model.train(), demo_batch(prepared_demo, loaded.tokenizer)
     step = make_step(model)
     torch.manual_seed(1)
-    step.accumulate(batch, adversarial=True, scale=1.0)
+    step.accumulate(batch, scale=1.0)
     from_step = [p.grad.clone() for p in step.discriminator.parameters()]
 
     # The same micro-batch (same random draws), discriminator loss alone.
@@ -56,7 +56,7 @@ def test_a_non_finite_loss_never_reaches_the_weights(prepared_demo):
     step = make_step(model)
     before_g = copy.deepcopy(model.state_dict())
     before_d = copy.deepcopy(step.discriminator.state_dict())
-    result = step.run([good, bad], adversarial=True)
+    result = step.run([good, bad])
     assert not result.applied and result.reason == "non-finite loss" and step.nonfinite_skips == 1
     for key, value in model.state_dict().items():
         assert torch.equal(value, before_g[key]), key
@@ -64,13 +64,13 @@ def test_a_non_finite_loss_never_reaches_the_weights(prepared_demo):
         assert torch.equal(value, before_d[key]), key
     assert step.optimizer_g.state_dict()["state"] == {} and step.optimizer_d.state_dict()["state"] == {}
     assert all(p.grad is None for p in model.parameters())
-    assert step.run([good], adversarial=True).applied  # and training goes on
+    assert step.run([good]).applied  # and training goes on
 
 
 def test_deterministic_duration_predictor_trains_too(prepared_demo):
     loaded = tiny_generator(prepared_demo, use_stochastic_duration_prediction=False)
     model = loaded.model.train()
-    result = make_step(model).run([demo_batch(prepared_demo, loaded.tokenizer)], adversarial=True)
+    result = make_step(model).run([demo_batch(prepared_demo, loaded.tokenizer)])
     assert result.applied and result.losses["duration"] > 0
 
 
@@ -80,7 +80,7 @@ def test_frozen_parts_do_not_change(prepared_demo):
     freeze(model, ["text_encoder", "decoder"])
     frozen_before = copy.deepcopy({k: v for k, v in model.state_dict().items() if k.startswith(("text_encoder", "decoder"))})
     flow_before = copy.deepcopy(model.flow.state_dict())
-    assert make_step(model).run([demo_batch(prepared_demo, loaded.tokenizer)], adversarial=True).applied
+    assert make_step(model).run([demo_batch(prepared_demo, loaded.tokenizer)]).applied
     for key, value in frozen_before.items():
         assert torch.equal(model.state_dict()[key], value), key
     assert any(not torch.equal(v, flow_before[k]) for k, v in model.flow.state_dict().items())
@@ -95,7 +95,7 @@ def test_overfitting_a_few_clips_lowers_mel_l1_by_30_percent(prepared_demo):
     before = reconstruction_mel_l1(model.eval(), batch, step.features).mean().item()
     model.train()
     for _ in range(80):
-        assert step.run([batch], adversarial=True).applied
+        assert step.run([batch]).applied
     after = reconstruction_mel_l1(model.eval(), batch, step.features).mean().item()
     assert after <= 0.7 * before, (before, after)
 
@@ -112,12 +112,12 @@ def test_cuda_out_of_memory_skips_the_window_and_training_goes_on(prepared_demo,
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     monkeypatch.setattr(TrainStep, "accumulate", out_of_memory)
-    result = step.run([batch], adversarial=True)
+    result = step.run([batch])
     assert not result.applied and "--batch_size" in result.reason and step.oom_skips == 1
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     assert all(p.grad is None for p in model.parameters())
     monkeypatch.setattr(TrainStep, "accumulate", real)
-    assert step.run([batch], adversarial=True).applied
+    assert step.run([batch]).applied
 
 
 def test_a_checkpoint_without_fp16_resumes_under_fp16_and_back(prepared_demo):
@@ -142,16 +142,16 @@ def test_evaluation_out_of_gpu_memory_retries_with_smaller_groups(prepared_demo,
     loaded = tiny_generator(prepared_demo)
     examples, _ = load_examples(prepared_demo, "metadata.csv", loaded.tokenizer, hop=256, sample_rate=16000,
                                 max_samples=6)
-    real_synthesise = evaluation.synthesise
+    real_speak = evaluation.speak
 
     def small_gpu(model, token_ids, *args, **kwargs):
         if len(token_ids) > 2:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
-        return real_synthesise(model, token_ids, *args, **kwargs)
+        return real_speak(model, token_ids, *args, **kwargs)
 
-    monkeypatch.setattr(evaluation, "synthesise", small_gpu)
+    monkeypatch.setattr(evaluation, "speak", small_gpu)
     evaluator = evaluation.Evaluator(examples, Features(FeatureConfig()), torch.device("cpu"), 16000, None, [],
                                      batch_size=8)
     result = evaluator.evaluate(loaded.model, step=0)
     assert evaluator.batch_size == 2 and len(result.per_clip) == 6
-    assert all(np.isfinite(v) for v in result.per_clip.values())
+    assert all(np.isfinite(v.mcd_db) for v in result.per_clip.values())

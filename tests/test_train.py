@@ -17,6 +17,7 @@ from transformers import VitsModel, pipeline
 
 import train_vits
 from finetune import evaluation
+from finetune.evaluation import ClipScore
 from tests.conftest import REPO, clock_for
 
 
@@ -42,8 +43,8 @@ def test_deadline_is_kept_with_an_injected_clock_and_the_model_is_usable(prepare
     end = metrics(tmp_path, "end")[0]
     assert end["stop_reason"] == "deadline"
     assert end["time_used_s"] <= target_s
-    # Stopped because one more step (3 s) would not leave room for the final save and the 2 s margin.
-    assert end["time_used_s"] > target_s - 2.0 - 2 * costs["step_s"] - 2 * costs["eval_s"]
+    # Stopped because one more micro-batch (3 s) would not leave room for the final save and the 2 s margin.
+    assert end["time_used_s"] > target_s - 2.0 - costs["micro_batch_s"] - costs["eval_s"]
     assert end["last_lr"] == pytest.approx(2e-3 * 0.1)  # the last step ran at the floor
     plan = json.loads((tmp_path / "checkpoints" / "plan.json").read_text())
     assert abs(plan["total_steps"] - end["steps"]) <= 2
@@ -91,10 +92,10 @@ def test_best_model_follows_the_evaluation_measure(prepared_demo, tmp_path, time
     scores = iter([7.0, 5.0, 6.0, 4.0, 4.5, 8.0, 9.0, 9.5, 9.7, 9.9])
     real_score = evaluation.Evaluator.score_clips
 
-    def scripted(self, model):
-        per_clip, losses = real_score(self, model)
+    def scripted(self, model, stop=None):
+        per_clip, losses = real_score(self, model, stop)
         value = next(scores)
-        return {name: value for name in per_clip}, losses
+        return {name: ClipScore(value, 1.0, 0.0, False) for name in per_clip}, losses
 
     monkeypatch.setattr(evaluation.Evaluator, "score_clips", scripted)
     fake, _ = timed_work

@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Bounded synthesis: how long an evaluation takes, and how much RAM, when the duration predictor has run
+away, against a healthy model; and what stock transformers does with the same runaway model.
+
+Each case runs in its own process (peak RSS is per process): an Evaluator scores the demo corpus's
+held-out clips with a model whose duration predictor is blown up to ask for about e^K frames per token
+(K = --blow_up), or left alone. `stock` renders one held-out sentence with `VitsModel.forward` under a
+memory ceiling (--stock_limit_gib, RLIMIT_AS) and a time limit, and reports how far it got.
+
+    .venv/bin/python bench/bench_synthesis.py --size tiny --size mms
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from bench.bench_step import prepare_demo  # noqa: E402
+from bench.machine import describe  # noqa: E402
+
+
+def build(size: str, data_dir: Path, blow_up: float):
+    import torch
+
+    from finetune.corpus import load_examples
+    from finetune.generator import scratch_generator
+    from finetune.session import corpus_texts
+
+    torch.manual_seed(0)
+    loaded = scratch_generator(size, sorted(set("".join(corpus_texts(data_dir)))), 16000)
+    model = loaded.model.eval()
+    if blow_up:
+        with torch.no_grad():  # the elementwise affine is the last flow inference applies: it shifts log-durations
+            model.duration_predictor.flows[0].translate[0] = -blow_up
+    examples, _ = load_examples(data_dir, "metadata_val.csv", loaded.tokenizer, 256, 16000)
+    return model, examples
+
+
+def case_evaluate(size: str, data_dir: Path, blow_up: float) -> dict:
+    import torch
+
+    from finetune.evaluation import Evaluator
+    from finetune.features import FeatureConfig, Features
+
+    model, examples = build(size, data_dir, blow_up)
+    evaluator = Evaluator(examples, Features(FeatureConfig()), torch.device("cpu"), 16000, None, [], batch_size=1)
+    started = time.perf_counter()
+    result = evaluator.evaluate(model, 0)
+    return {"seconds": time.perf_counter() - started, "clips": len(examples), "mcd_db": result.mcd_db,
+            "median_length_ratio": result.length_ratio, "capped": sum(s.capped for s in result.per_clip.values())}
+
+
+def case_stock(size: str, data_dir: Path, blow_up: float, limit_gib: float) -> dict:
+    import numpy as np
+    import torch
+
+    model, examples = build(size, data_dir, blow_up)
+    ids = torch.from_numpy(examples[0].token_ids.astype(np.int64)).unsqueeze(0)
+    resource.setrlimit(resource.RLIMIT_AS, (int(limit_gib * 2**30), int(limit_gib * 2**30)))
+    started = time.perf_counter()
+    try:
+        with torch.no_grad():
+            out = model(input_ids=ids)
+        outcome = f"rendered {out.waveform.shape[-1] / 16000:.0f} s of audio"
+    except (MemoryError, RuntimeError) as error:
+        outcome = f"failed: {type(error).__name__}: {str(error).splitlines()[0][:80]}"
+    return {"seconds": time.perf_counter() - started, "outcome": outcome,
+            "recording_s": len(examples[0].audio) / 16000}
+
+
+def run_case(args: list[str], timeout_s: float) -> dict:
+    command = [sys.executable, __file__, "--case", *args]
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"seconds": time.perf_counter() - started, "outcome": f"still running after {timeout_s:.0f} s: killed"}
+    if done.returncode != 0:
+        return {"outcome": f"exit {done.returncode}: {done.stderr.strip().splitlines()[-1][:100]}"}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", action="append", choices=["tiny", "small", "mms"])
+    parser.add_argument("--blow_up", type=float, default=12.0, help="log-duration shift: e^K frames per token")
+    parser.add_argument("--stock_limit_gib", type=float, default=8.0)
+    parser.add_argument("--stock_timeout_s", type=float, default=300.0)
+    parser.add_argument("--case", nargs="*", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.case:
+        kind, size, data_dir, blow_up = args.case[0], args.case[1], Path(args.case[2]), float(args.case[3])
+        result = (case_evaluate(size, data_dir, blow_up) if kind == "evaluate"
+                  else case_stock(size, data_dir, blow_up, args.stock_limit_gib))
+        result["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        print(json.dumps(result))
+        return
+    print(f"machine: {describe()}")
+    with tempfile.TemporaryDirectory() as tmp:
+        data_dir = prepare_demo(Path(tmp) / "data", val_fraction=0.02)
+        for size in args.size or ["tiny"]:
+            for label, kind, blow_up in (("healthy model, evaluation", "evaluate", 0.0),
+                                         (f"runaway predictor (e^{args.blow_up:g} frames a token), evaluation",
+                                          "evaluate", args.blow_up),
+                                         ("runaway predictor, stock VitsModel.forward, one clip", "stock", args.blow_up)):
+                result = run_case([kind, size, str(data_dir), str(blow_up)], args.stock_timeout_s)
+                print(f"{size:5s} | {label:62s} | " + ", ".join(
+                    f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in result.items()), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""Speaking token ids with bounded cost: transformers' VITS inference, with the predicted durations capped
+before anything is rendered.
+
+Stock `VitsModel.forward` renders whatever length the duration predictor asks for. A diverged predictor
+asks for minutes per clip; the flow and the decoder then run over all of it (a hook on the decoder alone
+does not help: the flow has already run), taking many GB and many minutes. Here the same computation
+runs in the same order, drawing the same random numbers, with two ceilings applied to the durations
+first:
+
+    per token  a token (a character or the blank between two) lasts at most `max_token_s`
+               (MAX_TOKEN_S, 1 s; a pause longer than that is not speech a VITS voice makes)
+    per clip   the whole utterance lasts at most `max_clip_s` seconds: callers tie it to the recording
+               (evaluation) or to the text (ceiling_for_text); past it, every token's duration is
+               scaled down by the same factor so that the clip fits
+
+Below both ceilings the waveform equals stock transformers' output for the same seed (tested), so a good
+model sounds the same here as in `pipeline("text-to-speech")`. A broken model costs about what a good one
+costs, and what it asked for is kept: `requested_frames` is the length the predictor wanted before the
+caps, so timing measures still see how wrong it was. Non-finite predicted durations count as the
+per-token ceiling.
+
+Shapes: tokens [batch, tokens]; durations [batch, 1, tokens]; latents [batch, flow, frames].
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+MAX_TOKEN_S = 1.0  # ceiling of one token's duration
+TEXT_SECONDS_PER_TOKEN = 0.25  # ceiling_for_text: about 7x an average token (two tokens a character)
+TEXT_MIN_CEILING_S = 5.0  # ceiling_for_text: even a one-word sentence may take this long
+
+
+def ceiling_for_text(token_count: int) -> float:
+    """Per-clip ceiling (seconds) for text with no recording to compare with: proportional to its length."""
+    return max(TEXT_MIN_CEILING_S, TEXT_SECONDS_PER_TOKEN * token_count)
+
+
+@dataclass
+class Speech:
+    """What `speak_tokens` returns for a batch of texts."""
+
+    waveforms: list[np.ndarray]  # float32, one per text, as long as rendered (after the caps)
+    requested_frames: list[float]  # frames the duration predictor asked for, before any cap
+    rendered_frames: list[int]  # frames rendered
+    token_frames: list[np.ndarray]  # rendered frames per token (int), one array per text
+
+    @property
+    def capped(self) -> list[bool]:
+        return [requested > rendered for requested, rendered in zip(self.requested_frames, self.rendered_frames)]
+
+
+def cap_durations(frames: torch.Tensor, mask: torch.Tensor, max_token_frames: float,
+                  max_clip_frames: torch.Tensor) -> torch.Tensor:
+    """frames [batch, 1, tokens] as predicted (float, possibly huge or non-finite), mask [batch, 1, tokens],
+    max_clip_frames [batch] -> whole frames per token, each at most `max_token_frames`, each clip's sum
+    at most its `max_clip_frames` (scaled down together when over it)."""
+    frames = torch.nan_to_num(frames, nan=max_token_frames, posinf=max_token_frames, neginf=0.0)
+    frames = torch.clamp(torch.ceil(frames), 0.0, math.floor(max_token_frames)) * mask
+    total = frames.sum(dim=(1, 2))  # [batch]
+    scale = torch.clamp(max_clip_frames / torch.clamp(total, min=1.0), max=1.0)  # 1 where the clip fits
+    return torch.where((scale < 1.0).view(-1, 1, 1), torch.floor(frames * scale.view(-1, 1, 1)), frames)
+
+
+def expand_to_frames(durations: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Whole frames per token [batch, 1, tokens] -> the hard alignment [batch, frames, tokens] (each
+    frame belongs to one token) and the frame mask [batch, 1, frames], as transformers builds them."""
+    lengths = torch.clamp_min(durations.sum(dim=(1, 2)), 1).long()  # [batch]
+    frames = int(lengths.max())
+    positions = torch.arange(frames, device=durations.device, dtype=durations.dtype)
+    frame_mask = (positions.unsqueeze(0) < lengths.unsqueeze(1)).unsqueeze(1).to(mask.dtype)  # [batch, 1, frames]
+    ends = torch.cumsum(durations, dim=-1).transpose(1, 2)  # [batch, tokens, 1]
+    before_end = (positions.view(1, 1, -1) < ends).to(mask.dtype)  # [batch, tokens, frames]
+    path = before_end - torch.nn.functional.pad(before_end, [0, 0, 1, 0])[:, :-1]  # first-difference over tokens
+    path = path * mask.transpose(1, 2) * frame_mask  # [batch, tokens, frames]
+    return path.transpose(1, 2), frame_mask
+
+
+@torch.no_grad()
+def speak_tokens(model, token_ids: list[np.ndarray], device: torch.device, max_clip_s: list[float],
+                 max_token_s: float = MAX_TOKEN_S) -> Speech:
+    """Waveforms for token id sequences with a VitsModel in eval mode, each clip at most its
+    `max_clip_s`. Random numbers come from the global generator (callers seed it), drawn as stock
+    transformers draws them. Single-speaker models only."""
+    config = model.config
+    hop = math.prod(config.upsample_rates)
+    frames_per_s = config.sampling_rate / hop
+    count, longest = len(token_ids), max(len(t) for t in token_ids)
+    input_ids = torch.zeros(count, longest, dtype=torch.long)
+    attention = torch.zeros(count, longest, dtype=torch.long)
+    for i, ids in enumerate(token_ids):
+        input_ids[i, : len(ids)] = torch.from_numpy(ids.astype(np.int64))
+        attention[i, : len(ids)] = 1
+    input_ids, attention = input_ids.to(device), attention.to(device)
+    dtype = model.text_encoder.embed_tokens.weight.dtype
+    token_mask = attention.unsqueeze(-1).to(dtype)  # [batch, tokens, 1], transformers' layout
+    encoded = model.text_encoder(input_ids=input_ids, padding_mask=token_mask, attention_mask=attention)
+    hidden = encoded.last_hidden_state.transpose(1, 2)  # [batch, hidden, tokens]
+    mask = token_mask.transpose(1, 2)  # [batch, 1, tokens]
+    if config.use_stochastic_duration_prediction:
+        log_duration = model.duration_predictor(hidden, mask, None, reverse=True, noise_scale=model.noise_scale_duration)
+    else:
+        log_duration = model.duration_predictor(hidden, mask, None)
+    length_scale = 1.0 / model.speaking_rate
+    requested = torch.exp(log_duration.float()) * mask * length_scale  # [batch, 1, tokens], may be inf
+    ceilings = torch.tensor([s * frames_per_s for s in max_clip_s], device=device, dtype=torch.float32)
+    durations = cap_durations(requested, mask.float(), max_token_s * frames_per_s * length_scale, ceilings).to(dtype)
+    path, frame_mask = expand_to_frames(durations, mask)  # [batch, frames, tokens], [batch, 1, frames]
+    prior_means = torch.matmul(path, encoded.prior_means).transpose(1, 2)  # [batch, flow, frames]
+    prior_log_std = torch.matmul(path, encoded.prior_log_variances).transpose(1, 2)
+    latents = prior_means + torch.randn_like(prior_means) * torch.exp(prior_log_std) * model.noise_scale
+    latents = model.flow(latents, frame_mask, None, reverse=True)
+    waveform = model.decoder(latents * frame_mask, None).squeeze(1).float().cpu().numpy()  # [batch, samples]
+    rendered = torch.clamp_min(durations.sum(dim=(1, 2)), 1).long().tolist()
+    wanted = torch.ceil(torch.nan_to_num(requested, nan=float("inf"))).sum(dim=(1, 2)).tolist()
+    return Speech(waveforms=[waveform[i, : rendered[i] * hop] for i in range(count)],
+                  requested_frames=[float(w) for w in wanted], rendered_frames=rendered,
+                  token_frames=[durations[i, 0, : len(token_ids[i])].long().cpu().numpy() for i in range(count)])
+
+
+def fork_rng(device: torch.device):
+    """A block whose random draws leave the caller's generators (CPU, and this CUDA device) as they were."""
+    devices = [device.index or 0] if device.type == "cuda" else []
+    return torch.random.fork_rng(devices=devices)
+
+
+def speak(model, token_ids: list[np.ndarray], device: torch.device, seed: int, max_clip_s: list[float]) -> Speech:
+    """`speak_tokens` seeded with `seed`, inside a forked RNG: the same input gives the same audio, and
+    a training run's random state is left exactly as it was (so a resumed run matches an uninterrupted one)."""
+    with fork_rng(device):
+        torch.manual_seed(seed)
+        return speak_tokens(model, token_ids, device, max_clip_s)

@@ -1,0 +1,93 @@
+"""How close synthesised speech is to a recording of the same text: spectral distance and timing.
+Pure functions of arrays, tested alone.
+
+Spectral distance is mel-cepstral distortion after dynamic time warping (MCD-DTW, in dB, lower is
+better): log-mel spectrograms of both -> real cepstrum of the log-mel amplitude (DCT-II / 2M over the M
+mel bands, the convention the usual MCD constant assumes) -> coefficients 0..24 -> DTW alignment on
+Euclidean distance -> (10 / ln 10) * sqrt(2 * sum_k (c_k - c'_k)^2) per aligned pair -> for each frame of
+the recording, the mean over the synthesised frames aligned to it -> the mean over the recording's frames.
+
+Each recording frame counts once. Averaging over the DTW path instead lets a long degenerate output
+dilute its own error: a collapsed model that spoke 8.7 times too long, a constant signal, scored 7.1 dB
+that way (better than any trained model) and 31.5 dB this way (bench/RESULTS.md). c0 (the frame's
+energy) is kept, unlike the common c1..c24 variant: without it, a flat spectrum (silence or loud noise,
+what an untrained model makes) has near-zero coefficients and scores better than speech with errors.
+
+DTW forgives timing by design: a voice speaking at 0.55x the recording's length scored about the same as
+one at 0.95x (bench/RESULTS.md). So timing is measured apart, and judged by its own rule:
+
+    length ratio     frames the model asks for / frames of the recording (1 = the recorded tempo; taken
+                     before any synthesis cap, so a runaway duration predictor shows in full)
+    duration error   sum over tokens of |predicted frames - aligned frames| / the recording's frames:
+                     the share of the recording's frames the predicted rhythm puts under another token
+                     (0 = the rhythm of the alignment; the alignment is the model's own monotonic
+                     alignment search between the recording and the text)
+    timing rule      a model whose median length ratio over the held-out clips lies outside
+                     [1 / max_length_ratio, max_length_ratio] (default [0.8, 1.25]) has drifted: it is
+                     never kept as the best model, however good its MCD
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+MCD_SCALE = 10.0 / math.log(10.0) * math.sqrt(2.0)
+DEFAULT_MAX_LENGTH_RATIO = 1.25
+
+
+def mel_cepstrum(log_mel: np.ndarray, coefficients: int = 24) -> np.ndarray:
+    """[n_mels, frames] natural-log mel amplitude -> real cepstrum c_0..c_coefficients [., frames]:
+    c_k = (1 / M) sum_m log_mel[m] cos(pi k (m + 1/2) / M), i.e. scipy's unnormalised DCT-II / (2M)."""
+    from scipy.fft import dct
+
+    return dct(log_mel, type=2, axis=0)[: coefficients + 1] / (2 * log_mel.shape[0])
+
+
+def mcd_dtw(log_mel_synthesised: np.ndarray, log_mel_real: np.ndarray, coefficients: int = 24) -> float:
+    """Mel-cepstral distortion in dB between two log-mels [n_mels, frames] after DTW alignment,
+    averaged over the frames of the real recording (see the module docstring). NaN when the
+    synthesised audio is not finite."""
+    import librosa
+
+    if not np.isfinite(log_mel_synthesised).all():
+        return float("nan")
+    a, b = mel_cepstrum(log_mel_synthesised, coefficients), mel_cepstrum(log_mel_real, coefficients)
+    _, path = librosa.sequence.dtw(X=a, Y=b, metric="euclidean")  # path: [pairs, 2] (synthesised, real)
+    distances = np.linalg.norm(a[:, path[:, 0]] - b[:, path[:, 1]], axis=0)
+    per_real = np.zeros(b.shape[1])
+    pairs = np.zeros(b.shape[1])
+    np.add.at(per_real, path[:, 1], distances)
+    np.add.at(pairs, path[:, 1], 1.0)
+    return float(MCD_SCALE * (per_real / pairs).mean())
+
+
+def length_ratio(requested_frames: float, recording_frames: int) -> float:
+    """Frames the model asked for over the recording's frames (inf for a runaway predictor)."""
+    return float(requested_frames) / max(1, recording_frames)
+
+
+def duration_error(predicted: np.ndarray, aligned: np.ndarray) -> float:
+    """Frames per token [tokens] as predicted and as aligned -> share of the recording's frames
+    misplaced (see the module docstring)."""
+    predicted, aligned = np.asarray(predicted, dtype=np.float64), np.asarray(aligned, dtype=np.float64)
+    return float(np.abs(predicted - aligned).sum() / max(1.0, aligned.sum()))
+
+
+@dataclass(frozen=True)
+class TimingRule:
+    """Which models speak at the recordings' tempo closely enough to be kept as the best."""
+
+    max_length_ratio: float = DEFAULT_MAX_LENGTH_RATIO  # median ratio must lie in [1 / this, this]
+
+    def __post_init__(self):
+        if self.max_length_ratio < 1.0:
+            raise ValueError(f"max_length_ratio {self.max_length_ratio}: must be 1 or more (1.25 allows 0.8-1.25)")
+
+    def accepts(self, median_length_ratio: float) -> bool:
+        return 1.0 / self.max_length_ratio <= median_length_ratio <= self.max_length_ratio
+
+    def describe(self) -> str:
+        return f"{1.0 / self.max_length_ratio:.2f}-{self.max_length_ratio:.2f}"

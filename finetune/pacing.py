@@ -1,0 +1,96 @@
+"""The deadline decisions of a run: whether the next step may start, whether the micro-batch about to run
+is its window's last, whether a step is the run's last, and its learning rate.
+
+Everything is asked of the budget with cautious estimates (finetune/budget.py, StepTimer) and with the
+final save kept in reserve: the final evaluation, the export and the last checkpoint, at what they last
+cost. The unit of decision is a micro-batch, not a step: with accumulation 4 on a slow machine a step
+can be a tenth of a short budget, and deciding by whole steps would leave most of one unused (or, worse,
+start one that cannot finish). So:
+
+    a step starts      when one micro-batch and an update fit (the very first always does: nothing is
+                       timed yet; before it, a budget that cannot even hold the final save is an error)
+    a window ends      after `accumulation` micro-batches, at an epoch's end, or early when the next
+                       micro-batch would leave no room for another one and the update
+    a step is the last when its window was cut short, or when after it (its update, and the evaluation
+                       or checkpoint due after it) not even one more micro-batch would fit; the last
+                       step runs at the learning-rate floor and skips what would be due after it
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .budget import Budget, Plan, StepTimer, learning_rate, make_plan
+
+
+@dataclass
+class Costs:
+    """Seconds the run spends besides training steps, at what each last cost (the first evaluation also
+    pays one-time compilation, so the latest, not the largest, is what counts)."""
+
+    eval_s: float = 0.0  # an evaluation (synthesis and scoring)
+    export_s: float = 0.0  # writing a model folder (best model, final model)
+    checkpoint_s: float = 0.0
+    after_loop_s: float = 0.0  # what the caller does after the loop returns (kept out of the plan)
+    checkpoints: bool = True  # False: the run writes none (feedback rounds)
+
+    @property
+    def final_s(self) -> float:
+        """The final evaluation (which may export a best model), the final export, the last checkpoint,
+        and whatever the caller needs after."""
+        checkpoint = self.checkpoint_s if self.checkpoints else 0.0
+        return self.eval_s + 2 * self.export_s + checkpoint + self.after_loop_s
+
+
+class Pacer:
+    def __init__(self, budget: Budget, timer: StepTimer, costs: Costs, accumulation: int, checkpoint_every_s: float,
+                 max_epochs: int, warmup_steps: int, peak_lr: float, lr_floor_ratio: float, plan: Plan | None = None):
+        self.budget, self.timer, self.costs, self.plan = budget, timer, costs, plan
+        self.accumulation, self.checkpoint_every_s, self.max_epochs = accumulation, checkpoint_every_s, max_epochs
+        self.warmup_steps, self.peak_lr, self.lr_floor_ratio = warmup_steps, peak_lr, lr_floor_ratio
+
+    def room_for(self, seconds: float) -> bool:
+        """Whether `seconds` of work still leave the final save and the safety margin (the final save as
+        timed earlier, slowed down as much as training has lately)."""
+        return self.budget.fits(seconds, self.costs.final_s * self.timer.micro_batches.slowdown)
+
+    @property
+    def one_more_step_s(self) -> float:
+        """The least a step can cost: one micro-batch and its update."""
+        return self.timer.micro_batch_s + self.timer.update_s
+
+    def may_start_step(self) -> bool:
+        return self.room_for(self.one_more_step_s)
+
+    def micro_batch_is_last(self, index: int) -> bool:
+        """Before running micro-batch `index` (1-based) of a window: whether it must be the window's last."""
+        return index >= self.accumulation or not self.room_for(2 * self.timer.micro_batch_s + self.timer.update_s)
+
+    def eval_due(self, step: int) -> bool:
+        return self.plan is not None and step % self.plan.eval_every == 0
+
+    def checkpoint_due(self, epoch_ended: bool, since_checkpoint_s: float) -> bool:
+        return self.costs.checkpoints and (epoch_ended or since_checkpoint_s >= self.checkpoint_every_s)
+
+    def step_is_last(self, step: int, cut_short: bool, after_s: float) -> bool:
+        """After a step's window, before its update: whether it is the run's last. `after_s` is what is
+        due after it (an evaluation, a checkpoint), which a last step skips."""
+        if cut_short:
+            return True
+        if self.plan is not None and self.plan.limited_by == "max_epochs" and step >= self.plan.total_steps:
+            return True
+        return not self.room_for(self.timer.update_s + after_s + self.one_more_step_s)
+
+    def learning_rate(self, step: int, last: bool) -> float:
+        """The cosine spans the plan; the last step is at the floor wherever it falls."""
+        total = step if last else (self.plan.total_steps if self.plan else 10**9)
+        warmup = self.plan.warmup_steps if self.plan else self.warmup_steps
+        return learning_rate(step, max(total, step), warmup, self.peak_lr, self.lr_floor_ratio)
+
+    def replan(self, steps_per_epoch: int, steps_done: int, eval_every: int) -> Plan:
+        costs = self.costs
+        self.plan = make_plan(self.budget.left_s(), self.timer.step_s, costs.eval_s + costs.export_s,
+                              costs.checkpoint_s if costs.checkpoints else 0.0, costs.final_s, steps_per_epoch,
+                              steps_done, self.warmup_steps, self.budget.safety_s, eval_every=eval_every,
+                              max_epochs=self.max_epochs, checkpoint_every_s=self.checkpoint_every_s)
+        return self.plan

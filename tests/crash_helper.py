@@ -1,0 +1,99 @@
+"""Runs a recipe with a deadly fault injected, for the reliability tests (a SIGKILL cannot be caught, so
+it must happen in a process of its own):
+
+    python tests/crash_helper.py FAULT N train_vits|train_feedback ARGS...
+
+FAULT, at its N-th occasion (several may be given, comma-separated):
+    checkpoint-write   the process is killed half way through writing a checkpoint's temporary file
+    export-swap        killed between the two renames of a model folder swap (old set aside, new not in)
+    accept-version     killed after a feedback round copied its new version, before current/ and the history
+    improving-scores   not a fault: every evaluation scores better than the last (so each exports best_model)
+    slow-stop          after a stop request, saving hangs for a minute (says "saving slowly" on stderr first)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def on_nth(n: int, real, fault):
+    calls = {"count": 0}
+
+    def wrapper(*args, **kwargs):
+        calls["count"] += 1
+        if calls["count"] == n:
+            return fault(*args, **kwargs)
+        return real(*args, **kwargs)
+
+    return wrapper
+
+
+def inject(fault: str, n: int) -> None:
+    import torch
+
+    from finetune import atomic, checkpoint, feedback, generator
+
+    if fault == "checkpoint-write":
+        def half_written(obj, path):
+            def write(tmp):
+                torch.save(obj, tmp)
+                size = os.path.getsize(tmp)
+                with open(tmp, "r+b") as handle:
+                    handle.truncate(size // 2)
+                die()
+            atomic.write_atomic(path, write)
+        checkpoint.torch_save_atomic = on_nth(n, checkpoint.torch_save_atomic, half_written)
+    elif fault == "export-swap":
+        def half_swapped(built, target):
+            if target.exists():
+                os.replace(target, target.with_name(f".{target.name}.old-{os.getpid()}"))
+            die()
+        generator.replace_dir = on_nth(n, generator.replace_dir, half_swapped)
+    elif fault == "accept-version":
+        real_copy = feedback.Versions._copy_model
+
+        def copy_then_die(self, source, target):
+            real_copy(self, source, target)
+            die()
+        feedback.Versions._copy_model = on_nth(n, real_copy, copy_then_die)
+    elif fault == "improving-scores":
+        from finetune import evaluation
+
+        real_score, scores = evaluation.Evaluator.score_clips, iter(range(1000, 0, -1))
+
+        def improving(self, model, stop=None):
+            per_clip, losses = real_score(self, model, stop)
+            value = float(next(scores))
+            return {name: evaluation.ClipScore(value, 1.0, 0.0, False) for name in per_clip}, losses
+        evaluation.Evaluator.score_clips = improving
+    elif fault == "slow-stop":
+        import time
+
+        from finetune.loop import TrainingLoop
+
+        real_stop = TrainingLoop.stop_cleanly
+
+        def slow(self):
+            print("saving slowly", file=sys.stderr, flush=True)
+            time.sleep(60)
+            return real_stop(self)
+        TrainingLoop.stop_cleanly = slow
+    else:
+        raise SystemExit(f"unknown fault {fault}")
+
+
+if __name__ == "__main__":
+    faults, n, recipe, *argv = sys.argv[1:]
+    for fault in faults.split(","):
+        inject(fault, int(n))
+    module = __import__(recipe)
+    sys.exit(module.main(argv))
