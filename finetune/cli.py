@@ -49,6 +49,10 @@ def _add_field(parser: argparse.ArgumentParser, field: dataclasses.Field, annota
         kwargs["metavar"] = field.metadata["metavar"]
     base = _unwrap_optional(annotation)
     name = f"--{field.name}"
+    if field.metadata.get("positional"):  # an optional positional argument, e.g. MODEL_DIR
+        kwargs.pop("choices", None)
+        parser.add_argument(field.name, nargs="?", type=base, metavar=field.name.upper(), **kwargs)
+        return
     if base is bool:
         parser.add_argument(name, action=argparse.BooleanOptionalAction, **kwargs)
     elif typing.get_origin(base) is list:

@@ -134,3 +134,43 @@ def speak(model, token_ids: list[np.ndarray], device: torch.device, seed: int, m
     with fork_rng(device):
         torch.manual_seed(seed)
         return speak_tokens(model, token_ids, device, max_clip_s)
+
+
+def synthesise_graph(model, input_ids: torch.Tensor, noise_scale: torch.Tensor, length_scale: torch.Tensor,
+                     noise_scale_w: torch.Tensor, token_count: torch.Tensor | None = None) -> torch.Tensor:
+    """One text's waveform [1, 1, samples] from token ids [1, tokens], written with tensor operations only
+    (no Python numbers taken from tensors), so that it traces into an ONNX graph with dynamic lengths.
+    The scales are [1]-shaped tensors (sherpa-onnx's inputs); the same ceilings as `speak_tokens` apply:
+    MAX_TOKEN_S a token, `ceiling_for_text` a clip (both stretched by `length_scale`). With both noise
+    scales 0 it equals `speak_tokens` (tested). `token_count` [1] (sherpa-onnx's x_length) marks how many
+    of the ids are text; by default all."""
+    config = model.config
+    frames_per_s = config.sampling_rate / math.prod(config.upsample_rates)
+    ones = torch.ones_like(input_ids)
+    if token_count is not None:
+        ones = (torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0) < token_count.view(-1, 1)).long()
+    token_mask = ones.unsqueeze(-1).to(model.text_encoder.embed_tokens.weight.dtype)  # [1, tokens, 1]
+    encoded = model.text_encoder(input_ids=input_ids, padding_mask=token_mask, attention_mask=ones)
+    hidden, mask = encoded.last_hidden_state.transpose(1, 2), token_mask.transpose(1, 2)  # [1, H, T], [1, 1, T]
+    if config.use_stochastic_duration_prediction:
+        log_duration = model.duration_predictor(hidden, mask, None, reverse=True, noise_scale=noise_scale_w)
+    else:
+        log_duration = model.duration_predictor(hidden, mask, None)
+    frames = torch.ceil(torch.exp(log_duration) * mask * length_scale)  # [1, 1, T]
+    token_cap = torch.floor(MAX_TOKEN_S * frames_per_s * length_scale)
+    frames = torch.where(torch.isnan(frames), token_cap, torch.minimum(frames, token_cap))
+    tokens = mask.sum()
+    clip_cap = torch.clamp(tokens * TEXT_SECONDS_PER_TOKEN, min=TEXT_MIN_CEILING_S) * frames_per_s * length_scale
+    scale = torch.clamp(clip_cap / torch.clamp(frames.sum(), min=1.0), max=1.0)
+    frames = torch.where(scale < 1.0, torch.floor(frames * scale), frames)
+    total = torch.clamp(frames.sum(), min=1.0).long()
+    positions = torch.arange(total, device=frames.device).to(frames.dtype)  # [F]
+    ends = torch.cumsum(frames, dim=-1).transpose(1, 2)  # [1, T, 1]
+    before_end = (positions.view(1, 1, -1) < ends).to(frames.dtype)  # [1, T, F]
+    path = (before_end - torch.nn.functional.pad(before_end, [0, 0, 1, 0])[:, :-1]).transpose(1, 2)  # [1, F, T]
+    prior_means = torch.matmul(path, encoded.prior_means).transpose(1, 2)  # [1, flow, F]
+    prior_log_std = torch.matmul(path, encoded.prior_log_variances).transpose(1, 2)
+    latents = prior_means + torch.randn_like(prior_means) * torch.exp(prior_log_std) * noise_scale
+    frame_mask = torch.ones_like(latents[:, :1])  # [1, 1, F]: one text, no padding
+    latents = model.flow(latents, frame_mask, None, reverse=True)
+    return model.decoder(latents, None)  # [1, 1, samples]

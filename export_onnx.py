@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Export a voice for devices: an ONNX graph of its inference, with the tokens file and metadata that
+sherpa-onnx's VITS loader reads (phones, small boards; finetune/onnx_export.py has the details).
+
+    python export_onnx.py training/checkpoints/best_model voice_onnx          # -> voice_onnx/model.onnx, tokens.txt
+    python export_onnx.py training/voices/current voice_onnx --language kmr
+
+Then, on the device (pip install sherpa-onnx):
+
+    import sherpa_onnx
+    tts = sherpa_onnx.OfflineTts(sherpa_onnx.OfflineTtsConfig(model=sherpa_onnx.OfflineTtsModelConfig(
+        vits=sherpa_onnx.OfflineTtsVitsModelConfig(model="voice_onnx/model.onnx", lexicon="",
+                                                   tokens="voice_onnx/tokens.txt"))))
+    audio = tts.generate("ez bi kurdî diaxivim")        # audio.samples, audio.sample_rate
+
+After exporting it checks itself: onnxruntime against PyTorch on --check_sentences (same input, no
+noise, so the outputs must agree), and, when sherpa-onnx is installed, that sherpa-onnx loads the folder
+and speaks. Needs the optional packages of requirements-export.txt.
+
+Exit status: 0 exported and checked, 1 bad model or a failed check, 2 bad flags.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from finetune.cli import ConfigError, flag, parse_config, run_script
+
+DEFAULT_CHECK = ["Rojbaş, tu çawa yî?", "Ez ji te hez dikim", "Sibê em ê zû rabin ji ber ku rêwîtiyek dirêj li pêşiya me ye"]
+
+
+@dataclass
+class ExportConfig:
+    model_dir: str = flag("training/final_model", "model folder to export (final_model, best_model, a voice version)",
+                          positional=True)
+    out_dir: str = flag("voice_onnx", "folder to write model.onnx, tokens.txt and voice.json into", positional=True)
+    language: str = flag("kmr", "language code written into the metadata")
+    check_sentences: list[str] = flag(DEFAULT_CHECK, "sentences spoken by both PyTorch and onnxruntime to compare")
+    tolerance: float = flag(1e-3, "largest difference allowed between onnxruntime's and PyTorch's samples")
+
+    def __post_init__(self):
+        from finetune.tracking import installed
+
+        problems = []
+        if not Path(self.model_dir).is_dir():
+            problems.append(f"{self.model_dir}: no such model folder")
+        missing = [p for p in ("onnx", "onnxruntime") if not installed(p)]
+        if missing:
+            problems.append(f"{' and '.join(missing)} not installed: pip install -r requirements-export.txt")
+        if problems:
+            raise ConfigError(problems)
+
+
+def check_onnxruntime(voice, out_dir: Path, lines: list, tolerance: float) -> float:
+    """The largest sample difference between onnxruntime and PyTorch over the sentences (no noise)."""
+    import numpy as np
+    import onnxruntime
+    import torch
+
+    from finetune.inference import synthesise_graph
+
+    session = onnxruntime.InferenceSession(str(out_dir / "model.onnx"), providers=["CPUExecutionProvider"])
+    worst = 0.0
+    for line in lines:
+        ids = torch.from_numpy(line.token_ids.astype(np.int64)).unsqueeze(0)
+        scales = [torch.tensor([0.0]), torch.tensor([1.0]), torch.tensor([0.0])]
+        with torch.no_grad():
+            expected = synthesise_graph(voice.model, ids, *scales)[0, 0].numpy()
+        got = session.run(None, {"x": ids.numpy(), "x_length": np.array([ids.shape[1]], dtype=np.int64),
+                                 "noise_scale": scales[0].numpy(), "length_scale": scales[1].numpy(),
+                                 "noise_scale_w": scales[2].numpy()})[0][0, 0]
+        if got.shape != expected.shape:
+            raise ValueError(f"onnxruntime spoke {line.text!r} in {got.shape[0]} samples, PyTorch in {expected.shape[0]}")
+        worst = max(worst, float(np.abs(got - expected).max()))
+    if worst > tolerance:
+        raise ValueError(f"onnxruntime differs from PyTorch by up to {worst:.2e} (tolerance {tolerance:g})")
+    return worst
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    from finetune.onnx_export import export_voice
+    from finetune.synthesis import load_voice, numbered, prepare_lines
+    from finetune.tracking import installed
+
+    config = parse_config(ExportConfig, argv, __doc__)
+    voice = load_voice(config.model_dir, torch.device("cpu"))
+    lines = [line for line in prepare_lines(voice, numbered(config.check_sentences)) if line.token_ids is not None]
+    if not lines:
+        raise ValueError("none of --check_sentences can be said by this voice: give sentences in its alphabet")
+    out_dir = export_voice(voice.model, voice.tokenizer, Path(config.out_dir), config.language)
+    print(f"exported {config.model_dir} -> {out_dir}/ (model.onnx, tokens.txt, voice.json)")
+    worst = check_onnxruntime(voice, out_dir, lines, config.tolerance)
+    print(f"onnxruntime equals PyTorch on {len(lines)} sentences (largest sample difference {worst:.1e})")
+    if installed("sherpa_onnx"):
+        from finetune.onnx_export import sherpa_speaks
+
+        seconds = sherpa_speaks(out_dir, voice.normalizer(lines[0].text).text)
+        print(f"sherpa-onnx loads {out_dir} and speaks ({seconds:.2f} s of audio for {lines[0].text!r})")
+    else:
+        print("sherpa-onnx is not installed here: not checked (pip install sherpa-onnx)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_script(main))

@@ -1,0 +1,98 @@
+"""The ONNX export: the graph speaks as PyTorch does at any text length, and sherpa-onnx loads and speaks it."""
+
+import numpy as np
+import pytest
+import torch
+
+import export_onnx
+from finetune.inference import ceiling_for_text, speak_tokens, synthesise_graph
+from finetune.onnx_export import export_voice, sherpa_speech, tokens_lines
+from finetune.tracking import installed
+from tests.test_inference import tiny_model
+
+SENTENCES = ["ez", "ez baş im", "rojbaş tu çawa yî li vir", "sibê em ê zû rabin ji ber ku rêwîtiyek dirêj li pêşiya me ye"]
+
+
+def test_tokens_file_follows_the_sherpa_onnx_character_format():
+    lines = tokens_lines({"<pad>": 0, " ": 1, "a": 2, "ç": 3, "'": 4, "B": 5, "b": 6})
+    # The blank (<pad>) is left out (its id is the metadata's blank_id); the space is a bare id; each
+    # letter gets a capital line unless the vocabulary has one of its own.
+    assert lines == [" 1", "a 2", "ç 3", "' 4", "B 5", "b 6", "A 2", "Ç 3"]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    model, _ = tiny_model()
+    from finetune.generator import scratch_tokenizer
+    from tests.conftest import KURMANJI_LETTERS
+
+    tokenizer = scratch_tokenizer(list(KURMANJI_LETTERS + " "))
+    out = export_voice(model, tokenizer, tmp_path_factory.mktemp("onnx") / "voice", "kmr")
+    return model, tokenizer, out
+
+
+def ids_of(tokenizer, text: str) -> torch.Tensor:
+    return torch.tensor([tokenizer(text).input_ids], dtype=torch.long)
+
+
+def scales(noise: float, length: float, noise_w: float) -> list[torch.Tensor]:
+    return [torch.tensor([noise]), torch.tensor([length]), torch.tensor([noise_w])]
+
+
+def test_the_graph_equals_the_bounded_inference_without_noise(exported):
+    model, tokenizer, _ = exported
+    for text in SENTENCES:
+        ids = ids_of(tokenizer, text)
+        model.noise_scale = model.noise_scale_duration = 0.0
+        ceiling = [ceiling_for_text(ids.shape[1])]  # the graph's own per-clip ceiling
+        reference = speak_tokens(model, [ids[0].numpy().astype(np.int32)], torch.device("cpu"), ceiling).waveforms[0]
+        with torch.no_grad():
+            graph = synthesise_graph(model, ids, *scales(0.0, 1.0, 0.0))[0, 0].numpy()
+        assert np.allclose(graph, reference, atol=1e-5)
+
+
+def test_onnxruntime_speaks_as_pytorch_at_every_length_and_speed(exported):
+    import onnxruntime
+
+    model, tokenizer, out = exported
+    session = onnxruntime.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == ["x", "x_length", "noise_scale", "length_scale", "noise_scale_w"]
+    for text in SENTENCES:
+        for length in (1.0, 1.5):
+            ids = ids_of(tokenizer, text)
+            with torch.no_grad():
+                expected = synthesise_graph(model, ids, *scales(0.0, length, 0.0))[0, 0].numpy()
+            got = session.run(None, {"x": ids.numpy(), "x_length": np.array([ids.shape[1]]),
+                                     **dict(zip(["noise_scale", "length_scale", "noise_scale_w"],
+                                                [s.numpy() for s in scales(0.0, length, 0.0)]))})[0][0, 0]
+            assert got.shape == expected.shape and np.abs(got - expected).max() < 1e-4, (text, length)
+    # With noise the speech differs from PyTorch's draw, but stays speech-shaped and finite.
+    noisy = session.run(None, {"x": ids.numpy(), "x_length": np.array([ids.shape[1]]),
+                               "noise_scale": np.array([0.667], np.float32), "length_scale": np.array([1.0], np.float32),
+                               "noise_scale_w": np.array([0.8], np.float32)})[0]
+    assert noisy.ndim == 3 and np.isfinite(noisy).all()
+
+
+@pytest.mark.skipif(not installed("sherpa_onnx"), reason="sherpa-onnx is not installed (pip install sherpa-onnx)")
+def test_sherpa_onnx_loads_the_export_and_speaks_the_expected_length(exported):
+    model, tokenizer, out = exported
+    text = "rojbaş tu çawa yî li vir"
+    with torch.no_grad():
+        expected = synthesise_graph(model, ids_of(tokenizer, text), *scales(0.0, 1.0, 0.0))[0, 0].numpy()
+    speech = sherpa_speech(out, text)  # no noise: the same ids must give the same audio
+    assert speech["sample_rate"] == 16000 and speech["samples"] == expected.shape[0]
+    capitals = sherpa_speech(out, "Rojbaş Tu Çawa Yî Li Vir")  # sherpa lower-cases ASCII only: Ç needs its line
+    assert capitals["samples"] == expected.shape[0]
+
+
+def test_the_script_exports_and_checks_a_saved_model(tmp_path, capsys):
+    from finetune.generator import export_model, load_generator, ready_for_training
+    from finetune.model_source import resolve_model
+    from tests.conftest import KURMANJI_LETTERS
+
+    loaded = load_generator(resolve_model("scratch:tiny"), list(KURMANJI_LETTERS + " "), 16000)
+    export_model(ready_for_training(loaded.model), loaded.tokenizer, tmp_path / "model")
+    assert export_onnx.main([str(tmp_path / "model"), str(tmp_path / "onnx")]) == 0
+    out = capsys.readouterr().out
+    assert "onnxruntime equals PyTorch on 3 sentences" in out
+    assert sorted(p.name for p in (tmp_path / "onnx").iterdir()) == ["model.onnx", "tokens.txt", "voice.json"]
