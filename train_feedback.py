@@ -2,8 +2,9 @@
 """Teach the voice what it still says wrong: a short fine-tune on corrected recordings.
 
     python train_feedback.py --review sentences.txt       # 1. speak sentences with the current voice -> review/
-    # 2. listen; record the ones it says wrong, correctly, as feedback/wavs/<id>.wav with
-    #    feedback/metadata.csv lines id|text (review/metadata.csv has the ids and texts)
+    # 2. listen; record the ones it says wrong, correctly, as pairs in training/feedback/: <id>.wav (any
+    #    audio format) + <id>.txt (its text; review/<id>.txt has it), as a recording app saves them; or
+    #    as wavs/<id>.wav + metadata.csv lines id|text (the LJSpeech layout)
     python train_feedback.py                              # 3. a feedback round (default 15 minutes)
     python train_feedback.py --rollback previous          # 4. undo the last accepted round
 
@@ -32,7 +33,8 @@ from finetune.cli import ConfigError, config_to_dict, flag, parse_config, run_sc
 
 @dataclass
 class FeedbackConfig:
-    feedback_dir: str = flag("feedback", "corrections: wavs/ + metadata.csv (id|text), any sample rate")
+    feedback_dir: str | None = flag(None, "corrections: pairs <name>.wav + <name>.txt, or wavs/ + metadata.csv "
+                                          "(id|text); any audio format and rate (default: training/feedback, else feedback)")
     base_model: str | None = flag(None, "model to start from (default: OUTPUT_DIR/current, else "
                                         "training/checkpoints/best_model); its discriminator.pt is used if present")
     data_dir: str = flag("training", "the original prepared corpus: replay clips and held-out clips come from it")
@@ -125,26 +127,54 @@ def review(config: FeedbackConfig, base: Path) -> int:
     lines = prepare_lines(voice, numbered(read_sentences(config.review)))
     out = Path(config.review_dir)
     sayable = speak_for_review(voice, lines, out)
-    print(f"{len(sayable)} sentences spoken by {base} -> {out}/ (<id>.wav, metadata.csv)\n"
-          f"Listen; record each sentence it says wrong as {config.feedback_dir}/wavs/<id>.wav and copy its line from "
-          f"{out}/metadata.csv into {config.feedback_dir}/metadata.csv; then run train_feedback.py")
+    target = config.feedback_dir or FEEDBACK_DIRS[0]
+    print(f"{len(sayable)} sentences spoken by {base} -> {out}/ (<id>.wav, <id>.txt, metadata.csv)\n"
+          f"Listen; record each sentence it says wrong as {target}/<id>.wav and copy {out}/<id>.txt beside it "
+          f"(or let your recording app save the pairs there); then run train_feedback.py")
     return 0
+
+
+FEEDBACK_DIRS = ("training/feedback", "feedback")  # where corrections are looked for, in order
+
+
+def feedback_folder(config: FeedbackConfig) -> Path:
+    if config.feedback_dir:
+        return Path(config.feedback_dir)
+    for candidate in FEEDBACK_DIRS:
+        if Path(candidate).is_dir():
+            return Path(candidate)
+    raise FeedbackError(f"no corrections: record them into {FEEDBACK_DIRS[0]}/ as pairs <name>.wav + <name>.txt "
+                        "(or wavs/ + metadata.csv), or pass --feedback_dir")
+
+
+def corrections_source(folder: Path):
+    """The corrections in either layout: LJSpeech (metadata.csv + wavs/) or audio + .txt pairs."""
+    from finetune.sources import SourceError, ljspeech_source, looks_like_pairs, pairs_source
+
+    try:
+        if (folder / "metadata.csv").is_file() or not folder.is_dir():
+            source = ljspeech_source(folder, flag="--feedback_dir")
+        elif looks_like_pairs(folder):
+            source = pairs_source(folder, flag="--feedback_dir")
+        else:
+            raise FeedbackError(f"{folder} holds no corrections: expected pairs <name>.wav + <name>.txt, or wavs/ + "
+                                "metadata.csv (see train_feedback.py --review)")
+    except SourceError as error:
+        raise FeedbackError(str(error)) from error
+    if source.count == 0:
+        raise FeedbackError(f"{folder}/metadata.csv lists no corrections: record some first "
+                            "(see train_feedback.py --review)")
+    return source
 
 
 def prepare_corrections(config: FeedbackConfig, round_dir: Path, base: Path, logger) -> tuple[Path, dict]:
     """The feedback folder prepared like the corpus (the base model's vocabulary and rate), into the round."""
     from finetune.model_source import model_sample_rate, model_vocabulary, resolve_model
     from finetune.prepare import ClipSettings, Preparer, write_outputs
-    from finetune.sources import SourceError, ljspeech_source
     from finetune.text import TextNormalizer
 
-    try:
-        source = ljspeech_source(config.feedback_dir, flag="--feedback_dir")
-    except SourceError as error:
-        raise FeedbackError(str(error)) from error
-    if source.count == 0:
-        raise FeedbackError(f"{config.feedback_dir}/metadata.csv lists no corrections: record some first "
-                            "(see train_feedback.py --review)")
+    folder = feedback_folder(config)
+    source = corrections_source(folder)
     model = resolve_model(str(base))
     settings = ClipSettings(sample_rate=model_sample_rate(model), trim_db=40.0, trim_margin_s=0.05, peak=0.95,
                             min_seconds=config.min_seconds, max_seconds=config.max_seconds)
@@ -154,7 +184,7 @@ def prepare_corrections(config: FeedbackConfig, round_dir: Path, base: Path, log
     logger.info(f"corrections: {report['counts']['kept']} of {report['counts']['items']} usable"
                 + "".join(f"; {d['id']} dropped: {d['reason']} ({d['detail']})" for d in report["dropped"]))
     if not report["counts"]["kept"]:
-        raise FeedbackError(f"none of the corrections in {config.feedback_dir} can be used; reasons are in "
+        raise FeedbackError(f"none of the corrections in {folder} can be used; reasons are in "
                             f"{out}/prepare_report.json")
     return out, report
 
@@ -169,6 +199,7 @@ class Round:
     budget: object
     device: object
     stop: object
+    dist: object  # finetune.distributed.Distributed: which process of a torchrun launch this is
 
 
 @dataclass
@@ -184,18 +215,24 @@ class RoundData:
     rate: int
 
 
-def start_round(config: FeedbackConfig, versions, base: Path, clock, stop) -> Round:
+def start_round(config: FeedbackConfig, versions, base: Path, clock, stop, dist) -> Round:
+    """The round's folder (made by the main process; every process learns it), log, budget, device."""
     from finetune.budget import Budget, safety_margin_s
     from finetune.reporting import Metrics, setup_logging
     from finetune.session import pick_device, seed_everything
 
     budget = Budget(config.budget_s, clock, safety_s=safety_margin_s(config.budget_s))
-    versions.ensure_base(base)
-    folder = versions.new_round_dir()
-    logger = setup_logging(folder)
-    logger.info(f"train_feedback {folder.name}: starting from {base}; budget {config.budget_s:.0f}s")
+    folder = None
+    if dist.is_main:
+        versions.ensure_base(base)
+        folder = versions.new_round_dir()
+    folder = dist.broadcast(folder)
+    logger = setup_logging(folder, rank=dist.rank)
+    logger.info(f"train_feedback {folder.name}: starting from {base}; budget {config.budget_s:.0f}s"
+                + (f"; data parallel over {dist.world_size} processes ({dist.backend})" if dist.active else ""))
     seed_everything(config.seed)
-    return Round(folder, logger, Metrics(folder / "metrics.jsonl"), budget, pick_device(config.device), stop)
+    device = pick_device(config.device, dist.local_rank if dist.active else None)
+    return Round(folder, logger, Metrics(folder / "metrics.jsonl", enabled=dist.is_main), budget, device, stop, dist)
 
 
 def load_round_data(config: FeedbackConfig, round_: Round, base: Path) -> RoundData:
@@ -205,7 +242,8 @@ def load_round_data(config: FeedbackConfig, round_: Round, base: Path) -> RoundD
     from finetune.generator import hop_length, load_generator, ready_for_training
     from finetune.model_source import resolve_model
 
-    corrections_dir, prepare_report = prepare_corrections(config, round_.folder, base, round_.logger)
+    prepared = prepare_corrections(config, round_.folder, base, round_.logger) if round_.dist.is_main else None
+    corrections_dir, prepare_report = round_.dist.broadcast(prepared)  # the others wait for the main one's
     loaded = load_generator(resolve_model(str(base)), [], 16_000)
     model, tokenizer = ready_for_training(loaded.model), loaded.tokenizer
     hop, rate = hop_length(model.config), int(model.config.sampling_rate)
@@ -241,7 +279,7 @@ def build_trainer(config: FeedbackConfig, round_: Round, data: RoundData, base: 
     step = TrainStep(data.model, discriminator, data.features, LossWeights(),
                      StepSettings(learning_rate=config.learning_rate,
                                   discriminator_learning_rate=config.discriminator_learning_rate),
-                     resolve_precision(round_.device, config.fp16, config.bf16), round_.device)
+                     resolve_precision(round_.device, config.fp16, config.bf16), round_.device, round_.dist)
     return step, choice.warmup_steps, frozen_parts
 
 
@@ -281,7 +319,8 @@ def fit_round(config: FeedbackConfig, round_: Round, data: RoundData, step, warm
     loop = TrainingLoop(
         model=data.model, tokenizer=data.tokenizer, discriminator=step.discriminator, step=step, examples=examples,
         evaluator=evaluator, budget=round_.budget, state=TrainingState(),
-        sampler=BucketSampler([e.frame_count(data.hop) for e in examples], config.batch_size, config.seed),
+        sampler=BucketSampler([e.frame_count(data.hop) for e in examples], config.batch_size, config.seed,
+                              round_.dist.rank, round_.dist.world_size), dist=round_.dist,
         config=LoopConfig(batch_size=config.batch_size, accumulation=config.gradient_accumulation_steps,
                           learning_rate=config.learning_rate,
                           discriminator_learning_rate=config.discriminator_learning_rate,
@@ -292,7 +331,7 @@ def fit_round(config: FeedbackConfig, round_: Round, data: RoundData, step, warm
                           discriminator_warmup_steps=warmup_steps, num_workers=0, seed=config.seed,
                           reserve_after_s=_after_reserve(len(corrections)), checkpoints=False),
         paths=RunPaths(run_dir=round_.folder / "checkpoints", output_dir=round_.folder / "final_model"),
-        logger=round_.logger, metrics=round_.metrics, device=round_.device, hop=data.hop, frozen_parts=frozen_parts,
+        logger=round_.logger, run_log=_run_log(round_, data), device=round_.device, hop=data.hop, frozen_parts=frozen_parts,
         checkpoint_extra={"config": resolved, "model_config": data.model.config.to_dict(),
                           "tokenizer_files": tokenizer_files(data.tokenizer), "data_fingerprint": ""},
         stop=round_.stop, export_extra=lambda: {"feedback_args.json": resolved})
@@ -310,6 +349,9 @@ def conclude_round(config: FeedbackConfig, round_: Round, data: RoundData, versi
     best = json.loads((best_dir / "eval.json").read_text(encoding="utf-8")) if (best_dir / "eval.json").is_file() else None
     decision = decide(evaluator.baseline, best, result.last_eval, config.max_regression)
     candidate = best_dir if best and best["step"] > 0 else loop.paths.output_dir
+    if not (candidate / "config.json").is_file():
+        raise FeedbackError(f"the round's model could not be written to {candidate} (see {round_.folder}/train.log); "
+                            "the current voice is unchanged")
     listen = round_.folder / "listen"
     speak_to_folder(load_voice(candidate, round_.device), lines, listen, suffix="_2_after")
     counts = {"corrections": len(data.corrections.examples), "originals": len(data.originals.examples),
@@ -335,12 +377,16 @@ def conclude_round(config: FeedbackConfig, round_: Round, data: RoundData, versi
 
 def main(argv: list[str] | None = None, clock=None) -> int:
     from finetune.budget import Clock
+    from finetune.distributed import launched_by_torchrun, from_environment
     from finetune.feedback import Versions
     from finetune.interrupt import StopRequest, StopRequested
 
     config = parse_config(FeedbackConfig, argv, __doc__)
     versions = Versions(Path(config.output_dir))
-    for note in versions.repair():
+    if (config.rollback or config.review) and launched_by_torchrun():
+        raise FeedbackError("--rollback and --review run as one process: start them without torchrun")
+    main_process = int(__import__("os").environ.get("RANK", "0")) == 0
+    for note in versions.repair() if main_process else []:
         print(f"{versions.root}: {note} (left by a round that was killed)", file=sys.stderr)
 
     # Actions that do not train: roll back, or speak sentences for review.
@@ -352,27 +398,45 @@ def main(argv: list[str] | None = None, clock=None) -> int:
     if config.review:
         return review(config, base)
     stop = StopRequest()
+    dist = from_environment(config.device)
     with stop.installed():  # from the start: Ctrl-C while preparing or loading stops within seconds too
         try:
-            return feedback_round(config, versions, base, clock or Clock(), stop)
+            return feedback_round(config, versions, base, clock or Clock(), stop, dist)
         except StopRequested as request:
             print(f"interrupted ({request.signal_name}): the current voice is unchanged; run again to start a new "
                   "round", file=sys.stderr)
             return stop.exit_status
+        finally:
+            dist.close()
 
 
-def feedback_round(config: FeedbackConfig, versions, base: Path, clock, stop) -> int:
-    """A round: data, model, "before" renders, the training loop, then the decision and the report."""
-    round_ = start_round(config, versions, base, clock, stop)
+def feedback_round(config: FeedbackConfig, versions, base: Path, clock, stop, dist) -> int:
+    """A round: data, model, "before" renders, the training loop, then the decision and the report. In a
+    data-parallel launch every process trains; the main one renders, decides and makes the version."""
+    round_ = start_round(config, versions, base, clock, stop, dist)
     data = load_round_data(config, round_, base)
     step, warmup_steps, frozen_parts = build_trainer(config, round_, data, base)
-    lines = render_before(round_, data, base)
+    lines = render_before(round_, data, base) if dist.is_main else []
     loop, evaluator, result = fit_round(config, round_, data, step, warmup_steps, frozen_parts)
+    loop.run_log.end(loop.summary(result.stop_reason))
     if result.stop_reason == "interrupted":
         round_.logger.info(f"interrupted: the current voice is unchanged; {round_.folder} keeps what was done. "
                            "Run again to start a new round")
         return stop.exit_status
+    if not dist.is_main:
+        return 0
     return conclude_round(config, round_, data, versions, base, loop, evaluator, result, lines)
+
+
+def _run_log(round_: Round, data: RoundData):
+    """The round's log: train.log, metrics.jsonl, the step profile and report.html in the round folder."""
+    from finetune.profile import StepProfile
+    from finetune.run_log import RunLog
+    from finetune.tracking import Tracker
+
+    return RunLog(round_.logger, round_.metrics, Tracker(), StepProfile(round_.device), round_.folder, round_.device,
+                  round_.dist.is_main, report_title=f"train_feedback: {round_.folder.name}", sample_rate=data.rate,
+                  best_dir=round_.folder / "checkpoints" / "best_model")
 
 
 def _after_reserve(corrections: int) -> float:

@@ -56,9 +56,11 @@ class TrainConfig:
     discriminator: str | None = flag(None, "discriminator to start from: this tool's discriminator.pt or an original VITS D_*.pth")
     discriminator_width: float = flag(1.0, "channel multiplier of a new discriminator (1: standard VITS, 46.7M parameters)")
     discriminator_periods: list[int] = flag([2, 3, 5, 7, 11], "periods of a new discriminator's period discriminators")
-    discriminator_warmup_steps: int = flag(200, "steps a new discriminator trains alone (the generator untouched) before "
-                                                "joint training, when the generator is pretrained")
+    discriminator_warmup_steps: int = flag(1000, "most steps a new discriminator trains alone (the generator untouched) "
+                                                 "before joint training, when the generator is pretrained")
     discriminator_warmup_learning_rate: float = flag(2e-4, "constant learning rate of that warm-up (original VITS: 2e-4)")
+    discriminator_warmup_margin: float = flag(0.5, "the warm-up ends once the discriminator's mean score on real minus "
+                                                   "generated audio reaches this (1: perfect separation)")
     max_length_ratio: float = flag(1.25, "timing rule: a model whose median length ratio (synthesised / recorded) "
                                           "lies outside [1/X, X] is never kept as best_model")
     mel_loss_weight: float = flag(45.0, "weight of the mel L1 loss (VITS c_mel)")
@@ -72,6 +74,9 @@ class TrainConfig:
     test_sentences: str | None = flag(None, "text file, one sentence a line, synthesised at each evaluation "
                                             "(default: three built-in Kurmanji sentences)")
     log_every_seconds: float = flag(30.0, "seconds between progress lines")
+    report_to: list[str] = flag(["auto"], "trackers besides train.log and metrics.jsonl: auto (TensorBoard when "
+                                          "installed), tensorboard, wandb, none")
+    profile: bool = flag(False, "exact step profile: synchronise the GPU at each section (slower steps)")
     device: str = flag("auto", "cuda, cuda:N, cpu, or auto")
 
     def __post_init__(self):
@@ -101,6 +106,9 @@ class TrainConfig:
         unknown = [p for p in self.freeze if p not in FREEZABLE_PARTS]
         if unknown:
             problems.append(f"--freeze {' '.join(unknown)}: unknown part; choose from {', '.join(FREEZABLE_PARTS)}")
+        from finetune.tracking import check_trackers
+
+        problems += check_trackers(self.report_to)
         if self.discriminator and not Path(self.discriminator).is_file():
             problems.append(f"--discriminator {self.discriminator}: no such file")
         if self.test_sentences and not Path(self.test_sentences).is_file():
@@ -114,6 +122,7 @@ class TrainConfig:
 # (budget, where it runs, what it writes and how often); the first group always comes from this command.
 RESUME_FROM_COMMAND_LINE = ("resume", "checkpoint_dir", "discriminator")
 RESUME_MAY_CHANGE = ("target_hours", "data_dir", "output_dir", "device", "fp16", "bf16", "num_workers", "benchmark_samples",
+                     "report_to", "profile",
                      "precompute_mels", "early_stopping_patience", "max_epochs", "keep_checkpoints",
                      "checkpoint_every_minutes", "log_every_seconds", "test_sentences")
 
@@ -145,13 +154,15 @@ def open_run(config: TrainConfig, given: set[str], clock, stop) -> tuple[Run, Tr
     from finetune.session import pick_device
     from finetune.step import resolve_precision
 
-    dist = from_environment()
+    dist = from_environment(config.device)
     folder = Path(config.checkpoint_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    logger = setup_logging(folder)
+    logger = setup_logging(folder, rank=dist.rank)
     output = Path(config.output_dir)
-    for note in recover(folder) + recover(output.parent, only=output.name):
-        logger.info(f"{note} (left by a process that was killed while saving)")
+    if dist.is_main:
+        for note in recover(folder) + recover(output.parent, only=output.name):
+            logger.info(f"{note} (left by a process that was killed while saving)")
+    dist.any(False)  # the others wait until the main process has tidied the folder
     resume_path, payload = resolve_resume(config.resume, folder, warn=logger.warning)
     if resume_path is None and list_checkpoints(folder):
         raise ConfigError([f"{folder} holds checkpoints of an earlier run: continue it with --resume auto, or start "
@@ -167,9 +178,11 @@ def open_run(config: TrainConfig, given: set[str], clock, stop) -> tuple[Run, Tr
     budget = Budget(target_s, clock, used_before_s=used_before, safety_s=safety_margin_s(target_s))
     logger.info(f"train_vits: budget {config.target_hours} h ({target_s:.0f}s), {budget.used_s():.1f}s used "
                 f"({used_before:.1f}s by earlier processes of this run)" + (f"; resuming {resume_path}" if payload else ""))
-    device = pick_device(config.device)
+    device = pick_device(config.device, dist.local_rank if dist.active else None)
+    if dist.active:
+        logger.info(f"data parallel: {dist.world_size} processes ({dist.backend}); this is rank {dist.rank} on {device}")
     workers = config.num_workers if config.num_workers >= 0 else (2 if device.type == "cuda" else 0)
-    return Run(folder, logger, Metrics(folder / "metrics.jsonl"), budget, payload, resume_path, device,
+    return Run(folder, logger, Metrics(folder / "metrics.jsonl", enabled=dist.is_main), budget, payload, resume_path, device,
                resolve_precision(device, config.fp16, config.bf16), workers, dist, stop), config
 
 
@@ -253,11 +266,25 @@ def build_loop(config: TrainConfig, run: Run, loaded, frozen_parts, features, tr
         model=loaded.model, tokenizer=loaded.tokenizer, discriminator=discriminator, step=step,
         examples=train.examples, evaluator=evaluator, budget=run.budget, sampler=sampler, state=state,
         config=_loop_config(config, run, choice.warmup_steps), plan=plan, dist=run.dist, step_callback=step_callback,
-        paths=RunPaths(run_dir=run.folder, output_dir=Path(config.output_dir)), logger=run.logger, metrics=run.metrics,
+        paths=RunPaths(run_dir=run.folder, output_dir=Path(config.output_dir)), logger=run.logger,
+        run_log=_run_log(config, run, resolved, features.config.sample_rate),
         device=run.device, hop=features.config.hop_length, frozen_parts=frozen_parts,
         checkpoint_extra={"config": resolved, "model_config": loaded.model.config.to_dict(),
                           "tokenizer_files": session.tokenizer_files(loaded.tokenizer), "data_fingerprint": fingerprint},
         stop=run.stop, export_extra=lambda: {"training_args.json": resolved}, resumed_from=run.resume_path)
+
+
+def _run_log(config: TrainConfig, run: Run, resolved: dict, sample_rate: int):
+    from finetune.profile import StepProfile
+    from finetune.run_log import RunLog
+    from finetune.tracking import open_tracker
+
+    tracker = open_tracker(config.report_to, run.folder, resolved, run.dist.is_main)
+    if tracker.sinks:
+        run.logger.info(f"tracking: {', '.join(tracker.names)} in {run.folder}")
+    return RunLog(run.logger, run.metrics, tracker, StepProfile(run.device, exact=config.profile), run.folder,
+                  run.device, run.dist.is_main, report_title=f"train_vits: {run.folder}",
+                  max_length_ratio=config.max_length_ratio, sample_rate=sample_rate)
 
 
 def _train_step(config: TrainConfig, run: Run, model, discriminator, features):
@@ -269,7 +296,7 @@ def _train_step(config: TrainConfig, run: Run, model, discriminator, features):
     settings = StepSettings(learning_rate=config.learning_rate,
                             discriminator_learning_rate=config.discriminator_learning_rate,
                             max_grad_norm=config.max_grad_norm)
-    return TrainStep(model, discriminator, features, weights, settings, run.precision, run.device)
+    return TrainStep(model, discriminator, features, weights, settings, run.precision, run.device, run.dist)
 
 
 def _loop_config(config: TrainConfig, run: Run, discriminator_warmup_steps: int):
@@ -284,6 +311,7 @@ def _loop_config(config: TrainConfig, run: Run, discriminator_warmup_steps: int)
                       keep_checkpoints=config.keep_checkpoints, checkpoint_every_s=60 * config.checkpoint_every_minutes,
                       log_every_s=config.log_every_seconds, discriminator_warmup_steps=discriminator_warmup_steps,
                       discriminator_warmup_lr=config.discriminator_warmup_learning_rate,
+                      discriminator_warmup_margin=config.discriminator_warmup_margin,
                       num_workers=run.num_workers, seed=config.seed)
 
 
@@ -291,7 +319,7 @@ def report_end(config: TrainConfig, run: Run, loop, result) -> int:
     """The closing lines and the exit status: 0 finished, 1 stopped by a failure, 130/143 interrupted."""
     summary = loop.summary(result.stop_reason)
     summary.update(data_wait_share=round(result.data_wait_s / max(result.train_s, 1e-9), 4))
-    run.metrics.write("end", **summary)
+    summary = loop.run_log.end(summary)
     state = result.state
     if result.stop_reason == "interrupted":
         saved = (f"saved {result.checkpoint}; continue with the same command and --resume auto" if result.checkpoint
@@ -303,28 +331,44 @@ def report_end(config: TrainConfig, run: Run, loop, result) -> int:
                                          "no best_model written")
     run.logger.info(f"done ({result.stop_reason}) after {state.step} steps, {state.epoch} epochs, "
                     f"{run.budget.used_s():.1f}s of {run.budget.target_s:.0f}s; last learning rate {result.last_lr:.3e}; "
-                    f"{best}; final model -> {config.output_dir}; data wait {100 * summary['data_wait_share']:.2f}% "
-                    "of step time")
+                    f"{best}; final model -> {config.output_dir}; report -> {run.folder / 'report.html'}")
+    run.logger.info(f"time: steps {result.train_s:.0f}s ({loop.run_log.profile.describe()}), evaluations "
+                    f"{summary['evaluation_s']:.0f}s, checkpoints {summary['checkpoint_s']:.0f}s, exports "
+                    f"{summary['export_s']:.0f}s; data wait {100 * summary['data_wait_share']:.2f}% of step time")
     if result.save_failures:
         run.logger.error(f"error: {result.save_failures} save(s) could not be written (see above)")
-    final_written = (Path(config.output_dir) / "config.json").is_file()
-    return 1 if result.stop_reason in ("diverged", "out_of_memory") or not final_written else 0
+    if not result.final_saved:
+        run.logger.error(f"error: the final model could not be written to {config.output_dir}")
+    return 1 if result.stop_reason in ("diverged", "out_of_memory") or not result.final_saved else 0
 
 
 def train(config: TrainConfig, given: set[str], clock, step_callback, stop) -> int:
+    run, config = open_run(config, given, clock, stop)
+    try:
+        return train_run(config, run, step_callback)
+    finally:
+        run.dist.close()
+
+
+def train_run(config: TrainConfig, run: "Run", step_callback) -> int:
+    import torch
+
     from finetune.checkpoint import restore_rng
     from finetune.generator import train_mode
     from finetune.loop import BudgetTooSmall, run_with_signals
 
-    run, config = open_run(config, given, clock, stop)
     loaded, frozen_parts, features = build_model(config, run)
     train, val, sampler, precompute = load_data(config, run, loaded.tokenizer, features)
     loop = build_loop(config, run, loaded, frozen_parts, features, train, val, sampler, step_callback)
     train_mode(loaded.model, frozen_parts)
-    _write_args(run.folder, config_to_dict(config), run.device, run.precision.name, precompute, run.num_workers,
-                run.resume_path)
-    if run.payload:
-        restore_rng(run.payload["rng"])  # last: after everything that draws random numbers while being built
+    if run.dist.is_main:
+        _write_args(run.folder, config_to_dict(config), run.device, run.precision.name, precompute, run.num_workers,
+                    run.resume_path, run.dist.world_size)
+    if run.payload:  # last: after everything that draws random numbers while being built
+        by_rank = run.payload.get("rng_by_rank") or [run.payload["rng"]]
+        restore_rng(by_rank[run.dist.rank] if len(by_rank) == run.dist.world_size else run.payload["rng"])
+    elif run.dist.active:
+        torch.manual_seed(config.seed + 7919 * run.dist.rank)  # each process its own segments and noise
     if run.budget.left_s() <= 2 * run.budget.safety_s:
         run.logger.error(f"error: the budget of {run.budget.target_s:.0f}s is spent ({run.budget.used_s():.0f}s used by "
                          "start-up, loading and earlier processes) before training could start: raise --target_hours")
@@ -359,11 +403,13 @@ def _plan_from(saved: dict | None):
     return Plan(**saved) if saved else None
 
 
-def _write_args(run_dir: Path, resolved: dict, device, precision: str, precompute: bool, num_workers: int, resumed) -> None:
+def _write_args(run_dir: Path, resolved: dict, device, precision: str, precompute: bool, num_workers: int, resumed,
+                processes: int) -> None:
     from finetune.atomic import write_text_atomic
 
     extra = {"resolved": {"device": str(device), "precision": precision, "precompute_mels": precompute,
-                          "num_workers": num_workers, "resumed_from": str(resumed) if resumed else None}}
+                          "num_workers": num_workers, "resumed_from": str(resumed) if resumed else None,
+                          "processes": processes}}
     write_text_atomic(run_dir / "training_args.json", json.dumps({**resolved, **extra}, indent=2) + "\n")
 
 

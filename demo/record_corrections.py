@@ -2,9 +2,9 @@
 """For the feedback demo: "record" corrections of reviewed sentences with espeak-ng, the demo corpus's
 speaker, as a user would record them with a microphone.
 
-Reads REVIEW_DIR/metadata.csv (id|text, written by train_feedback.py --review) and writes
-FEEDBACK_DIR/wavs/<id>.wav (22.05 kHz, as espeak-ng speaks) and FEEDBACK_DIR/metadata.csv.
-Needs espeak-ng (apt-get install espeak-ng).
+Reads REVIEW_DIR/metadata.csv (id|text, written by train_feedback.py --review) and writes each
+correction as a recording app saves it: FEEDBACK_DIR/<id>.wav (22.05 kHz, as espeak-ng speaks) beside
+FEEDBACK_DIR/<id>.txt (its text). Needs espeak-ng (apt-get install espeak-ng).
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ def main() -> int:
     args = parser.parse_args()
     espeak_version()  # exits with install advice when espeak-ng is missing
     rows = [line.split("|", 1) for line in (Path(args.review_dir) / "metadata.csv").read_text(encoding="utf-8").splitlines()]
-    wavs = Path(args.feedback_dir) / "wavs"
-    wavs.mkdir(parents=True, exist_ok=True)
+    folder = Path(args.feedback_dir)
+    folder.mkdir(parents=True, exist_ok=True)
     for index, (item_id, text) in enumerate(rows):
         speed_wpm, pitch = voice_settings(index)
-        subprocess.run(["espeak-ng", "-v", VOICE, "-s", str(speed_wpm), "-p", str(pitch), "-w", str(wavs / f"{item_id}.wav"),
-                        text], check=True)
-    (Path(args.feedback_dir) / "metadata.csv").write_text("".join(f"{i}|{t}\n" for i, t in rows), encoding="utf-8")
+        subprocess.run(["espeak-ng", "-v", VOICE, "-s", str(speed_wpm), "-p", str(pitch), "-w",
+                        str(folder / f"{item_id}.wav"), text], check=True)
+        (folder / f"{item_id}.txt").write_text(text + "\n", encoding="utf-8")
     print(f"{len(rows)} corrections recorded with espeak-ng -> {args.feedback_dir}/")
     return 0
 

@@ -51,6 +51,7 @@ class TrainingState:
     lr_scale: float = 1.0  # lowered each time a NaN storm sent the run back to its last good state
     rollbacks: int = 0  # times that happened
     discriminator_warmup_done: int = 0  # discriminator-only steps run (a new discriminator's warm-up)
+    discriminator_warmup_finished: bool = False  # the warm-up ended (margin reached, step limit or budget)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,34 +1,117 @@
-"""Who this process is in a (future) data-parallel run, and the decisions all processes must share.
+"""Who this process is in a data-parallel run, and the decisions every process must share.
 
-The loop is written against this small interface so that a torchrun launch (one process per GPU) only
-changes what is behind it: the sampler shards batches by `rank`, only the main process logs and saves,
-and the stop decision is taken jointly (`any`: if one process must stop, all do, so the deadline is one
-shared deadline). Today every run is a single process; a torchrun launch is refused with a clear message.
+`torchrun --nproc_per_node=N train_vits.py ...` starts N processes (one per GPU; on CPU, N of them share
+the cores). They form a process group (NCCL on GPUs, gloo on CPU, chosen from the device), each trains
+on its own share of every epoch's batches, and their gradients are averaged (DistributedDataParallel,
+in finetune/step.py). Everything that must not differ between them goes through here:
+
+    any(flag)          a stop decision (deadline, signal, a non-finite loss): if one process must stop,
+                       all do, on the same step, so the deadline is one shared deadline
+    broadcast(obj)     the main process's plan, evaluation verdicts and measured costs, to all
+    gather(obj)        every process's random state, for the checkpoint
+    mean / sum         losses and samples/s for the progress line
+
+Only the main process (rank 0) logs, evaluates, saves and exports; the others wait for it at the next
+shared decision. A single process (no torchrun) has an inactive group and every helper is the identity.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
 
 
 @dataclass(frozen=True)
 class Distributed:
     rank: int = 0
     world_size: int = 1
+    local_rank: int = 0
+    backend: str | None = None  # "nccl" or "gloo" once the group is up; None for a single process
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def active(self) -> bool:
+        return self.world_size > 1
+
+    def _device(self) -> torch.device:
+        return torch.device("cuda", self.local_rank) if self.backend == "nccl" else torch.device("cpu")
+
+    def any_of(self, *flags: bool) -> tuple[bool, ...]:
+        """Each flag True on every process when it is True on any (one collective for all of them)."""
+        if not self.active:
+            return tuple(bool(f) for f in flags)
+        values = torch.tensor([float(bool(f)) for f in flags], device=self._device())
+        torch.distributed.all_reduce(values, op=torch.distributed.ReduceOp.MAX)
+        return tuple(bool(v) for v in values.tolist())
+
     def any(self, flag: bool) -> bool:
-        """True on every process when it is True on any (single process: the flag itself)."""
-        return flag
+        return self.any_of(flag)[0]
+
+    def broadcast(self, obj):
+        """The main process's `obj`, on every process."""
+        if not self.active:
+            return obj
+        box = [obj]
+        torch.distributed.broadcast_object_list(box, src=0, device=self._device() if self.backend == "nccl" else None)
+        return box[0]
+
+    def gather(self, obj) -> list | None:
+        """Every process's `obj`, in rank order, on the main process (None elsewhere)."""
+        if not self.active:
+            return [obj]
+        boxes = [None] * self.world_size if self.is_main else None
+        torch.distributed.gather_object(obj, boxes, dst=0)
+        return boxes
+
+    def mean(self, values: dict[str, float]) -> dict[str, float]:
+        if not self.active or not values:
+            return values
+        tensor = torch.tensor(list(values.values()), dtype=torch.float64, device=self._device())
+        torch.distributed.all_reduce(tensor)
+        return dict(zip(values, (tensor / self.world_size).tolist()))
+
+    def sum(self, value: float) -> float:
+        if not self.active:
+            return value
+        tensor = torch.tensor([value], dtype=torch.float64, device=self._device())
+        torch.distributed.all_reduce(tensor)
+        return float(tensor.item())
+
+    def wrap(self, module: torch.nn.Module) -> torch.nn.Module:
+        """DistributedDataParallel around `module` (itself for a single process). No unused-parameter
+        search: every trainable parameter gets a gradient in every backward."""
+        if not self.active:
+            return module
+        from torch.nn.parallel import DistributedDataParallel
+
+        device_ids = [self.local_rank] if self.backend == "nccl" else None
+        return DistributedDataParallel(module, device_ids=device_ids, broadcast_buffers=False)
+
+    def close(self) -> None:
+        if self.active and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
 
 
-def from_environment() -> Distributed:
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size > 1:
-        raise SystemExit("data-parallel training (torchrun with several processes) is not built yet: "
-                         "run train_vits.py as a single process")
-    return Distributed()
+def launched_by_torchrun() -> bool:
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def from_environment(device: str = "auto", timeout_s: float = 3600.0) -> Distributed:
+    """The process group torchrun asked for (WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR/PORT), or a single
+    process. NCCL when this process trains on a GPU, gloo on the CPU."""
+    if not launched_by_torchrun():
+        return Distributed()
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    on_gpu = device != "cpu" and torch.cuda.is_available()
+    if on_gpu:
+        torch.cuda.set_device(local_rank)
+    backend = "nccl" if on_gpu else "gloo"
+    torch.distributed.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    return Distributed(rank=rank, world_size=world_size, local_rank=local_rank, backend=backend)

@@ -108,6 +108,7 @@ class Evaluator:
         self.examples, self.features, self.device = examples, features, device
         self.sample_rate, self.samples_dir, self.test_sentences = sample_rate, samples_dir, test_sentences
         self.seed, self.batch_size, self.segment_frames, self.rule = seed, batch_size, segment_frames, rule
+        self.example_mels: tuple[str, np.ndarray, np.ndarray] | None = None  # (clip id, synthesised, recorded) log-mels
 
     def evaluate(self, model, step: int, stop: StopRequest | None = None) -> EvalResult:
         """Eval mode for the duration of the call; the caller restores training mode. A stop request
@@ -158,6 +159,8 @@ class Evaluator:
         for i, example in enumerate(group):
             synthesised = self.features.mel(torch.from_numpy(speech.waveforms[i]).unsqueeze(0).to(self.device))
             real = self.features.mel(torch.from_numpy(example.audio / 32768.0).float().unsqueeze(0).to(self.device))
+            if seed_offset == 0 and i == 0:  # the first clip, kept for pictures (TensorBoard, the run report)
+                self.example_mels = (example.item_id, synthesised[0].cpu().numpy(), real[0].cpu().numpy())
             scores[example.item_id] = ClipScore(
                 mcd_db=mcd_dtw(synthesised[0].cpu().numpy(), real[0].cpu().numpy()),
                 length_ratio=length_ratio(speech.requested_frames[i], example.frame_count(hop)),

@@ -68,6 +68,10 @@ class FeedbackEvaluator:
         self.rule = corrections.rule
         self.baseline: EvalResult | None = None
 
+    @property
+    def example_mels(self):
+        return self.corrections.example_mels
+
     def evaluate(self, model, step: int, stop=None) -> EvalResult:
         c = self.corrections.evaluate(model, step, stop)
         o = self.originals.evaluate(model, step, stop)

@@ -75,10 +75,25 @@ def scratch_generator(size: str, vocabulary: list[str], sample_rate: int) -> Loa
                                        f"{len(tokenizer.encoder)} tokens from the training text)")
 
 
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+def missing_model_files(folder: Path) -> list[str]:
+    """What a model folder lacks to be loaded: config.json, a weights file, vocab.json."""
+    missing = [name for name in ("config.json", "vocab.json") if not (folder / name).is_file()]
+    if not any((folder / name).is_file() for name in WEIGHT_FILES):
+        missing.append("model.safetensors (the weights)")
+    return missing
+
+
 def load_complete_model(folder: Path, name: str) -> VitsModel:
     """VitsModel.from_pretrained, refusing what it would accept silently: weights missing from the folder
     (transformers fills them with random values and only logs it) and multi-speaker models (this tool
-    trains and speaks one voice, without speaker ids)."""
+    trains and speaks one voice, without speaker ids). An incomplete folder is named with what it lacks."""
+    missing = missing_model_files(Path(folder))
+    if missing:
+        raise ModelSourceError(f"{name}: the model folder is incomplete, it has no {', '.join(missing)}; download it "
+                               "again (hf download facebook/mms-tts-kmr-script_latin --local-dir DIR) or export it again")
     config = VitsConfig.from_pretrained(str(folder))
     if config.num_speakers > 1:
         raise ModelSourceError(f"{name}: a multi-speaker VITS model ({config.num_speakers} speakers); this tool "

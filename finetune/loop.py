@@ -20,14 +20,12 @@ last good state at a lower learning rate (finetune/recovery.py). Saving is finet
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from .atomic import write_text_atomic
 from .budget import Budget, Plan, StepTimer
 from .checkpoint import TrainingState, capture_rng, checkpoint_name, restore_rng
 from .data import Example
@@ -37,8 +35,10 @@ from .feed import MicroBatchFeed
 from .generator import train_mode
 from .interrupt import StopRequest, StopRequested
 from .pacing import Costs, Pacer
+from .profile import section
 from .recovery import Divergence, LastGoodState
-from .reporting import Metrics, ProgressDisplay, memory_text, peak_memory, progress_line
+from .reporting import peak_memory
+from .run_log import RunLog
 from .sampler import BucketSampler, SamplerState
 from .saving import Saver
 from .step import StepResult, TrainStep
@@ -67,6 +67,7 @@ class LoopConfig:
     num_workers: int
     seed: int
     discriminator_warmup_lr: float = 2e-4  # constant, the original VITS rate: a new discriminator must learn fast
+    discriminator_warmup_margin: float = 0.5  # the warm-up ends when real minus generated scores reach this
     discriminator_warmup_share: float = 0.2  # the warm-up takes at most this share of the time left at its start
     reserve_after_s: float = 0.0  # time the caller needs after the loop returns (kept out of the plan)
     checkpoints: bool = True  # False: none at all (short runs that are never resumed: feedback rounds)
@@ -97,7 +98,7 @@ class LoopResult:
     train_s: float  # seconds inside optimizer steps, data included
     checkpoint: Path | None = None
     save_failures: int = 0
-    notes: dict = field(default_factory=dict)
+    final_saved: bool = False  # the final model was written
 
 
 @dataclass
@@ -125,13 +126,13 @@ class Boundary:
 class TrainingLoop:
     def __init__(self, *, model, tokenizer, discriminator, step: TrainStep, examples: list[Example],
                  evaluator: Evaluator, budget: Budget, sampler: BucketSampler, state: TrainingState,
-                 config: LoopConfig, paths: RunPaths, logger, metrics: Metrics, device: torch.device, hop: int,
+                 config: LoopConfig, paths: RunPaths, logger, run_log: RunLog, device: torch.device, hop: int,
                  frozen_parts: list[str], checkpoint_extra: dict, stop: StopRequest, plan: Plan | None = None,
                  dist: Distributed = Distributed(), step_callback: Callable[["TrainingLoop"], None] | None = None,
                  export_extra: Callable[[], dict] | None = None, resumed_from: Path | None = None):
         self.model, self.tokenizer, self.discriminator, self.step = model, tokenizer, discriminator, step
         self.evaluator, self.budget, self.sampler, self.state = evaluator, budget, sampler, state
-        self.config, self.paths, self.logger, self.metrics = config, paths, logger, metrics
+        self.config, self.paths, self.logger, self.run_log = config, paths, logger, run_log
         self.device, self.frozen_parts, self.checkpoint_extra = device, frozen_parts, checkpoint_extra
         self.stop, self.dist, self.step_callback = stop, dist, step_callback
         self.export_extra = export_extra or (lambda: {})
@@ -148,13 +149,15 @@ class TrainingLoop:
         self.divergence = Divergence(rollbacks=state.rollbacks)
         self.last_good = LastGoodState(model, discriminator, resumed_from)
         self.last_eval: EvalResult | None = None
+        self.last_eval_step = -1  # the step the last evaluation saw (known to every process)
+        self.rng_by_rank: list[dict] = []
         self.last_checkpoint: Path | None = resumed_from
         self.last_checkpoint_at = budget.clock.now()
         self.train_s = 0.0
         self.last_lr = 0.0
         self.early_stop = False
+        self.final_saved = False
         self.boundary: Boundary | None = None  # set while an accumulation window runs
-        self.display: ProgressDisplay | None = None
 
     @property
     def plan(self) -> Plan | None:
@@ -167,8 +170,9 @@ class TrainingLoop:
     # ------------------------------------------------------------ decisions
 
     def decide(self) -> Decision:
-        """Whether to run another step (shared by all processes)."""
-        if self.stop.requested:
+        """Whether to run another step (shared by all processes: one collective for both flags)."""
+        stop, no_room = self.dist.any_of(self.stop.requested, not self.pacer.may_start_step())
+        if stop:
             return Decision(False, "interrupted")
         if self.early_stop:
             return Decision(False, "early_stopping")
@@ -177,7 +181,7 @@ class TrainingLoop:
         plan = self.plan
         if plan is not None and plan.limited_by == "max_epochs" and self.state.step >= plan.total_steps:
             return Decision(False, "max_epochs")
-        if self.dist.any(not self.pacer.may_start_step()):
+        if no_room:
             return Decision(False, "deadline")
         return Decision(True)
 
@@ -189,11 +193,12 @@ class TrainingLoop:
         clock, index = self.budget.clock, 0
         while True:
             index += 1
-            if index > 1:
-                self.stop.check()
-            last = self.dist.any(pacer.micro_batch_is_last(index))
+            stop, last = self.dist.any_of(index > 1 and self.stop.requested, pacer.micro_batch_is_last(index))
+            if stop:
+                raise StopRequested(self.stop.signal_name or "SIGTERM")
             started = clock.now()
-            batch, epoch_ended = self.feed.take()
+            with section("data"):
+                batch, epoch_ended = self.feed.take()
             self.window_epoch_ended = epoch_ended
             yield batch, last or epoch_ended
             pacer.timer.micro_batches.add(clock.now() - started)
@@ -211,7 +216,17 @@ class TrainingLoop:
         step = self.state.step + 1
         started = self.budget.clock.now()
         self.window_start()
-        window = self.step.accumulate_window(self.micro_batches(self.pacer), self.config.accumulation)
+        profile = self.run_log.profile.activate()
+        try:
+            window = self.step.accumulate_window(self.micro_batches(self.pacer), self.config.accumulation)
+            outcome = self.finish_step(step, started, window)
+            profile.end_step()
+        finally:
+            profile.deactivate()
+        return outcome
+
+    def finish_step(self, step: int, started: float, window) -> "StepOutcome":
+        """After a window: decide whether it is the last step, set the learning rate, apply the update."""
         epoch_ended = self.window_epoch_ended
         cut_short = window.used < self.config.accumulation and not epoch_ended
         due = self.after_step_s(step, epoch_ended)
@@ -244,23 +259,23 @@ class TrainingLoop:
     def report_step(self, result: StepResult, lr: float, samples_per_s: float, used: int) -> None:
         if not result.applied:
             self.logger.warning(f"step {self.state.step}: skipped ({result.reason}); losses {result.losses}")
-        if not self.dist.is_main:
-            return
         plan = self.plan
         total, epochs = (plan.total_steps, plan.epochs) if plan else (0, 0.0)
         position = self.state.epoch + self.sampler.state.position / max(1, self.sampler.batches_per_epoch)
         left_in_epoch = (self.sampler.batches_per_epoch - self.sampler.state.position) / self.config.accumulation
         step_s = self.timer.step_s if self.timer.ready else 0.0
-        line = progress_line(self.state.step, total, position, epochs, result.losses, lr, samples_per_s,
-                             memory_text(self.device), left_in_epoch * step_s,
-                             max(0, total - self.state.step) * step_s, self.budget.left_s())
-        if used < self.config.accumulation:
-            line += f" | {used} of {self.config.accumulation} micro-batches"
-        postfix = f"mel {result.losses.get('mel', float('nan')):.3f} lr {lr:.1e} {samples_per_s:.1f}/s"
-        if self.display is not None and self.display.step(self.budget.clock.now(), line, postfix):
-            self.metrics.write("train", step=self.state.step, epoch=round(position, 4), lr=lr,
-                               samples_per_s=round(samples_per_s, 2), time_used_s=round(self.budget.used_s(), 2),
-                               micro_batches=used, **{k: round(v, 5) for k, v in result.losses.items()})
+        ratio = self.config.discriminator_learning_rate / self.config.learning_rate
+        fields = dict(step=self.state.step, total=total, epoch=position, epochs=epochs, lr=lr, samples_per_s=samples_per_s,
+                      epoch_eta_s=left_in_epoch * step_s, run_eta_s=max(0, total - self.state.step) * step_s,
+                      deadline_s=self.budget.left_s())
+        losses = self.dist.mean(result.losses)  # every process's share of the window, averaged
+        samples_per_s = self.dist.sum(samples_per_s)
+        fields["samples_per_s"] = samples_per_s
+        scalars = {"lr": lr, "discriminator_lr": lr * ratio, "samples_per_s": samples_per_s,
+                   "grad_norm_generator": result.grad_norm_generator,
+                   "grad_norm_discriminator": result.grad_norm_discriminator,
+                   "time_used_s": self.budget.used_s(), "micro_batches": used}
+        self.run_log.step(self.budget.clock.now(), fields, used, self.config.accumulation, losses, scalars)
 
     # ------------------------------------------------------------ when steps keep failing
 
@@ -290,37 +305,79 @@ class TrainingLoop:
                 f"{result.reason} in {self.divergence.policy.max_in_row} steps in a row (step {self.state.step})")
         self.logger.warning(f"warning: {what}: went back to {where}; learning rate now x{self.state.lr_scale:g} "
                             "of the schedule")
-        self.metrics.write("rollback", step=self.state.step, to=where, lr_scale=self.state.lr_scale,
-                           reason=result.reason)
+        self.run_log.event("rollback", step=self.state.step, to=where, lr_scale=self.state.lr_scale, reason=result.reason)
         return None
 
     # ------------------------------------------------------------ evaluation and saving
 
-    def evaluate(self) -> EvalResult:
+    def evaluate(self) -> EvalResult | None:
+        """Evaluate on the main process; every process then shares its verdicts (best model, early
+        stopping, what it cost) and its stop, if one came during it."""
+        result = self.on_main(self._evaluate)
+        shared = self.dist.broadcast({"early_stop": self.early_stop, "eval_s": self.costs.eval_s,
+                                      "export_s": self.costs.export_s, "last_eval_step": self.last_eval_step,
+                                      "best": (self.state.best_score, self.state.best_step, self.state.evals_since_best)})
+        self.early_stop, self.costs.eval_s, self.costs.export_s = shared["early_stop"], shared["eval_s"], shared["export_s"]
+        self.last_eval_step = shared["last_eval_step"]
+        self.state.best_score, self.state.best_step, self.state.evals_since_best = shared["best"]
+        return result
+
+    def on_main(self, work: Callable):
+        """Run `work` on the main process; the others wait. A stop request during it stops them all."""
+        result, stopped = None, False
+        if self.dist.is_main:
+            try:
+                result = work()
+            except StopRequested:
+                stopped = True
+        if self.dist.any(stopped):
+            raise StopRequested(self.stop.signal_name or "SIGTERM")
+        return result
+
+    def _evaluate(self) -> EvalResult:
+        """The main process's part of an evaluation: score, keep the best model, log."""
         started = self.budget.clock.now()
         result = self.evaluator.evaluate(self.model, self.state.step, self.stop)
         train_mode(self.model, self.frozen_parts)
-        self.costs.eval_s = self.budget.clock.now() - started
         improved = result.eligible and result.mcd_db < self.state.best_score
+        export_s = 0.0
         if improved:
-            improved = self.saver.export(self.paths.best_dir, {"eval.json": {**result.summary(),
-                                                                             "per_clip": result.per_clip_dict()}})
+            improved = self.export(self.paths.best_dir, {"eval.json": {**result.summary(),
+                                                                        "per_clip": result.per_clip_dict()}})
+            export_s = self.costs.export_s if improved else 0.0
         if improved:
             self.state.best_score, self.state.best_step, self.state.evals_since_best = result.mcd_db, self.state.step, 0
         else:
             self.state.evals_since_best += 1
         patience = self.config.early_stopping_patience
         self.early_stop = bool(patience and self.state.evals_since_best >= patience)
-        self.last_eval = result
-        self.metrics.write("eval", **result.summary(), best=improved, best_mcd_db=round(self.state.best_score, 4))
+        self.last_eval, self.last_eval_step = result, result.step
         best = ("best so far: saved best_model" if improved
                 else f"best {self.state.best_score:.3f} at step {self.state.best_step}" if self.state.best_step >= 0
                 else "no model within the timing tolerance yet")
-        self.logger.info(f"eval step {self.state.step}: {self.evaluator.describe(result)} ({best}); "
-                         f"val mel {result.val_losses.get('mel', float('nan')):.3f}; {result.seconds:.1f}s")
+        self.run_log.evaluation(result, self.evaluator.describe(result), improved, best, self.state.best_score,
+                                getattr(self.evaluator, "example_mels", None))
+        # What an evaluation costs the budget: scoring, logging and the report; a best model's export apart.
+        self.costs.eval_s = self.budget.clock.now() - started - export_s
+        self.run_log.eval_s += self.costs.eval_s
         return result
 
+    def export(self, folder: Path, extra_json: dict) -> bool:
+        saved = self.saver.export(folder, extra_json)
+        self.run_log.export_s += self.costs.export_s if saved else 0.0
+        return saved
+
     def checkpoint(self, end_of_epoch: bool) -> Path | None:
+        """Every process's random state to the main process, which writes the checkpoint; all learn where."""
+        self.rng_by_rank = self.dist.gather(capture_rng())
+        path = self._checkpoint(end_of_epoch) if self.dist.is_main else None
+        path, self.costs.checkpoint_s = self.dist.broadcast((path, self.costs.checkpoint_s))
+        if path is not None:
+            self.last_checkpoint, self.last_checkpoint_at = path, self.budget.clock.now()
+            self.last_good.saved(path)
+        return path
+
+    def _checkpoint(self, end_of_epoch: bool) -> Path | None:
         self.state.time_used_s = self.budget.used_s()
         self.state.micro_batch_s_estimate = self.timer.micro_batch_s
         self.state.update_s_estimate = self.timer.update_s
@@ -330,8 +387,7 @@ class TrainingLoop:
         path = self.saver.checkpoint(self.paths.run_dir, checkpoint_name(epoch, self.state.step, end_of_epoch),
                                      self.checkpoint_payload)
         if path is not None:
-            self.last_checkpoint, self.last_checkpoint_at = path, self.budget.clock.now()
-            self.last_good.saved(path)
+            self.run_log.checkpoint_s += self.costs.checkpoint_s
         return path
 
     def checkpoint_payload(self) -> dict:
@@ -339,16 +395,16 @@ class TrainingLoop:
                 "discriminator": {"config": self.discriminator.config.to_dict(), "state": self.discriminator.state_dict(),
                                   "warmup_steps": self.config.discriminator_warmup_steps},
                 "train_step": self.step.state_dict(), "state": self.state.to_dict(),
-                "sampler": self.sampler.state_dict(), "rng": capture_rng(),
+                "sampler": self.sampler.state_dict(), "rng": self.rng_by_rank[0], "rng_by_rank": self.rng_by_rank,
                 "plan": self.plan.to_dict() if self.plan else None, **self.checkpoint_extra}
 
     # ------------------------------------------------------------ planning
 
     def replan(self) -> Plan:
         eval_every = self.plan.eval_every if self.plan else self.config.eval_every
-        plan = self.pacer.replan(self.steps_per_epoch, self.state.step, eval_every)
-        if self.display is not None:
-            self.display.set_total(plan.total_steps)
+        plan = self.dist.broadcast(self.pacer.replan(self.steps_per_epoch, self.state.step, eval_every))
+        self.pacer.plan = plan  # one plan (and learning-rate schedule) for every process
+        self.run_log.set_total(plan.total_steps)
         return plan
 
     def write_plan(self) -> None:
@@ -356,14 +412,11 @@ class TrainingLoop:
         plan.update(budget_target_s=self.budget.target_s, time_used_s=round(self.budget.used_s(), 2),
                     batches_per_epoch=self.sampler.batches_per_epoch,
                     micro_batch_s=round(self.timer.micro_batches.mean_s, 4), update_s=round(self.timer.updates.mean_s, 4))
-        write_text_atomic(self.paths.run_dir / "plan.json", json.dumps(plan, indent=2) + "\n")
-        self.metrics.write("plan", **plan)
         p = self.plan
-        self.logger.info(
-            f"plan: {p.total_steps} optimizer steps ({p.epochs:.2f} epochs of {p.steps_per_epoch} steps) in the "
-            f"{self.budget.left_s():.0f}s left; {p.step_s:.3f}s a step, evaluation every {p.eval_every} steps "
-            f"({p.eval_s:.1f}s each), checkpoint {p.checkpoint_s:.1f}s, final save {p.final_s:.1f}s; warmup "
-            f"{p.warmup_steps} steps; limited by {p.limited_by}")
+        self.run_log.plan(plan, f"plan: {p.total_steps} optimizer steps ({p.epochs:.2f} epochs of {p.steps_per_epoch} "
+                          f"steps) in the {self.budget.left_s():.0f}s left; {p.step_s:.3f}s a step, evaluation every "
+                          f"{p.eval_every} steps ({p.eval_s:.1f}s each), checkpoint {p.checkpoint_s:.1f}s, final save "
+                          f"{p.final_s:.1f}s; warmup {p.warmup_steps} steps; limited by {p.limited_by}")
 
     @property
     def benchmark_steps(self) -> int:
@@ -376,8 +429,9 @@ class TrainingLoop:
         """A fresh run: evaluate the starting model, and measure what the final save will cost."""
         self.evaluate()
         if self.costs.export_s == 0.0:  # nothing was exported: the starting model is outside the timing rule
-            self.saver.measure_export(self.paths.run_dir)
-        if not self.pacer.room_for(0.0):
+            self.on_main(lambda: self.saver.measure_export(self.paths.run_dir))
+            self.costs.export_s = self.dist.broadcast(self.costs.export_s)
+        if self.dist.any(not self.pacer.room_for(0.0)):
             raise BudgetTooSmall(
                 f"the budget of {self.budget.target_s:.0f}s cannot hold training: {self.budget.used_s():.0f}s went to "
                 f"start-up, loading and the first evaluation ({self.costs.eval_s:.1f}s), and the final save alone "
@@ -387,11 +441,10 @@ class TrainingLoop:
                          f"{self.config.batch_size * self.config.accumulation} clips, timed after the first 2 micro-batches")
 
     def run(self) -> LoopResult:
-        self.display = ProgressDisplay(self.logger, total=self.plan.total_steps if self.plan else 0,
-                                       initial=self.state.step, every_s=self.config.log_every_s)
+        self.run_log.open_display(self.plan.total_steps if self.plan else 0, self.state.step, self.config.log_every_s)
         try:
             if self.plan is None:
-                if self.state.discriminator_warmup_done == 0:
+                if self.state.discriminator_warmup_done == 0 and not self.state.discriminator_warmup_finished:
                     self.baseline()
                 self.warm_up_discriminator()
                 if self.state.step >= self.benchmark_steps:  # resumed after its benchmark, before its plan
@@ -409,7 +462,7 @@ class TrainingLoop:
         except StopRequested:
             return self.stop_cleanly()
         finally:
-            self.display.close()
+            self.run_log.close()
 
     def warm_up_discriminator(self) -> None:
         from .warmup import warm_up
@@ -442,14 +495,16 @@ class TrainingLoop:
         if self.pacer.eval_due(self.state.step):
             self.evaluate()
             self.replan()
-        if self.pacer.checkpoint_due(epoch_ended, self.budget.clock.now() - self.last_checkpoint_at):
+        # Joint: the periodic one depends on each process's own clock, and writing one is a collective.
+        if self.dist.any(self.pacer.checkpoint_due(epoch_ended, self.budget.clock.now() - self.last_checkpoint_at)):
             self.checkpoint(end_of_epoch=epoch_ended)
 
     def finish(self) -> None:
         """Final evaluation (unless the last one saw these weights), export and checkpoint."""
-        if self.last_eval is None or self.last_eval.step != self.state.step:
+        if self.last_eval_step != self.state.step:
             self.evaluate()
-        self.saver.export(self.paths.output_dir, {"training_summary.json": self.summary("finished")})
+        saved = self.on_main(lambda: self.export(self.paths.output_dir, {"training_summary.json": self.summary("finished")}))
+        self.final_saved = self.dist.broadcast(saved)
         self.checkpoint(end_of_epoch=self.sampler.state.position == 0)
 
     def stop_cleanly(self) -> LoopResult:
@@ -475,7 +530,7 @@ class TrainingLoop:
     def result(self, reason: str, checkpoint: Path | None) -> LoopResult:
         return LoopResult(stop_reason=reason, state=self.state, plan=self.plan, last_eval=self.last_eval,
                           last_lr=self.last_lr, data_wait_s=self.feed.wait_s, train_s=self.train_s,
-                          checkpoint=checkpoint, save_failures=self.saver.failures)
+                          checkpoint=checkpoint, save_failures=self.saver.failures, final_saved=self.final_saved)
 
 
 def run_with_signals(loop: TrainingLoop) -> LoopResult:

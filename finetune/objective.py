@@ -24,6 +24,7 @@ from transformers import VitsModel
 from . import losses
 from .alignment import maximum_path, prior_log_likelihood
 from .duration import stochastic_duration_nll
+from .profile import section
 from .data import Batch
 from .features import Features
 
@@ -104,7 +105,7 @@ def generator_forward(model: VitsModel, batch: Batch, features: Features, segmen
     z, _, logs_q = model.posterior_encoder(linear, frame_mask)
     with fp32(device):
         z_p = model.flow(z.float(), frame_mask)
-        with torch.no_grad():  # the alignment is a target, not a path for gradients
+        with torch.no_grad(), section("alignment"):  # the alignment is a target, not a path for gradients
             log_likelihood = prior_log_likelihood(z_p, text.m_p, text.logs_p)  # [batch, frames, tokens]
             path = maximum_path(log_likelihood, batch.frame_lengths, batch.text_lengths)
         durations = path.sum(1).unsqueeze(1)  # [batch, 1, tokens]

@@ -34,6 +34,7 @@ CACHE_VERSION = 1
 DROP_REASONS = {
     "duplicate_id": "an earlier item has the same id",
     "empty_text": "no sayable text left after normalisation",
+    "missing_text": "an audio file without its .txt (a pair needs both)",
     "out_of_vocabulary": "the text has letters or digits the model's vocabulary lacks",
     "missing_file": "the audio file does not exist",
     "unreadable_audio": "the audio could not be decoded (corrupt, empty or unsupported)",
@@ -187,6 +188,10 @@ class Preparer:
                 yield None
                 continue
             seen.add(item.item_id)
+            if item.problem is not None:
+                self.tally.drop(item.item_id, item.problem[0], item.problem[1], item.text)
+                yield None
+                continue
             if self.settle_text(item) or self.settle_from_cache(item):
                 yield None
                 continue

@@ -19,32 +19,43 @@ from tqdm import tqdm
 from .progress import format_duration
 
 
-def setup_logging(run_dir: Path, name: str = "finetune") -> logging.Logger:
-    """Messages to stdout and to run_dir/train.log (appending, so a resumed run continues the file)."""
+def setup_logging(run_dir: Path, name: str = "finetune", rank: int = 0) -> logging.Logger:
+    """Messages to stdout and to run_dir/train.log (appending, so a resumed run continues the file). In a
+    data-parallel run the other processes print only their warnings and errors, marked with their rank."""
     logger = logging.getLogger(name)
-    logger.setLevel(logging.INFO)
+    logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
         handler.close()
     console = logging.StreamHandler(sys.stdout)
-    console.setFormatter(logging.Formatter("%(message)s"))
-    logfile = logging.FileHandler(run_dir / "train.log", encoding="utf-8")
-    logfile.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%d %H:%M:%S"))
+    console.setFormatter(logging.Formatter("%(message)s" if rank == 0 else f"[rank {rank}] %(message)s"))
     logger.addHandler(console)
-    logger.addHandler(logfile)
+    if rank == 0:
+        logfile = logging.FileHandler(run_dir / "train.log", encoding="utf-8")
+        logfile.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%d %H:%M:%S"))
+        logger.addHandler(logfile)
     logger.propagate = False
     return logger
 
 
 class Metrics:
-    """Appends JSON lines to metrics.jsonl, flushing each so a crash loses nothing written."""
+    """Appends JSON lines to metrics.jsonl, flushing each so a crash loses nothing written. A line that
+    cannot be written (a full disk) is skipped with one warning: the run matters more than its record."""
 
-    def __init__(self, path: Path):
-        self.path = path
+    def __init__(self, path: Path, enabled: bool = True):
+        self.path, self.enabled, self.warned = path, enabled, False
 
     def write(self, kind: str, **values) -> None:
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps({"kind": kind, **values}, ensure_ascii=False) + "\n")
+        if not self.enabled:
+            return
+        try:
+            with open(self.path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps({"kind": kind, **values}, ensure_ascii=False) + "\n")
+        except OSError as error:
+            if not self.warned:
+                self.warned = True
+                logging.getLogger("finetune").warning(f"warning: {self.path} cannot be written ({error}); "
+                                                      "metrics are skipped until it can")
 
 
 def memory_text(device: torch.device) -> str:
@@ -82,10 +93,12 @@ class ProgressDisplay:
         self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True) if sys.stderr.isatty() else None
         self.last_line_s = -float("inf")
 
-    def step(self, now_s: float, line: str, postfix: str) -> bool:
-        """Advance one step; returns True when a plain line was due (and written)."""
+    def step(self, now_s: float, line: str, postfix: str, advance: bool = True) -> bool:
+        """Advance one step (or not, for work that is not an optimizer step of the plan); returns True
+        when a plain line was due (and written)."""
         if self.bar is not None:
-            self.bar.update(1)
+            if advance:
+                self.bar.update(1)
             self.bar.set_postfix_str(postfix, refresh=False)
         if now_s - self.last_line_s < self.every_s:
             return False

@@ -7,8 +7,9 @@ The last batch of a pool may be smaller: nothing is dropped.
 
 For data-parallel training each rank takes every `world_size`-th batch; when the batch count does not
 divide evenly, the first few batches are repeated so that every rank runs the same number of steps
-(counted in `repeated`). Resuming needs only (epoch, position): the batch list is a function of the
-seed and the epoch.
+(counted in `repeated`): the ranks' shares are disjoint but for those repeats. Resuming needs only
+(epoch, position): the batch list is a function of the seed and the epoch; a checkpoint resumes only
+with the number of processes that wrote it (refused otherwise, with the number to use).
 """
 
 from __future__ import annotations
@@ -87,7 +88,14 @@ class BucketSampler:
 
     def state_dict(self) -> dict:
         return {"epoch": self.state.epoch, "position": self.state.position, "seed": self.seed,
-                "batch_size": self.batch_size, "items": len(self.lengths)}
+                "batch_size": self.batch_size, "items": len(self.lengths), "world_size": self.world_size}
 
     def load_state_dict(self, state: dict) -> None:
+        """Continue at the saved position. The position counts this process's batches of its share, so it
+        only means the same thing with as many processes as when it was saved."""
+        saved_world = int(state.get("world_size", 1))
+        if saved_world != self.world_size:
+            raise ValueError(f"this checkpoint was written by a run of {saved_world} process(es) and this one has "
+                             f"{self.world_size}: resume it with the same number (torchrun --nproc_per_node="
+                             f"{saved_world}), or start a new run in another --checkpoint_dir")
         self.state = SamplerState(epoch=int(state["epoch"]), position=int(state["position"]))

@@ -38,12 +38,15 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def pick_device(name: str) -> torch.device:
+def pick_device(name: str, local_rank: int | None = None) -> torch.device:
+    """--device as a torch device; in a data-parallel run each process takes the GPU of its local rank."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {name}: CUDA is not available on this machine (use --device cpu)")
+    if device.type == "cuda" and local_rank is not None:
+        device = torch.device("cuda", local_rank)
     return device
 
 

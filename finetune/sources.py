@@ -1,6 +1,7 @@
 """Corpus sources for preparation: each yields SourceItems (id, raw text, audio path or bytes).
 
 - an LJSpeech-style folder: `metadata.csv` (`id|text` or `id|raw|normalised`) and `wavs/<id>.<ext>`;
+- a folder of pairs, as a recording app writes corrections: `<name>.<audio ext>` + `<name>.txt`;
 - a Hugging Face `datasets` dataset: a hub id, a `save_to_disk` folder, or a downloaded hub snapshot;
 - an audiofolder (audio files + metadata.csv/.jsonl with a `file_name` column, at the top or in a split
   folder), read directly: building it with `datasets` needs torchcodec to encode the audio;
@@ -38,6 +39,7 @@ class SourceItem:
     text: str
     audio_path: str | None = None  # a file to decode
     audio_bytes: bytes | None = None  # encoded audio in memory (datasets); preferred over the path
+    problem: tuple[str, str] | None = None  # (drop reason, detail) when the source already knows it is unusable
 
     def audio_signature(self) -> str:
         """What identifies this clip's audio, cheaply: a hash of the bytes, or path + size + mtime.
@@ -131,6 +133,34 @@ def ljspeech_source(input_dir: str | Path, max_samples: int = 0, flag: str = "--
             yield SourceItem(item_id=safe_id(name), text=text, audio_path=str(path))
 
     return Source(description=f"LJSpeech folder {folder}", count=len(rows), iterate=iterate)
+
+
+# ---------------------------------------------------------------- pairs of audio + text
+
+
+def looks_like_pairs(folder: Path) -> bool:
+    return folder.is_dir() and any(p.suffix.lower() in (*AUDIO_EXTENSIONS, ".txt") for p in folder.iterdir())
+
+
+def pairs_source(folder: str | Path, flag: str) -> Source:
+    """Each `<name>.<audio ext>` with its `<name>.txt` (the text, UTF-8, one line or several) in `folder`.
+    An audio file without its text, or a text without its audio, is an item that will be dropped by name
+    (missing_text, missing_file); an empty text is dropped as empty_text."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise SourceError(f"{flag} {folder}: no such folder")
+    audio = {p.stem: p for p in sorted(folder.iterdir()) if p.is_file() and p.suffix.lower() in AUDIO_EXTENSIONS}
+    texts = {p.stem: p for p in sorted(folder.iterdir()) if p.is_file() and p.suffix.lower() == ".txt"}
+    names = sorted(set(audio) | set(texts))
+
+    def iterate() -> Iterator[SourceItem]:
+        for name in names:
+            text = " ".join(texts[name].read_text(encoding="utf-8-sig").split()) if name in texts else ""
+            problem = None if name in texts else ("missing_text", f"no {name}.txt beside {audio[name].name}")
+            path = audio.get(name, folder / f"{name}.wav")  # a missing file is reported as missing_file
+            yield SourceItem(item_id=safe_id(name), text=text, audio_path=str(path), problem=problem)
+
+    return Source(description=f"folder of audio + .txt pairs {folder}", count=len(names), iterate=iterate)
 
 
 # ---------------------------------------------------------------- CSV / TSV manifest

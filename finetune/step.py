@@ -35,10 +35,12 @@ import torch
 from transformers import VitsModel
 
 from .data import Batch
+from .distributed import Distributed
 from .discriminator import Discriminator
 from .features import Features
 from .losses import LossWeights, discriminator_loss
 from .objective import GeneratorLosses, generator_forward, generator_losses, real_segments
+from .profile import section
 
 ADAM_BETAS = (0.8, 0.99)  # original VITS
 ADAM_EPS = 1e-9
@@ -80,6 +82,19 @@ def frozen(module: torch.nn.Module):
             p.requires_grad_(True)
 
 
+class GeneratorObjective(torch.nn.Module):
+    """The generator's training forward as a module, so that data-parallel training can wrap it."""
+
+    def __init__(self, model: VitsModel, features: Features, segment_frames: int):
+        super().__init__()
+        self.model = model
+        self.features = [features]  # not a submodule: its buffers are constants, not the generator's state
+        self.segment_frames = segment_frames
+
+    def forward(self, batch: Batch):
+        return generator_forward(self.model, batch, self.features[0], self.segment_frames)
+
+
 @dataclass
 class StepSettings:
     learning_rate: float = 2e-5
@@ -115,9 +130,14 @@ class TrainStep:
     (or `run` for a list of micro-batches)."""
 
     def __init__(self, model: VitsModel, discriminator: Discriminator, features: Features, weights: LossWeights,
-                 settings: StepSettings, precision: Precision, device: torch.device):
+                 settings: StepSettings, precision: Precision, device: torch.device, dist: Distributed = Distributed()):
         self.model, self.discriminator, self.features = model, discriminator, features
-        self.weights, self.settings, self.precision, self.device = weights, settings, precision, device
+        self.weights, self.settings, self.precision, self.device, self.dist = weights, settings, precision, device, dist
+        # Data-parallel: each model in its own DistributedDataParallel, so each gets one gradient reduction
+        # per optimizer step (at the window's last micro-batch). The discriminator's second pass, frozen,
+        # for the generator's adversarial loss, goes to the module itself, not through its wrapper.
+        self.generator_forward_module = dist.wrap(GeneratorObjective(model, features, settings.segment_frames))
+        self.discriminator_module = dist.wrap(discriminator)
         self.generator_params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer_g = torch.optim.AdamW(self.generator_params, lr=settings.learning_rate, betas=ADAM_BETAS,
                                              eps=ADAM_EPS, weight_decay=settings.weight_decay)
@@ -141,16 +161,27 @@ class TrainStep:
         for group in self.optimizer_d.param_groups:
             group["lr"] = discriminator_lr
 
-    def accumulate(self, batch: Batch, scale: float, generator: bool = True) -> dict[str, torch.Tensor]:
+    def accumulate(self, batch: Batch, scale: float, generator: bool = True, sync: bool = True) -> dict[str, torch.Tensor]:
         """Forward and backward for one micro-batch; `scale` is 1 / micro-batches per step. With
         `generator` False only the discriminator learns (its warm-up): the generator runs without
-        gradients and is left untouched. Returns the loss terms as detached tensors (no sync)."""
-        with torch.set_grad_enabled(generator):
+        gradients and is left untouched. `sync` False (data-parallel, not the window's last micro-batch)
+        keeps the gradients local. Returns the loss terms as detached tensors (no sync)."""
+        with contextlib.ExitStack() as stack:
+            if not sync:
+                for module in (self.generator_forward_module, self.discriminator_module):
+                    if hasattr(module, "no_sync"):
+                        stack.enter_context(module.no_sync())
+            return self._accumulate(batch, scale, generator)
+
+    def _accumulate(self, batch: Batch, scale: float, generator: bool) -> dict[str, torch.Tensor]:
+        with section("generator_forward"), torch.set_grad_enabled(generator):
             out, real_audio, mel_real = self.forward(batch)
-        d_loss, margin, real_features = self.discriminator_backward(real_audio, out.audio, generator, scale)
+        with section("discriminator"):
+            d_loss, margin, real_features = self.discriminator_backward(real_audio, out.audio, generator, scale)
         terms = {}
         if generator:
-            g_losses = self.generator_backward(out, mel_real, real_features, scale)
+            with section("generator_backward"):
+                g_losses = self.generator_backward(out, mel_real, real_features, scale)
             terms = {k: v.detach() for k, v in g_losses.terms().items()}
         terms["discriminator"] = d_loss.detach()
         terms["margin"] = margin.detach()
@@ -159,7 +190,7 @@ class TrainStep:
     def forward(self, batch: Batch):
         """Generator forward plus the matching real segments: (GeneratorForward, real audio, real log-mel)."""
         with self.autocast():
-            out = generator_forward(self.model, batch, self.features, self.settings.segment_frames)
+            out = self.generator_forward_module(batch)
             real_audio, mel_real = real_segments(batch, self.features, out.segment_starts, self.settings.segment_frames)
         return out, real_audio, mel_real
 
@@ -171,7 +202,7 @@ class TrainStep:
         when the generator needs them."""
         size = real_audio.shape[0]
         with self.autocast():
-            scores, features = self.discriminator(torch.cat([real_audio, generated_audio.detach()]))
+            scores, features = self.discriminator_module(torch.cat([real_audio, generated_audio.detach()]))
         real_scores, fake_scores = [s[:size].float() for s in scores], [s[size:].float() for s in scores]
         d_loss = discriminator_loss(real_scores, fake_scores)
         self.scaler_d.scale(d_loss * scale).backward()
@@ -198,13 +229,15 @@ class TrainStep:
         totals: dict[str, torch.Tensor] = {}
         used, longest, widest = 0, 0, 0
         try:
-            for batch, _last in micro_batches:
+            for batch, last in micro_batches:
                 used += 1
                 longest, widest = max(longest, int(batch.frame_lengths.max())), max(widest, len(batch))
-                for name, value in self.accumulate(batch, scale, generator).items():
+                for name, value in self.accumulate(batch, scale, generator, sync=last).items():
                     totals[name] = totals.get(name, 0.0) + value * scale
         except torch.cuda.OutOfMemoryError:
             self.zero_grad()
+            if self.dist.active:  # the other processes wait in this window's gradient reduction: stop all
+                raise
             return Window(totals={}, used=used, planned=planned, generator=generator, oom=f"{used} micro-batches of up to {widest} clips "
                                                                         f"(longest {longest} frames)")
         except BaseException:
@@ -233,11 +266,15 @@ class TrainStep:
     def apply(self, window: Window) -> StepResult:
         """End of an accumulation window: drop it if it ran out of memory or any loss is not finite,
         else clip and step."""
+        with section("optimizer"):
+            return self._apply(window)
+
+    def _apply(self, window: Window) -> StepResult:
         if window.oom:
             return self._out_of_memory(window.oom)
         values = torch.stack(list(window.totals.values())).tolist()  # a sync point: finiteness decides the step
         losses = dict(zip(window.totals, values))
-        if not all(map(math.isfinite, values)):
+        if self.dist.any(not all(map(math.isfinite, values))):  # one process's NaN is every process's (averaged)
             return self._drop(losses, "non-finite loss")
         try:
             return self._step_optimizers(losses, window.generator)

@@ -78,8 +78,8 @@ def speak_to_folder(voice: Voice, lines: list[Line], folder: Path, seed: int = 0
 
 
 def speak_for_review(voice: Voice, lines: list[Line], folder: Path, seed: int = 0) -> list[tuple[Path, Line]]:
-    """The sayable lines to folder/<id>.wav and folder/metadata.csv (`id|text`, what corrections are
-    recorded against); each line that cannot be said is named on stderr. Returns (path, line) pairs;
+    """The sayable lines to folder/<id>.wav, each text to folder/<id>.txt and all to folder/metadata.csv
+    (`id|text`): what corrections are recorded against; each line that cannot be said is named on stderr. Returns (path, line) pairs;
     with nothing sayable, nothing is written."""
     for line in lines:
         if line.token_ids is None:
@@ -89,6 +89,8 @@ def speak_for_review(voice: Voice, lines: list[Line], folder: Path, seed: int = 
         return []
     paths = speak_to_folder(voice, sayable, folder, seed)
     (folder / "metadata.csv").write_text("".join(f"{l.item_id}|{l.text}\n" for l in sayable), encoding="utf-8")
+    for line in sayable:  # the text of each, as the pair a correction is recorded into
+        (folder / f"{line.item_id}.txt").write_text(line.text + "\n", encoding="utf-8")
     return list(zip(paths, sayable))
 
 

@@ -174,6 +174,28 @@ def test_bad_corrections_are_reported_and_the_rest_used(prepared_demo, base_run,
         [f"{i}.mp3" for i in CORRECTION_IDS[:2]] + ["with_digits.wav"])
 
 
+def test_pairs_a_recording_app_writes_are_found_in_training_feedback_and_bad_pairs_named(
+        prepared_demo, base_run, tmp_path, timed_work, monkeypatch):
+    fake, _ = timed_work
+    texts = dict(line.split("|", 1) for line in (DEMO_CORPUS / "metadata.csv").read_text(encoding="utf-8").splitlines())
+    folder = tmp_path / "training" / "feedback"
+    folder.mkdir(parents=True)
+    for index, item_id in enumerate(CORRECTION_IDS[:2], start=1):
+        shutil.copy(DEMO_CORPUS / "wavs" / f"{item_id}.mp3", folder / f"audio_{index:03d}.mp3")
+        (folder / f"audio_{index:03d}.txt").write_text(texts[item_id] + "\n", encoding="utf-8")
+    shutil.copy(DEMO_CORPUS / "wavs" / f"{CORRECTION_IDS[2]}.mp3", folder / "audio_003.mp3")  # no text
+    (folder / "audio_004.txt").write_text("Ez baş im.\n", encoding="utf-8")  # no audio
+    shutil.copy(DEMO_CORPUS / "wavs" / f"{CORRECTION_IDS[3]}.mp3", folder / "audio_005.mp3")
+    (folder / "audio_005.txt").write_text("  \n", encoding="utf-8")  # empty text
+    monkeypatch.chdir(tmp_path)  # the default: training/feedback/ under the working folder
+    args = feedback_args(prepared_demo, base_run, tmp_path, folder, "--max_epochs", "1")[2:]  # no --feedback_dir
+    assert train_feedback.main(args, clock=clock_for(fake)) == 0
+    report = json.loads((tmp_path / "voices" / "rounds" / "round_001" / "feedback_report.json").read_text())
+    assert {d["id"]: d["reason"] for d in report["corrections_dropped"]} == {
+        "audio_003": "missing_text", "audio_004": "missing_file", "audio_005": "empty_text"}
+    assert report["counts"]["corrections"] == 2
+
+
 def test_empty_or_missing_feedback_is_a_clear_error(prepared_demo, base_run, tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "metadata.csv").write_text("", encoding="utf-8")
@@ -181,6 +203,10 @@ def test_empty_or_missing_feedback_is_a_clear_error(prepared_demo, base_run, tmp
         train_feedback.main(feedback_args(prepared_demo, base_run, tmp_path, tmp_path / "empty"))
     with pytest.raises(train_feedback.FeedbackError, match="no such folder"):
         train_feedback.main(feedback_args(prepared_demo, base_run, tmp_path, tmp_path / "nowhere"))
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.md").write_text("nothing to learn from", encoding="utf-8")
+    with pytest.raises(train_feedback.FeedbackError, match="holds no corrections: expected pairs"):
+        train_feedback.main(feedback_args(prepared_demo, base_run, tmp_path, tmp_path / "other"))
     with pytest.raises(train_feedback.FeedbackError, match="no model to start from"):
         train_feedback.main(["--base_model", str(tmp_path / "nothing"), "--output_dir", str(tmp_path / "v")])
 
@@ -191,7 +217,9 @@ def test_review_speaks_sentences_for_listening(base_run, tmp_path):
     code = train_feedback.main(["--base_model", str(base_run / "checkpoints" / "best_model"), "--review", str(sentences),
                                 "--review_dir", str(tmp_path / "review")])
     assert code == 0
-    assert sorted(p.name for p in (tmp_path / "review").iterdir()) == ["001.wav", "003.wav", "metadata.csv"]
+    assert sorted(p.name for p in (tmp_path / "review").iterdir()) == ["001.txt", "001.wav", "003.txt", "003.wav",
+                                                                       "metadata.csv"]
+    assert (tmp_path / "review" / "003.txt").read_text(encoding="utf-8") == "Tu çawa yî?\n"
     assert (tmp_path / "review" / "metadata.csv").read_text(encoding="utf-8") == "001|Ez baş im.\n003|Tu çawa yî?\n"
 
 

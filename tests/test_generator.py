@@ -55,3 +55,44 @@ def test_local_pretrained_folder_round_trips_through_training_layout(tmp_path):
         assert torch.allclose(exported.state_dict()[key], value, atol=1e-6), key
 
 
+
+
+def test_a_model_folder_with_missing_weights_is_refused_by_name(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from finetune.model_source import ModelSourceError
+
+    folder = make_tokenizer_dir(tmp_path / "broken", KURMANJI_LETTERS + " ")
+    VitsModel(VitsConfig(vocab_size=len(KURMANJI_LETTERS) + 1, **SCRATCH_CONFIGS["tiny"])).save_pretrained(str(folder))
+    weights = load_file(str(folder / "model.safetensors"))
+    missing = sorted(k for k in weights if k.startswith("flow."))[0]
+    del weights[missing]
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    import pytest
+
+    with pytest.raises(ModelSourceError, match=f"missing or of the wrong shape.*{missing}"):
+        load_generator(resolve_model(str(folder)), [], 16000)
+
+
+def test_a_multi_speaker_model_is_refused(tmp_path):
+    import pytest
+
+    from finetune.model_source import ModelSourceError
+
+    folder = make_tokenizer_dir(tmp_path / "speakers", KURMANJI_LETTERS + " ")
+    config = VitsConfig(vocab_size=len(KURMANJI_LETTERS) + 1, num_speakers=4, speaker_embedding_size=16,
+                        **SCRATCH_CONFIGS["tiny"])
+    VitsModel(config).save_pretrained(str(folder))
+    with pytest.raises(ModelSourceError, match="multi-speaker VITS model \\(4 speakers\\)"):
+        load_generator(resolve_model(str(folder)), [], 16000)
+
+
+def test_an_incomplete_model_folder_says_what_it_lacks(tmp_path):
+    import pytest
+
+    from finetune.model_source import ModelSourceError
+
+    folder = make_tokenizer_dir(tmp_path / "half", KURMANJI_LETTERS + " ")
+    VitsConfig(vocab_size=len(KURMANJI_LETTERS) + 1, **SCRATCH_CONFIGS["tiny"]).save_pretrained(str(folder))
+    with pytest.raises(ModelSourceError, match=r"incomplete, it has no model.safetensors \(the weights\)"):
+        load_generator(resolve_model(str(folder)), [], 16000)

@@ -155,3 +155,37 @@ def test_evaluation_out_of_gpu_memory_retries_with_smaller_groups(prepared_demo,
     result = evaluator.evaluate(loaded.model, step=0)
     assert evaluator.batch_size == 2 and len(result.per_clip) == 6
     assert all(np.isfinite(v.mcd_db) for v in result.per_clip.values())
+
+
+def test_a_discriminator_warm_up_step_moves_the_discriminator_and_leaves_the_generator(prepared_demo):
+    loaded = tiny_generator(prepared_demo)
+    model, batch = loaded.model.train(), demo_batch(prepared_demo, loaded.tokenizer)
+    step = make_step(model)
+    generator_before = copy.deepcopy(model.state_dict())
+    discriminator_before = copy.deepcopy(step.discriminator.state_dict())
+    result = step.run([batch], generator=False)
+    assert result.applied and set(result.losses) == {"discriminator", "margin"}
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, generator_before[key]), key
+    assert step.optimizer_g.state_dict()["state"] == {}  # the generator's optimizer never stepped
+    assert any(not torch.equal(value, discriminator_before[key]) for key, value in step.discriminator.state_dict().items())
+
+
+def test_a_clip_shorter_than_a_segment_reads_as_silence_past_its_end_precomputed_or_not(prepared_demo):
+    from finetune.corpus import load_examples, precompute_features
+    from finetune.data import collate
+    from finetune.objective import real_segments
+
+    loaded = tiny_generator(prepared_demo)
+    examples, _ = load_examples(prepared_demo, "metadata.csv", loaded.tokenizer, hop=256, sample_rate=16000,
+                                max_samples=2)
+    examples[0].audio = examples[0].audio[: 20 * 256]  # 20 frames, shorter than the 32 of a segment
+    features = Features(FeatureConfig())
+    starts = torch.zeros(2, dtype=torch.long)
+    _, computed = real_segments(collate(examples, 256).to("cpu"), features, starts, 32)
+    precompute_features(examples, features, torch.device("cpu"), 256)
+    _, precomputed = real_segments(collate(examples, 256).to("cpu"), features, starts, 32)
+    # Past frame 20 the first clip is padding: silence either way (precomputed padding used to be 0, loud).
+    # Frames 20-22 straddle the end (a 1024-sample window spans four hops), so the comparison starts at 23.
+    assert torch.allclose(precomputed[0, :, 23:], computed[0, :, 23:], atol=1e-4)
+    assert precomputed[0, :, 23:].max() < -9.0

@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""Does fine-tuning a pretrained voice make it the new voice, without breaking its timing?
+
+    .venv/bin/python bench/bench_finetune.py                       # about 25 minutes on 2 CPU cores
+    .venv/bin/python bench/bench_finetune.py --pretrain_hours 0.05 --finetune_hours 0.03   # a quick look
+
+1. Voice A: the demo corpus. A tiny VITS is pretrained on it from scratch (train_vits.py).
+2. Voice B: the same recordings made slower and lower offline (resampled with librosa/soxr to play
+   --stretch x longer, which lowers the pitch by the same factor), prepared with A's vocabulary. Held-out
+   clips are chosen by id, so B's held-out sentences are A's held-out sentences: unseen by both runs.
+3. A is fine-tuned on B with train_vits.py, as a user fine-tunes an MMS voice: A's weights, a new
+   discriminator (warmed up alone), a small learning rate, a budget.
+4. Before and after, scored on held-out clips of B and of A: MCD-DTW, and the median length ratio
+   measured by stock transformers (`VitsModel.forward` on the text; its length over the recording's).
+   B's tempo is --stretch times A's, so A's model speaks B's sentences at about 1/stretch of their
+   length, and a fine-tune that learned B's tempo at about 1.
+5. The same fine-tune with transformers' own duration training path (`--compare_old_loss`), the
+   flow order this tool replaced (finetune/duration.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from bench.machine import describe  # noqa: E402
+
+OLD_LOSS_PATCH = (  # transformers' own training path for the stochastic duration predictor
+    "import finetune.objective as o;"
+    "o.stochastic_duration_nll = lambda p, h, m, d: p(h, m, durations=d);"
+)
+
+
+def run(command: list[str], label: str, log: Path) -> float:
+    started = time.perf_counter()
+    with open(log, "w") as out:
+        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+    if done.returncode != 0:
+        raise SystemExit(f"{label} failed (exit {done.returncode}); see {log}")
+    return time.perf_counter() - started
+
+
+def train(data_dir: Path, run_dir: Path, model: str, hours: float, lr: float, old_loss: bool = False) -> float:
+    argv = ["--data_dir", str(data_dir), "--checkpoint_dir", str(run_dir / "checkpoints"), "--output_dir",
+            str(run_dir / "final_model"), "--model_name", model, "--target_hours", str(hours),
+            "--discriminator_width", "0.0625", "--learning_rate", str(lr), "--gradient_accumulation_steps", "1",
+            "--log_every_seconds", "60", "--val_samples", "16"]
+    code = (OLD_LOSS_PATCH if old_loss else "") + "import sys, train_vits; sys.exit(train_vits.main(sys.argv[1:]))"
+    return run([sys.executable, "-c", code, *argv], f"training {run_dir.name}", run_dir.with_suffix(".log"))
+
+
+def make_voice_b(source: Path, out: Path, stretch: float, semitones: float) -> None:
+    """The demo recordings slowed down by resampling, as a tape played slower: `stretch` times longer, and
+    pitch and formants lower by the same factor (-3.9 semitones for 1.25), as a larger speaker's; then
+    shifted by `semitones` more if asked. Resampling adds no artefacts (a phase-vocoder time stretch
+    smears transients, and the alignment of smeared speech is noisier)."""
+    import librosa
+    import soundfile as sf
+
+    (out / "wavs").mkdir(parents=True)
+    rows = [(source / name).read_text(encoding="utf-8") for name in ("metadata.csv", "metadata_val.csv")]
+    (out / "metadata.csv").write_text("".join(rows), encoding="utf-8")  # all of A's clips; B splits them alike
+    for path in sorted((source / "wavs").glob("*.wav")):
+        audio, rate = sf.read(path, dtype="float32")
+        slower = librosa.resample(audio, orig_sr=rate, target_sr=round(rate * stretch), res_type="soxr_hq")
+        if semitones:
+            slower = librosa.effects.pitch_shift(slower, sr=rate, n_steps=semitones)
+        sf.write(out / "wavs" / path.name, slower, rate, subtype="PCM_16")
+
+
+def prepare(source: Path, data_dir: Path, model: str) -> None:
+    run([sys.executable, str(REPO / "prepare_data.py"), "--input_dir", str(source), "--data_dir", str(data_dir),
+         "--model_name", model, "--val_fraction", "0.05", "--num_workers", "2"], f"preparing {data_dir.name}",
+        data_dir.with_suffix(".log"))
+
+
+def score(model_dir: Path, data_dir: Path) -> dict:
+    """MCD-DTW (this tool's evaluation) and the median length ratio by stock transformers, held-out clips."""
+    import torch
+    from transformers import VitsModel, VitsTokenizer
+    from transformers.utils import logging as transformers_logging
+
+    from finetune.corpus import load_examples
+    from finetune.evaluation import Evaluator
+    from finetune.features import FeatureConfig, Features
+
+    transformers_logging.disable_progress_bar()
+    model = VitsModel.from_pretrained(str(model_dir)).eval()
+    tokenizer = VitsTokenizer.from_pretrained(str(model_dir))
+    examples, _ = load_examples(data_dir, "metadata_val.csv", tokenizer, 256, 16000)
+    result = Evaluator(examples, Features(FeatureConfig()), torch.device("cpu"), 16000, None, [], seed=0,
+                       batch_size=1).evaluate(model, 0)
+    ratios = []
+    for index, example in enumerate(examples):
+        torch.manual_seed(index)
+        with torch.no_grad():
+            out = model(input_ids=torch.from_numpy(example.token_ids.astype(np.int64)).unsqueeze(0))
+        ratios.append(int(out.sequence_lengths[0]) / len(example.audio))
+    return {"mcd_db": result.mcd_db, "stock_length_ratio": float(np.median(ratios)),
+            "duration_error": result.duration_error, "clips": len(examples)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pretrain_hours", type=float, default=0.17, help="pretraining budget of voice A")
+    parser.add_argument("--finetune_hours", type=float, default=0.08, help="fine-tuning budget on voice B")
+    parser.add_argument("--pretrain_lr", type=float, default=2e-3)
+    parser.add_argument("--finetune_lr", type=float, default=2e-4)
+    parser.add_argument("--stretch", type=float, default=1.25, help="B's recordings are this many times longer")
+    parser.add_argument("--semitones", type=float, default=0.0, help="B's pitch shift beyond what slowing down gives")
+    parser.add_argument("--compare_old_loss", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--work_dir", default=None, help="keep everything here (default: a temporary folder)")
+    parser.add_argument("--reuse", action="store_true", help="with --work_dir: keep voice A and B's data from an "
+                                                             "earlier run there and redo only the fine-tunes")
+    args = parser.parse_args()
+    print(f"machine: {describe()}", flush=True)
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_finetune_"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"work folder: {work}", flush=True)
+
+    voice_a = work / "voice_a" / "checkpoints" / "best_model"
+    if args.reuse and (voice_a / "config.json").is_file():
+        print(f"reusing voice A ({voice_a}) from an earlier run in {work}", flush=True)
+    else:
+        prepare(REPO / "demo" / "corpus", work / "data_a", "scratch:tiny")
+        seconds = train(work / "data_a", work / "voice_a", "scratch:tiny", args.pretrain_hours, args.pretrain_lr)
+        if not (voice_a / "config.json").is_file():
+            voice_a = work / "voice_a" / "final_model"
+        print(f"voice A pretrained in {seconds:.0f}s -> {voice_a}", flush=True)
+    if not (args.reuse and (work / "data_b" / "metadata.csv").is_file()):
+        shutil.rmtree(work / "corpus_b", ignore_errors=True)
+        shutil.rmtree(work / "data_b", ignore_errors=True)
+        make_voice_b(work / "data_a", work / "corpus_b", args.stretch, args.semitones)
+        prepare(work / "corpus_b", work / "data_b", str(voice_a))
+
+    rows = {"voice A (before)": voice_a}
+    runs = [("fine-tuned on B", False)] + ([("fine-tuned on B, old duration loss", True)] if args.compare_old_loss else [])
+    for label, old in runs:
+        run_dir = work / ("finetune_old" if old else "finetune")
+        shutil.rmtree(run_dir, ignore_errors=True)
+        seconds = train(work / "data_b", run_dir, str(voice_a), args.finetune_hours, args.finetune_lr, old)
+        best = run_dir / "checkpoints" / "best_model"
+        rows[f"{label}: best_model"] = best if (best / "config.json").is_file() else None
+        rows[f"{label}: final_model"] = run_dir / "final_model"
+        print(f"{label}: {seconds:.0f}s", flush=True)
+
+    lower = -12 * np.log2(args.stretch) + args.semitones
+    print(f"\nB is voice A {args.stretch}x slower and {-lower:.1f} semitones lower; held-out clips of each")
+    print("| model | MCD vs B (dB) | length vs B | duration error vs B | MCD vs A (dB) | length vs A |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    results = {}
+    for label, folder in rows.items():
+        if folder is None:
+            print(f"| {label} | (no model passed the timing rule) | | | | |")
+            continue
+        on_b, on_a = score(folder, work / "data_b"), score(folder, work / "data_a")
+        results[label] = {"b": on_b, "a": on_a}
+        print(f"| {label} | {on_b['mcd_db']:.2f} | {on_b['stock_length_ratio']:.2f} | {on_b['duration_error']:.2f} | "
+              f"{on_a['mcd_db']:.2f} | {on_a['stock_length_ratio']:.2f} |", flush=True)
+    (work / "results.json").write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""The run's figures as images, drawn with matplotlib (no display needed): curves from metrics.jsonl for
+the run report, and a generated-vs-recorded mel spectrogram for TensorBoard and the report."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+
+
+def _figure(width: float = 7.0, height: float = 3.0):
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: works on a server with no display
+    from matplotlib import pyplot
+
+    return pyplot, pyplot.figure(figsize=(width, height), dpi=100)
+
+
+def _save(pyplot, figure, path: Path | None) -> bytes:
+    buffer = io.BytesIO()
+    figure.tight_layout()
+    figure.savefig(buffer, format="png")
+    pyplot.close(figure)
+    data = buffer.getvalue()
+    if path is not None:
+        path.write_bytes(data)
+    return data
+
+
+def mel_comparison_rgb(generated: np.ndarray, recorded: np.ndarray, title: str) -> np.ndarray:
+    """Two log-mels [n_mels, frames] one above the other, as an RGB image [height, width, 3] (uint8)."""
+    pyplot, figure = _figure(7.0, 4.0)
+    low, high = float(np.min(recorded)), float(np.max(recorded))
+    for row, (label, mel) in enumerate((("synthesised from text", generated), ("recording", recorded)), start=1):
+        axis = figure.add_subplot(2, 1, row)
+        axis.imshow(mel, origin="lower", aspect="auto", vmin=low, vmax=high, interpolation="nearest")
+        axis.set_ylabel("mel band")
+        axis.set_title(f"{title}: {label}" if row == 1 else label, fontsize=9)
+    axis.set_xlabel("frame")
+    from PIL import Image
+
+    return np.asarray(Image.open(io.BytesIO(_save(pyplot, figure, None))).convert("RGB"))
+
+
+def curves(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, tuple[list, list]],
+           log_y: bool = False, bands: list[tuple[float, float, str]] = ()) -> None:
+    """Line plot of named (x, y) series to a PNG; `bands` shade horizontal ranges (low, high, label)."""
+    pyplot, figure = _figure()
+    axis = figure.add_subplot(1, 1, 1)
+    for name, (xs, ys) in series.items():
+        if xs:
+            axis.plot(xs, ys, label=name, marker="o" if len(xs) < 30 else None, markersize=3)
+    for low, high, label in bands:
+        axis.axhspan(low, high, alpha=0.12, color="green", label=label)
+    if log_y:
+        axis.set_yscale("log")
+    axis.set_title(title, fontsize=10)
+    axis.set_xlabel(xlabel)
+    axis.set_ylabel(ylabel)
+    if len(series) > 1 or bands:
+        axis.legend(fontsize=8)
+    axis.grid(alpha=0.3)
+    _save(pyplot, figure, path)
+
+
+def bars(path: Path, title: str, values: dict[str, float], unit: str) -> None:
+    pyplot, figure = _figure(7.0, 2.6)
+    axis = figure.add_subplot(1, 1, 1)
+    names = list(values)
+    axis.barh(names, [values[n] for n in names])
+    axis.invert_yaxis()
+    axis.set_title(title, fontsize=10)
+    axis.set_xlabel(unit)
+    axis.grid(alpha=0.3, axis="x")
+    _save(pyplot, figure, path)

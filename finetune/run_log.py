@@ -1,0 +1,132 @@
+"""What a training run tells its user, in one place: the progress line (tqdm on a terminal), train.log,
+metrics.jsonl, TensorBoard / Weights & Biases (finetune/tracking.py), the step profile
+(finetune/profile.py) and report.html (finetune/run_report.py). The loop says what happened; this
+decides where it goes. Only the main process of a data-parallel run writes anything.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .atomic import write_text_atomic
+from .evaluation import EvalResult
+from .profile import StepProfile
+from .reporting import Metrics, ProgressDisplay, memory_text, progress_line
+from .tracking import Tracker
+
+
+class RunLog:
+    def __init__(self, logger, metrics: Metrics, tracker: Tracker, profile: StepProfile, run_dir: Path, device,
+                 is_main: bool = True, report_title: str = "", max_length_ratio: float = 1.25, sample_rate: int = 16000,
+                 best_dir: Path | None = None):
+        self.logger, self.metrics, self.tracker, self.profile = logger, metrics, tracker, profile
+        self.run_dir, self.device, self.is_main = run_dir, device, is_main
+        self.report_title, self.max_length_ratio, self.sample_rate = report_title, max_length_ratio, sample_rate
+        self.best_dir = best_dir
+        self.display: ProgressDisplay | None = None
+        self.eval_s = self.checkpoint_s = self.export_s = 0.0  # totals over the run (this process)
+
+    def open_display(self, total: int, initial: int, every_s: float) -> None:
+        self.display = ProgressDisplay(self.logger, total=total, initial=initial, every_s=every_s)
+
+    def close(self) -> None:
+        if self.display is not None:
+            self.display.close()
+
+    def set_total(self, total: int) -> None:
+        if self.display is not None:
+            self.display.set_total(total)
+
+    # ------------------------------------------------------------ steps
+
+    def step(self, now_s: float, fields: dict, used: int, planned: int, losses: dict[str, float],
+             scalars: dict[str, float]) -> None:
+        """One optimizer step: to the trackers always; as a progress line and a metrics record when due.
+        `fields` are progress_line's (step, total, epoch, epochs, lr, samples_per_s and the ETAs)."""
+        if not self.is_main:
+            return
+        step = fields["step"]
+        self.tracker.scalars(step, {**{f"loss/{k}": v for k, v in losses.items()}, **scalars}, prefix="train/")
+        line = progress_line(**fields, losses=losses, memory=memory_text(self.device))
+        if used < planned:
+            line += f" | {used} of {planned} micro-batches"
+        postfix = f"mel {losses.get('mel', float('nan')):.3f} lr {fields['lr']:.1e} {fields['samples_per_s']:.1f}/s"
+        if self.display is not None and self.display.step(now_s, line, postfix):
+            self.metrics.write("train", step=step, epoch=round(fields["epoch"], 4), lr=fields["lr"],
+                               samples_per_s=round(fields["samples_per_s"], 2),
+                               time_used_s=round(scalars["time_used_s"], 2), micro_batches=used,
+                               **{k: round(v, 5) for k, v in losses.items()})
+
+    # ------------------------------------------------------------ evaluations
+
+    def evaluation(self, result: EvalResult, described: str, improved: bool, best_note: str, best_score: float,
+                   example_mels) -> None:
+        if not self.is_main:
+            return
+        self.metrics.write("eval", **result.summary(), best=improved, best_mcd_db=round(best_score, 4))
+        self.logger.info(f"eval step {result.step}: {described} ({best_note}); "
+                         f"val mel {result.val_losses.get('mel', float('nan')):.3f}; {result.seconds:.1f}s")
+        numbers = {k: v for k, v in result.summary().items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        numbers.pop("step", None)
+        self.tracker.scalars(result.step, numbers, prefix="eval/")
+        self._samples(result)
+        if example_mels is not None:
+            self._mels(result.step, *example_mels)
+        self.write_report()
+
+    def _samples(self, result: EvalResult) -> None:
+        if not self.tracker.sinks:
+            return
+        import soundfile as sf
+
+        for path in result.samples:
+            wave, rate = sf.read(path, dtype="float32")
+            self.tracker.audio(result.step, f"samples/{Path(path).stem}", wave, rate)
+
+    def _mels(self, step: int, clip_id: str, generated: np.ndarray, recorded: np.ndarray) -> None:
+        from .plots import mel_comparison_rgb
+
+        rgb = mel_comparison_rgb(generated, recorded, f"step {step}, {clip_id}")
+        self.tracker.image(step, "eval/mel_synthesised_vs_recorded", rgb)
+        from PIL import Image
+
+        (self.run_dir / "report").mkdir(exist_ok=True)
+        Image.fromarray(rgb).save(self.run_dir / "report" / "mel_latest.png")
+
+    # ------------------------------------------------------------ plan, failures, the end
+
+    def plan(self, plan: dict, described: str) -> None:
+        if not self.is_main:
+            return
+        write_text_atomic(self.run_dir / "plan.json", json.dumps(plan, indent=2) + "\n")
+        self.metrics.write("plan", **plan)
+        self.logger.info(described)
+
+    def event(self, kind: str, **values) -> None:
+        if self.is_main:
+            self.metrics.write(kind, **values)
+
+    def end(self, summary: dict) -> dict:
+        """Profile shares and time totals into the summary; to metrics, the trackers and the report."""
+        self.profile.flush()
+        summary = {**summary, "profile_shares": {k: round(v, 4) for k, v in self.profile.shares().items()},
+                   "profile_s": {k: round(v, 4) for k, v in self.profile.totals.items()},
+                   "evaluation_s": round(self.eval_s, 2), "checkpoint_s": round(self.checkpoint_s, 2),
+                   "export_s": round(self.export_s, 2)}
+        if self.is_main:
+            self.metrics.write("end", **summary)
+            self.tracker.scalars(int(summary.get("steps", 0)), summary["profile_shares"], prefix="profile/")
+            self.write_report()
+            self.tracker.close()
+        return summary
+
+    def write_report(self) -> None:
+        from .run_report import write_report
+
+        try:
+            write_report(self.run_dir, self.report_title, self.max_length_ratio, self.best_dir)
+        except OSError as error:  # a full disk must not stop training for a report
+            self.logger.warning(f"warning: report.html not written: {error}")

@@ -1,0 +1,134 @@
+"""report.html: a run on one page, readable offline in any browser, written at each evaluation and at
+the end (atomically, beside metrics.jsonl).
+
+It shows, from the run's own files: the loss terms, MCD and timing per evaluation (with the timing
+rule's band), the learning rate, the budget used against the plan, where step time went, the latest
+generated-vs-recorded mel spectrogram, the best model's score per held-out clip, and players for the
+test sentences of the latest and the best evaluation. Plots are PNG files in RUN_DIR/report/.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+from .atomic import write_text_atomic
+from .plots import bars, curves
+
+LOSS_TERMS = ("mel", "kl", "duration", "adversarial", "feature_matching", "generator", "discriminator")
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut short by a crash: the rest still tells the story
+    return records
+
+
+def _series(records: list[dict], kind: str, key: str) -> tuple[list, list]:
+    points = [(r["step"], r[key]) for r in records if r.get("kind") == kind and r.get(key) is not None]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def draw(run_dir: Path, records: list[dict], max_length_ratio: float) -> list[tuple[str, str]]:
+    """The PNGs the page shows: (file name, caption)."""
+    folder = run_dir / "report"
+    folder.mkdir(exist_ok=True)
+    made = []
+    train = [r for r in records if r.get("kind") == "train"]
+    if train:
+        curves(folder / "losses.png", "Loss terms (before weighting)", "optimizer step", "loss",
+               {t: _series(records, "train", t) for t in LOSS_TERMS if any(t in r for r in train)}, log_y=True)
+        curves(folder / "learning_rate.png", "Learning rate", "optimizer step", "lr",
+               {"generator": _series(records, "train", "lr")})
+        made += [("losses.png", "Loss terms"), ("learning_rate.png", "Learning rate")]
+    if any(r.get("kind") == "eval" for r in records):
+        curves(folder / "mcd.png", "Held-out MCD-DTW (lower is better)", "optimizer step", "dB",
+               {"MCD": _series(records, "eval", "mcd_db")})
+        curves(folder / "timing.png", "Held-out timing: median length ratio (synthesised / recorded)", "optimizer step",
+               "ratio", {"length ratio": _series(records, "eval", "length_ratio"),
+                         "duration error": _series(records, "eval", "duration_error")},
+               bands=[(1 / max_length_ratio, max_length_ratio, "timing rule")])
+        made += [("mcd.png", "MCD per evaluation"), ("timing.png", "Timing per evaluation")]
+    made += _budget(folder, records)
+    end = next((r for r in reversed(records) if r.get("kind") == "end"), None)
+    if end and end.get("profile_shares"):
+        bars(folder / "profile.png", "Where step time went", {k.replace("_", " "): 100 * v
+                                                               for k, v in end["profile_shares"].items()}, "% of step time")
+        made.append(("profile.png", "Step profile"))
+    if (folder / "mel_latest.png").is_file():
+        made.append(("mel_latest.png", "Latest evaluation: a held-out sentence, synthesised and recorded"))
+    return made
+
+
+def _budget(folder: Path, records: list[dict]) -> list[tuple[str, str]]:
+    """Time used at each logged step, against what the last plan expected."""
+    used = _series(records, "train", "time_used_s")
+    plan = next((r for r in reversed(records) if r.get("kind") == "plan"), None)
+    if not used[0]:
+        return []
+    series = {"used": used}
+    if plan:
+        steps = [plan["steps_done"], plan["total_steps"]]
+        series["planned"] = (steps, [plan["time_used_s"], plan["time_used_s"] + (steps[1] - steps[0]) * plan["step_s"]])
+        series["budget"] = (steps, [plan["budget_target_s"]] * 2)
+    curves(folder / "budget.png", "Budget: seconds used at each step", "optimizer step", "s", series)
+    return [("budget.png", "Budget used against the plan")]
+
+
+def _audio(run_dir: Path, step: int | None, label: str) -> str:
+    if step is None:
+        return ""
+    folder = run_dir / "samples" / f"step_{step:06d}"
+    players = "".join(f'<figure><figcaption>{html.escape(p.stem)}</figcaption><audio controls src="{p.relative_to(run_dir)}">'
+                      "</audio></figure>" for p in sorted(folder.glob("*.wav")))
+    return f"<h3>{html.escape(label)} (step {step})</h3>{players}" if players else ""
+
+
+def _clip_table(best_dir: Path) -> str:
+    path = best_dir / "eval.json"
+    if not path.is_file():
+        return "<p>No best model yet: no evaluation was within the timing rule.</p>"
+    best = json.loads(path.read_text(encoding="utf-8"))
+    rows = "".join(f"<tr><td>{html.escape(name)}</td><td>{s['mcd_db']:.2f}</td><td>{s['length_ratio']:.2f}</td>"
+                   f"<td>{s['duration_error']:.2f}</td></tr>" for name, s in best.get("per_clip", {}).items())
+    return (f"<p>Best model: step {best['step']}, MCD {best['mcd_db']:.3f} dB, length x{best['length_ratio']:.2f}.</p>"
+            "<table><tr><th>held-out clip</th><th>MCD dB</th><th>length ratio</th><th>duration error</th></tr>"
+            f"{rows}</table>")
+
+
+def write_report(run_dir: Path, title: str, max_length_ratio: float = 1.25, best_dir: Path | None = None) -> Path:
+    """Draw the plots and write RUN_DIR/report.html (the best model in `best_dir`, by default
+    RUN_DIR/best_model); returns its path."""
+    records = read_metrics(run_dir)
+    figures = draw(run_dir, records, max_length_ratio)
+    evals = [r for r in records if r.get("kind") == "eval"]
+    best_step = next((r["step"] for r in reversed(evals) if r.get("best")), None)
+    end = next((r for r in reversed(records) if r.get("kind") == "end"), None)
+    summary = ("<p>Finished: " + html.escape(", ".join(f"{k} {v}" for k, v in end.items() if k != "kind"
+                                                        and not isinstance(v, dict))) + "</p>") if end else \
+        "<p>Running (this page is rewritten at each evaluation).</p>"
+    images = "".join(f'<figure><img src="report/{name}" alt="{html.escape(caption)}"><figcaption>'
+                     f"{html.escape(caption)}</figcaption></figure>" for name, caption in figures)
+    page = f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>body{{font-family:sans-serif;max-width:980px;margin:2em auto;color:#222}}img{{max-width:100%}}
+figure{{margin:1em 0}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:2px 8px;text-align:right}}
+td:first-child{{text-align:left}}</style></head><body>
+<h1>{html.escape(title)}</h1>{summary}
+<h2>Figures</h2>{images}
+<h2>Best model, per held-out clip</h2>{_clip_table(best_dir or run_dir / "best_model")}
+<h2>Listen</h2>{_audio(run_dir, evals[-1]["step"] if evals else None, "Latest evaluation")}
+{_audio(run_dir, best_step, "Best model") if best_step != (evals[-1]["step"] if evals else None) else ""}
+</body></html>
+"""
+    path = run_dir / "report.html"
+    write_text_atomic(path, page)
+    return path

@@ -1,0 +1,120 @@
+"""Data-parallel training on CPU with gloo: two processes stay identical and equal one process trained on
+both their batches; the real script under torchrun runs end to end and resumes."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import train_vits
+from finetune.checkpoint import load_checkpoint
+from tests.conftest import REPO
+from tests.test_train import args, metrics
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def one_step(data_dir: str, rank: int, world_size: int, out: str, port: int) -> None:
+    """Build the same tiny model and step as every other process, take one optimizer step on this rank's
+    batch (two clips), save the weights. world_size 1: both batches as two micro-batches of one window."""
+    from finetune import objective
+    from finetune.corpus import load_examples
+    from finetune.data import collate
+    from finetune.discriminator import Discriminator, DiscriminatorConfig
+    from finetune.distributed import Distributed
+    from finetune.features import FeatureConfig, Features
+    from finetune.losses import LossWeights
+    from finetune.step import Precision, StepSettings, TrainStep
+    from tests.conftest import tiny_generator
+
+    torch.set_num_threads(1)
+    dist = Distributed()
+    if world_size > 1:
+        torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                             world_size=world_size)
+        dist = Distributed(rank=rank, world_size=world_size, backend="gloo")
+    # Randomness that would differ between one process and two is pinned: segments start at frame 0,
+    # durations are predicted deterministically, dropout is off.
+    objective.pick_segment_starts = lambda lengths, size: torch.zeros_like(lengths)
+    loaded = tiny_generator(Path(data_dir), seed=0, use_stochastic_duration_prediction=False,
+                            hidden_dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+                            duration_predictor_dropout=0.0, wavenet_dropout=0.0)
+    model = loaded.model.train()
+    torch.manual_seed(1)
+    discriminator = Discriminator(DiscriminatorConfig(width=0.0625, periods=(2, 3)))
+    step = TrainStep(model, discriminator, Features(FeatureConfig()), LossWeights(),
+                     StepSettings(learning_rate=1e-3, discriminator_learning_rate=1e-3), Precision("fp32", None),
+                     torch.device("cpu"), dist)
+    examples, _ = load_examples(Path(data_dir), "metadata.csv", loaded.tokenizer, hop=256, sample_rate=16000,
+                                max_samples=4)
+    halves = [collate(examples[:2], 256).to("cpu"), collate(examples[2:4], 256).to("cpu")]
+    if world_size > 1:
+        torch.manual_seed(100 + rank)  # the noise of the posterior sample, per process
+        window = step.accumulate_window([(halves[rank], True)], 1)
+    else:
+        def seeded():
+            for index, half in enumerate(halves):
+                torch.manual_seed(100 + index)
+                yield half, index == 1
+        window = step.accumulate_window(seeded(), 2)
+    assert step.apply(window).applied
+    torch.save({"generator": model.state_dict(), "discriminator": discriminator.state_dict()}, out)
+    if world_size > 1:
+        torch.distributed.destroy_process_group()
+
+
+def test_two_processes_hold_identical_weights_equal_to_one_process_on_both_batches(prepared_demo, tmp_path):
+    port = free_port()
+    context = mp.get_context("spawn")
+    workers = [context.Process(target=one_step, args=(str(prepared_demo), rank, 2, str(tmp_path / f"rank_{rank}.pt"),
+                                                        port)) for rank in range(2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=300)
+        assert worker.exitcode == 0
+    one_step(str(prepared_demo), 0, 1, str(tmp_path / "single.pt"), port)
+    rank0, rank1, single = (torch.load(tmp_path / name, weights_only=True) for name in ("rank_0.pt", "rank_1.pt", "single.pt"))
+    for part in ("generator", "discriminator"):
+        for key, value in rank0[part].items():
+            assert torch.equal(value, rank1[part][key]), (part, key)  # the two processes stay identical
+            assert torch.allclose(value, single[part][key], rtol=1e-4, atol=1e-6), (part, key)
+
+
+def torchrun(argv: list[str]) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(REPO / "train_vits.py"), *argv], capture_output=True, text=True, timeout=600, env=env)
+
+
+def test_the_script_under_torchrun_runs_end_to_end_and_resumes(prepared_demo, tmp_path):
+    common = ["--target_hours", "1", "--val_every", "2", "--log_every_seconds", "0.001"]
+    first = torchrun(args(prepared_demo, tmp_path, "--max_epochs", "1", *common))
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "data parallel: 2 processes (gloo)" in first.stdout
+    run = tmp_path / "checkpoints"
+    plan = metrics(tmp_path, "plan")
+    assert plan and metrics(tmp_path, "eval") and metrics(tmp_path, "end")[0]["stop_reason"] == "max_epochs"
+    latest = load_checkpoint(run / json.loads((run / "latest_checkpoint.json").read_text())["path"])
+    assert len(latest["rng_by_rank"]) == 2 and latest["sampler"]["world_size"] == 2
+    # 19 clips in batches of 4: 5 batches an epoch, 3 for each process (one repeated), so 3 steps an epoch.
+    assert latest["state"]["step"] == 3
+    assert (tmp_path / "final_model" / "model.safetensors").is_file()
+
+    resumed = torchrun(["--checkpoint_dir", str(run), "--resume", "auto", "--max_epochs", "2"])
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert metrics(tmp_path, "end")[-1]["steps"] == 6
+
+    # A single process cannot continue it: the data positions mean something else with another count.
+    with pytest.raises(ValueError, match="written by a run of 2 process"):
+        train_vits.main(["--checkpoint_dir", str(run), "--resume", "auto", "--max_epochs", "3"])

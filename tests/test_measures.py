@@ -1,0 +1,48 @@
+"""The evaluation's measures and its timing rule, on hand-made cases."""
+
+import math
+
+import numpy as np
+import pytest
+
+from finetune.evaluation import ClipScore, judge
+from finetune.measures import TimingRule, duration_error, length_ratio, mcd_dtw
+
+
+def test_length_ratio_and_duration_error():
+    assert length_ratio(150, 100) == 1.5 and length_ratio(float("inf"), 100) == math.inf
+    aligned = np.array([2, 5, 9, 14])
+    assert duration_error(aligned, aligned) == 0.0
+    assert duration_error(np.array([3, 5, 9, 13]), aligned) == pytest.approx(2 / 30)  # 2 of 30 frames misplaced
+    assert duration_error(aligned * 2, aligned) == pytest.approx(1.0)
+
+
+def test_the_timing_rule_accepts_0_8_to_1_25_by_default():
+    rule = TimingRule()
+    assert rule.accepts(0.8) and rule.accepts(1.0) and rule.accepts(1.25)
+    assert not rule.accepts(0.79) and not rule.accepts(1.26) and not rule.accepts(math.inf)
+    assert TimingRule(2.0).accepts(0.5) and not TimingRule(2.0).accepts(0.49)
+    with pytest.raises(ValueError):
+        TimingRule(0.9)
+
+
+def test_an_evaluation_is_eligible_only_with_its_median_timing_inside_the_rule():
+    def scores(*ratios):
+        return {f"clip{i}": ClipScore(5.0, r, 0.1, False) for i, r in enumerate(ratios)}
+
+    assert judge(1, scores(0.9, 1.0, 1.1), {}, 0.0, TimingRule()).eligible
+    # One runaway clip does not decide it (the median does); most clips too fast do.
+    assert judge(1, scores(1.0, 1.1, math.inf), {}, 0.0, TimingRule()).eligible
+    slow = judge(1, scores(0.5, 0.6, 1.0), {}, 0.0, TimingRule())
+    assert not slow.eligible and "median length ratio 0.60 is outside 0.80-1.25" in slow.ineligible_reason
+    broken = judge(1, {"a": ClipScore(float("nan"), 1.0, 0.0, False)}, {}, 0.0, TimingRule())
+    assert not broken.eligible
+
+
+def test_mcd_of_a_recording_with_itself_is_zero_and_nan_for_nan_speech():
+    rng = np.random.default_rng(0)
+    log_mel = rng.normal(size=(80, 50))
+    assert mcd_dtw(log_mel, log_mel) == pytest.approx(0.0, abs=1e-9)
+    broken = log_mel.copy()
+    broken[0, 3] = np.nan
+    assert math.isnan(mcd_dtw(broken, log_mel))
