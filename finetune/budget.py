@@ -16,10 +16,16 @@ from typing import Callable
 
 
 def seconds_since_process_start() -> float:
-    """How long this process has existed: interpreter start-up and imports count against the budget."""
+    """How long this run has existed: interpreter start-up and imports count against the budget. Under
+    torchrun the run started when the launcher did (its own start-up, before the workers, counts too)."""
+    import os
+
     import psutil
 
-    return max(0.0, time.time() - psutil.Process().create_time())
+    process = psutil.Process()
+    if "TORCHELASTIC_RUN_ID" in os.environ and process.parent() is not None:
+        process = process.parent()
+    return max(0.0, time.time() - process.create_time())
 
 
 class Clock:
@@ -107,11 +113,12 @@ class Durations:
     @property
     def slowdown(self) -> float:
         """How much slower the latest work is than usual (1 when not): what the final save, timed
-        earlier, should be expected to slow down by too."""
-        if len(self.recent) < 10:
+        earlier, should be expected to slow down by too. The median of the last ten against the median of
+        the window, so that a few long batches in a row do not count as a slower machine."""
+        if len(self.recent) < 20:
             return 1.0
-        ordered = sorted(self.recent)
-        return max(1.0, self.latest_s / max(ordered[len(ordered) // 2], 1e-9))
+        ordered, last = sorted(self.recent), sorted(list(self.recent)[-10:])
+        return max(1.0, last[len(last) // 2] / max(ordered[len(ordered) // 2], 1e-9))
 
 
 class StepTimer:

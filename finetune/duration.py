@@ -43,9 +43,21 @@ def vits_order_flows(flows, z: torch.Tensor, mask: torch.Tensor, conditioning: t
     return z, log_det
 
 
+def with_anchor(x: torch.Tensor) -> torch.Tensor:
+    """x [batch, channels, tokens] with one more token position, of zeros, masked out everywhere.
+
+    transformers' spline flow gathers the values inside its interval ([-5, 5]) and fails on an empty
+    gather (torch.min of nothing) when none is: what a runaway duration predictor produces, which would
+    stop training and evaluation with a RuntimeError. The extra position is masked out (so it adds
+    nothing to any sum, and convolutions see the same zeros they pad with) and 0 lies inside the
+    interval, so the gather is never empty; no device sync is needed to know."""
+    return F.pad(x, (0, 1))
+
+
 def stochastic_duration_nll(predictor, hidden: torch.Tensor, mask: torch.Tensor, durations: torch.Tensor) -> torch.Tensor:
     """Negative log-likelihood bound of the aligned `durations` (frames per token) under a transformers
     VitsStochasticDurationPredictor, per clip [batch]; single-speaker (no global conditioning)."""
+    hidden, durations, mask = (with_anchor(x) for x in (hidden, durations, mask))
     text = predictor.conv_pre(torch.detach(hidden))  # the text encoder is not trained through durations
     text = predictor.conv_proj(predictor.conv_dds(text, mask)) * mask
     given = predictor.post_conv_pre(durations)

@@ -135,7 +135,7 @@ def build_discriminator(path: str | None, width: float, periods: list[int], payl
     discriminator = Discriminator(DiscriminatorConfig(periods=tuple(periods), width=width))
     size = parameter_count(discriminator) / 1e6
     warmup = warmup_steps if generator_pretrained else 0
-    note = (f"; it trains alone for {warmup} steps before its gradients reach the pretrained generator" if warmup
+    note = (f"; it trains alone (at most {warmup} steps) before its gradients reach the pretrained generator" if warmup
             else "; generator and discriminator start together" if not generator_pretrained else
             "; no warm-up (--discriminator_warmup_steps 0): its first, random gradients reach the pretrained generator")
     return DiscriminatorChoice(discriminator, f"discriminator initialised fresh (width {width}, {size:.1f}M parameters){note}",

@@ -63,9 +63,13 @@ def test_durations_skip_warm_up_ones_once_later_ones_exist_and_are_cautious():
         durations.add(seconds)
     assert durations.cautious_s == 2.0  # 22 warm (2, 3, 5, 9 and eighteen 1s): the 90th percentile, not 9
     assert durations.slowdown == 1.0
-    for seconds in (30.0, 30.0):  # the machine got busy: believed after two
-        durations.add(seconds)
-    assert durations.cautious_s == 30.0 and durations.slowdown == 30.0
+    durations.add(30.0)
+    assert durations.cautious_s == 3.0  # one long batch: the 90th percentile moves up one place, no more
+    durations.add(30.0)
+    assert durations.cautious_s == 30.0 and durations.slowdown == 1.0  # two: the next work is believed slower
+    for _ in range(4):
+        durations.add(30.0)
+    assert durations.slowdown == 30.0  # six of the last ten: the machine is slower, and so will the final save be
     assert Durations(prior_s=4.0).mean_s == 4.0 and not Durations().ready
 
 

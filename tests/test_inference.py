@@ -88,3 +88,24 @@ def test_durations_are_capped_per_token_then_scaled_per_clip():
 
 def test_a_text_ceiling_grows_with_the_text():
     assert ceiling_for_text(4) == 5.0 and ceiling_for_text(400) == 100.0
+
+
+def test_a_runaway_model_is_evaluated_as_broken_within_the_ceilings(prepared_demo):
+    """The scenario that used to hang a feedback test for 20 minutes at 19 GB: a duration predictor that
+    asks for minutes a clip. Scored (and its validation losses computed) within the caps, as broken."""
+    from finetune.corpus import load_examples
+    from finetune.evaluation import Evaluator
+    from finetune.features import FeatureConfig, Features
+    from tests.conftest import tiny_generator
+
+    loaded = tiny_generator(prepared_demo)
+    model = loaded.model.eval()
+    blow_up(model)
+    examples, _ = load_examples(prepared_demo, "metadata_val.csv", loaded.tokenizer, 256, 16000)
+    result = Evaluator(examples, Features(FeatureConfig()), torch.device("cpu"), 16000, None, [],
+                       batch_size=1).evaluate(model, 0)
+    assert len(result.per_clip) == len(examples)
+    assert all(score.capped for score in result.per_clip.values())
+    assert result.length_ratio > 1000 and not result.eligible
+    assert "median length ratio" in result.ineligible_reason
+    assert np.isfinite(result.val_losses["duration"])  # the training loss survives it too (spline interval)

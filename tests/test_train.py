@@ -161,3 +161,43 @@ def test_checkpoints_slower_than_steps_still_fit_the_deadline(prepared_demo, tmp
         end = metrics(run_dir, "end")[0]
         assert end["stop_reason"] == "deadline" and end["time_used_s"] <= target_s, (target_s, end)
         assert end["last_lr"] == pytest.approx(2e-3 * 0.1)
+
+
+def test_a_new_discriminator_warms_up_alone_before_a_pretrained_generator_trains(prepared_demo, tmp_path, timed_work,
+                                                                                 monkeypatch):
+    """From a pretrained (here: saved) generator with no discriminator: the warm-up trains the new one
+    alone, logs its loss and margin at the start and the end, and leaves the generator as it was."""
+    import torch
+
+    from finetune import warmup
+    from finetune.generator import export_model
+    from tests.conftest import tiny_generator
+
+    loaded = tiny_generator(prepared_demo)
+    export_model(loaded.model, loaded.tokenizer, tmp_path / "pretrained")
+    seen = {}
+    real_warm_up = warmup.warm_up
+
+    def watched(loop):
+        seen["before"] = {k: v.clone() for k, v in loop.model.state_dict().items()}
+        seen["discriminator"] = {k: v.clone() for k, v in loop.discriminator.state_dict().items()}
+        real_warm_up(loop)
+        seen["after"] = {k: v.clone() for k, v in loop.model.state_dict().items()}  # training goes on in place
+        seen["discriminator_after"] = {k: v.clone() for k, v in loop.discriminator.state_dict().items()}
+
+    monkeypatch.setattr(warmup, "warm_up", watched)
+    fake, _ = timed_work
+    base = args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "2")
+    base[base.index("--model_name") + 1] = str(tmp_path / "pretrained")
+    code = train_vits.main(base + ["--discriminator_warmup_steps", "4", "--discriminator_warmup_margin", "0.99"],
+                           clock=clock_for(fake))
+    assert code == 0
+    assert all(torch.equal(value, seen["after"][key]) for key, value in seen["before"].items())
+    assert any(not torch.equal(value, seen["discriminator_after"][key]) for key, value in seen["discriminator"].items())
+    record = metrics(tmp_path, "discriminator_warmup")[0]
+    assert record["steps"] == 4 and record["ended_by"].startswith("the step limit")
+    assert {"first_loss", "last_loss", "first_margin", "last_margin"} <= set(record)
+    log = (tmp_path / "checkpoints" / "train.log").read_text()
+    assert "it trains alone (at most 4 steps) before its gradients reach the pretrained generator" in log
+    assert "discriminator warm-up ended by the step limit (--discriminator_warmup_steps 4): 4 steps" in log
+    assert "real-minus-generated score margin" in log
