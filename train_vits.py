@@ -21,8 +21,12 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from finetune.cli import ConfigError, config_to_dict, flag, given_flags, parse_config, run_script
+
+if TYPE_CHECKING:  # torch and the loop are imported once the flags are known (--help stays fast)
+    from finetune.loop import TrainingLoop
 
 
 @dataclass
@@ -236,7 +240,7 @@ def load_data(config: TrainConfig, run: Run, tokenizer, features):
 
 
 def build_loop(config: TrainConfig, run: Run, loaded, frozen_parts, features, train, val, sampler,
-               step_callback) -> "TrainingLoop":
+               step_callback) -> TrainingLoop:
     """Discriminator, optimizer step, evaluator and state (fresh or restored) around the training loop."""
     from finetune import session
     from finetune.checkpoint import TrainingState, check_same_data, data_fingerprint
@@ -318,7 +322,8 @@ def _loop_config(config: TrainConfig, run: Run, discriminator_warmup_steps: int)
 def report_end(config: TrainConfig, run: Run, loop, result) -> int:
     """The closing lines and the exit status: 0 finished, 1 stopped by a failure, 130/143 interrupted."""
     summary = loop.summary(result.stop_reason)
-    summary.update(data_wait_share=round(result.data_wait_s / max(result.train_s, 1e-9), 4))
+    summary.update(data_wait_share=round(result.data_wait_s / max(result.train_s, 1e-9), 4),
+                   train_s=round(result.train_s, 3))
     summary = loop.run_log.end(summary)
     state = result.state
     if result.stop_reason == "interrupted":

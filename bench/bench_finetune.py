@@ -113,9 +113,9 @@ def score(model_dir: Path, data_dir: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pretrain_hours", type=float, default=0.17, help="pretraining budget of voice A")
-    parser.add_argument("--finetune_hours", type=float, default=0.08, help="fine-tuning budget on voice B")
+    parser.add_argument("--finetune_hours", type=float, default=0.1, help="fine-tuning budget on voice B")
     parser.add_argument("--pretrain_lr", type=float, default=2e-3)
-    parser.add_argument("--finetune_lr", type=float, default=2e-4)
+    parser.add_argument("--finetune_lr", type=float, default=5e-4)
     parser.add_argument("--stretch", type=float, default=1.25, help="B's recordings are this many times longer")
     parser.add_argument("--semitones", type=float, default=0.0, help="B's pitch shift beyond what slowing down gives")
     parser.add_argument("--compare_old_loss", action=argparse.BooleanOptionalAction, default=True)

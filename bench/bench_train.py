@@ -52,7 +52,9 @@ def one_run(data_dir: Path, work: Path, target_hours: float, precompute: bool, d
             "samples_per_s": statistics.mean(planned) if planned else float("nan"),
             "data_wait": end["data_wait_share"], "load_s_per_h": data["load_s"] / data["hours"],
             "ram_gib_per_h": data["ram_bytes"] / 2**30 / data["hours"], "precompute": data["precomputed"],
-            "stop": end["stop_reason"]}
+            "stop": end["stop_reason"], "ended_s": end["time_used_s"],
+            # the step profile's phases against the loop's own clock around each optimizer step
+            "profiled": sum(end["profile_s"].values()) / end["train_s"] if end.get("train_s") else float("nan")}
 
 
 def main() -> None:
@@ -75,7 +77,8 @@ def main() -> None:
         print(f"tiny scratch model, {settings}; {args.processes} process(es); demo corpus: {train_clips} "
               f"training clips, {val_clips} held out")
         print(f"{'target s':>8} {'wall s':>7} {'error':>6} {'steps':>5} {'samples/s':>9} {'data wait':>9} "
-              f"{'last lr':>9} {'at floor':>8} {'load s/h':>8} {'RAM GiB/h':>9} {'features':>11}")
+              f"{'last lr':>9} {'at floor':>8} {'load s/h':>8} {'RAM GiB/h':>9} {'features':>11} {'ended s':>7} "
+              f"{'profiled':>8}")
         for target in args.target_hours:
             for precompute in modes:
                 for repeat in range(args.repeats):
@@ -85,7 +88,8 @@ def main() -> None:
                     print(f"{r['target_s']:>8.0f} {r['wall_s']:>7.1f} {error:>5.1f}% {r['steps']:>5} "
                           f"{r['samples_per_s']:>9.1f} {100 * r['data_wait']:>8.2f}% {r['last_lr']:>9.2e} "
                           f"{str(r['at_floor']):>8} {r['load_s_per_h']:>8.1f} "
-                          f"{r['ram_gib_per_h']:>9.3f} {'precomputed' if r['precompute'] else 'per batch':>11}",
+                          f"{r['ram_gib_per_h']:>9.3f} {'precomputed' if r['precompute'] else 'per batch':>11} "
+                          f"{r['ended_s']:>7.1f} {100 * r['profiled']:>7.1f}%",
                           flush=True)
 
 

@@ -177,8 +177,13 @@ def decide_precompute(estimate: MemoryEstimate, wanted: bool) -> tuple[bool, str
 def precompute_features(examples: list[Example], features: Features, device: torch.device, hop: int,
                         chunk: int = 16, stop: StopRequest | None = None) -> None:
     """Fill each example's linear and mel spectrograms (float16, on the CPU), computed on `device` in
-    chunks of similar length."""
-    order = sorted(range(len(examples)), key=lambda i: len(examples[i].audio))
+    chunks of similar length.
+
+    Longest first: each chunk's float32 temporaries then fit in the memory the previous, larger chunk
+    freed. Shortest first made every chunk's temporaries slightly too large for the holes left between
+    the kept spectrograms, and the process held twice the corpus (bench_scale: 20.5 GiB peak for a
+    9.8 GiB corpus; 4.26 against 2.41 GiB for 8,000 clips)."""
+    order = sorted(range(len(examples)), key=lambda i: len(examples[i].audio), reverse=True)
     for start in range(0, len(order), chunk):
         if stop is not None:
             stop.check()

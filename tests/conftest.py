@@ -133,6 +133,21 @@ def clock_for(fake: FakeClock):
     return Clock(fake.now)
 
 
+def micro_batches_take(patch: pytest.MonkeyPatch, seconds: float = 3.0) -> FakeClock:
+    """A fake clock that each micro-batch advances by `seconds` (for module-scoped runs, which cannot use
+    the `timed_work` fixture)."""
+    from finetune import step
+
+    fake, real = FakeClock(), step.TrainStep.accumulate
+
+    def accumulate(self, *args, **kwargs):
+        fake.t += seconds
+        return real(self, *args, **kwargs)
+
+    patch.setattr(step.TrainStep, "accumulate", accumulate)
+    return fake
+
+
 @pytest.fixture
 def timed_work(monkeypatch):
     """Micro-batches take `micro_batch_s`, evaluations `eval_s`, checkpoints `checkpoint_s` and model

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -19,7 +18,7 @@ import train_vits
 from finetune import corpus, evaluation, recovery, saving, step
 from finetune.checkpoint import list_checkpoints, load_checkpoint
 from tests.conftest import REPO, clock_for
-from tests.test_train import args, losses_by_step, metrics
+from tests.test_train import args, losses_by_step, metrics, wait_for_training
 
 COMMON = ["--target_hours", "1", "--max_epochs", "3", "--gradient_accumulation_steps", "2", "--val_every", "3"]
 
@@ -51,17 +50,11 @@ def final_model_is_finite(run_dir) -> bool:
 @pytest.fixture(scope="module")
 def uninterrupted(prepared_demo, tmp_path_factory):
     """The losses of the run the interrupted ones must reproduce once resumed."""
-    from tests.conftest import FakeClock
+    from tests.conftest import micro_batches_take
 
-    run_dir, fake = tmp_path_factory.mktemp("whole"), FakeClock()
+    run_dir = tmp_path_factory.mktemp("whole")
     with pytest.MonkeyPatch.context() as patch:
-        real = step.TrainStep.accumulate
-
-        def timed(self, *a, **k):
-            fake.t += 3.0
-            return real(self, *a, **k)
-
-        patch.setattr(step.TrainStep, "accumulate", timed)
+        fake = micro_batches_take(patch)
         assert train_vits.main(args(prepared_demo, run_dir, *COMMON), clock=clock_for(fake)) == 0
     return losses_by_step(run_dir)
 
@@ -149,12 +142,7 @@ def test_a_second_signal_exits_at_once(prepared_demo, tmp_path):
     command = [sys.executable, str(REPO / "tests" / "crash_helper.py"), "slow-stop", "1", "train_vits",
                *args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "50")]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    metrics_file = tmp_path / "checkpoints" / "metrics.jsonl"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and process.poll() is None:
-        if metrics_file.is_file() and '"kind": "plan"' in metrics_file.read_text(encoding="utf-8"):
-            break
-        time.sleep(0.2)
+    wait_for_training(process, tmp_path)
     process.send_signal(signal.SIGTERM)
     for line in process.stderr:
         if "saving slowly" in line:

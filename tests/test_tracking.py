@@ -14,19 +14,11 @@ from tests.test_train import args, metrics
 
 @pytest.fixture(scope="module")
 def tracked_run(prepared_demo, tmp_path_factory):
-    from tests.conftest import FakeClock
+    from tests.conftest import micro_batches_take
 
-    run_dir, fake = tmp_path_factory.mktemp("tracked"), FakeClock()
+    run_dir = tmp_path_factory.mktemp("tracked")
     with pytest.MonkeyPatch.context() as patch:
-        from finetune import step
-
-        real = step.TrainStep.accumulate
-
-        def timed(self, *a, **k):
-            fake.t += 3.0
-            return real(self, *a, **k)
-
-        patch.setattr(step.TrainStep, "accumulate", timed)
+        fake = micro_batches_take(patch)
         code = train_vits.main(args(prepared_demo, run_dir, "--target_hours", "1", "--max_epochs", "2", "--val_every", "3",
                                     "--report_to", "tensorboard"), clock=clock_for(fake))
     assert code == 0

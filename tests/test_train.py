@@ -34,6 +34,16 @@ def metrics(run_dir, kind: str) -> list[dict]:
     return [record for record in map(json.loads, lines) if record["kind"] == kind]
 
 
+def wait_for_training(process, run_dir, timeout_s: float = 60) -> None:
+    """Until the run launched as `process` has planned its training (or ended, or `timeout_s` passed)."""
+    metrics_file = run_dir / "checkpoints" / "metrics.jsonl"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and process.poll() is None:
+        if metrics_file.is_file() and '"kind": "plan"' in metrics_file.read_text(encoding="utf-8"):
+            return
+        time.sleep(0.2)
+
+
 def test_deadline_is_kept_with_an_injected_clock_and_the_model_is_usable(prepared_demo, tmp_path, timed_work):
     fake, costs = timed_work
     target_s = 120.0
@@ -127,12 +137,7 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(prepared_demo, tmp_path):
     command = [sys.executable, str(REPO / "train_vits.py"),
                *args(prepared_demo, tmp_path, "--target_hours", "0.05", "--max_epochs", "3")]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    metrics_file = tmp_path / "checkpoints" / "metrics.jsonl"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and process.poll() is None:
-        if metrics_file.is_file() and '"kind": "plan"' in metrics_file.read_text(encoding="utf-8"):
-            break
-        time.sleep(0.2)
+    wait_for_training(process, tmp_path)
     process.send_signal(signal.SIGINT)
     output, _ = process.communicate(timeout=60)
     assert process.returncode == 130, output
