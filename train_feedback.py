@@ -23,6 +23,7 @@ Exit status: 0 done (accepted or rejected: see the report), 1 bad data or model,
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -367,8 +368,10 @@ def conclude_round(config: FeedbackConfig, round_: Round, data: RoundData, versi
               "corrections_dropped": data.prepare_report["dropped"], "per_clip_before": evaluator.baseline.per_clip_dict(),
               "per_clip_after": best["per_clip"] if best else None}
     write_text_atomic(round_.folder / "feedback_report.json", json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    default_voices = FeedbackConfig.output_dir
+    undo = "" if config.output_dir == default_voices else f"--output_dir {shlex.quote(config.output_dir)}"
     text = summary_text(round_.folder.name, decision, version, counts, config.max_regression, listen,
-                        data.prepare_report["dropped"])
+                        data.prepare_report["dropped"], undo)
     write_text_atomic(round_.folder / "feedback_report.txt", text)
     round_.metrics.write("feedback", **{k: v for k, v in report.items() if not k.startswith("per_clip")})
     round_.logger.info("\n" + text.rstrip())

@@ -85,7 +85,8 @@ def judge(step: int, scores: dict[str, ClipScore], val_losses: dict[str, float],
     if not np.isfinite(mcd):
         reason = "the synthesised speech is not finite"
     elif not rule.accepts(ratio):
-        reason = f"median length ratio {ratio:.2f} is outside {rule.describe()}"
+        digits = next((d for d in range(2, 7) if not rule.accepts(round(ratio, d))), 6)  # never "0.80 is outside 0.80-"
+        reason = f"median length ratio {ratio:.{digits}f} is outside {rule.describe()}"
     return EvalResult(step=step, mcd_db=mcd, per_clip=scores, val_losses=val_losses, seconds=seconds,
                       length_ratio=ratio, duration_error=error, eligible=not reason, ineligible_reason=reason)
 

@@ -232,8 +232,9 @@ class Versions:
 
 
 def summary_text(round_name: str, decision: Decision, version: str | None, counts: dict, max_regression: float,
-                 listen_dir: Path, dropped: list[dict]) -> str:
-    """The readable report of a round."""
+                 listen_dir: Path, dropped: list[dict], undo_flags: str = "") -> str:
+    """The readable report of a round; `undo_flags` are what the undo command needs besides --rollback
+    (the versions folder when it is not the default)."""
     head = f"Feedback {round_name}: " + (f"ACCEPTED as {version}" if decision.accepted else "REJECTED") + f" ({decision.reason})"
     lines = [head, ""]
 
@@ -251,5 +252,5 @@ def summary_text(round_name: str, decision: Decision, version: str | None, count
                                                                          for d in dropped[:10]))
     lines.append(f"Listen: {listen_dir}/ (for each correction: _0_recording, _1_before, _2_after)")
     if decision.accepted:
-        lines.append("Undo: python train_feedback.py --rollback previous")
+        lines.append(f"Undo: python train_feedback.py {undo_flags + ' ' if undo_flags else ''}--rollback previous")
     return "\n".join(lines) + "\n"

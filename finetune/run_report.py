@@ -104,6 +104,23 @@ def _clip_table(best_dir: Path) -> str:
             f"{rows}</table>")
 
 
+def _summary(end: dict) -> str:
+    """The end record: a sentence for what matters most, then every other figure in a table."""
+    best = (f"best MCD {end['best_mcd_db']:.3f} dB at step {end['best_step']}" if end.get("best_step", -1) >= 0
+            else "no evaluation was within the timing rule: no best model")
+    sentence = (f"Finished ({end.get('stop_reason')}): {end.get('steps')} steps, {end.get('epochs')} epochs, "
+                f"{end.get('time_used_s', 0):.1f} s of {end.get('budget_s', 0):.0f} s; {best}; last learning rate "
+                f"{end.get('last_lr', 0):.2e}.")
+    shown = {"kind", "stop_reason", "steps", "epochs", "time_used_s", "budget_s", "best_mcd_db", "best_step", "last_lr"}
+    rows = "".join(f"<tr><td>{html.escape(key.replace('_', ' '))}</td><td>{html.escape(_figure(value))}</td></tr>"
+                   for key, value in end.items() if key not in shown and not isinstance(value, dict))
+    return f"<p>{html.escape(sentence)}</p><table>{rows}</table>"
+
+
+def _figure(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
 def write_report(run_dir: Path, title: str, max_length_ratio: float = 1.25, best_dir: Path | None = None) -> Path:
     """Draw the plots and write RUN_DIR/report.html (the best model in `best_dir`, by default
     RUN_DIR/best_model); returns its path."""
@@ -112,9 +129,7 @@ def write_report(run_dir: Path, title: str, max_length_ratio: float = 1.25, best
     evals = [r for r in records if r.get("kind") == "eval"]
     best_step = next((r["step"] for r in reversed(evals) if r.get("best")), None)
     end = next((r for r in reversed(records) if r.get("kind") == "end"), None)
-    summary = ("<p>Finished: " + html.escape(", ".join(f"{k} {v}" for k, v in end.items() if k != "kind"
-                                                        and not isinstance(v, dict))) + "</p>") if end else \
-        "<p>Running (this page is rewritten at each evaluation).</p>"
+    summary = _summary(end) if end else "<p>Running (this page is rewritten at each evaluation).</p>"
     images = "".join(f'<figure><img src="report/{name}" alt="{html.escape(caption)}"><figcaption>'
                      f"{html.escape(caption)}</figcaption></figure>" for name, caption in figures)
     page = f"""<!doctype html>

@@ -79,6 +79,7 @@ def test_a_round_improves_the_corrections_and_writes_a_version(prepared_demo, ba
     assert folder_digest(versions.current) == folder_digest(tmp_path / "voices" / "v001")
     text = (round_dir / "feedback_report.txt").read_text()
     assert "ACCEPTED as v001" in text and "Corrections (4 clips)" in text and "Held-out originals (4 clips)" in text
+    assert f"Undo: python train_feedback.py --output_dir {tmp_path / 'voices'} --rollback previous" in text
     for item_id in CORRECTION_IDS:
         for suffix in ("_0_recording", "_1_before", "_2_after"):
             assert (round_dir / "listen" / f"{item_id}{suffix}.wav").is_file()

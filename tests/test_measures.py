@@ -35,6 +35,8 @@ def test_an_evaluation_is_eligible_only_with_its_median_timing_inside_the_rule()
     assert judge(1, scores(1.0, 1.1, math.inf), {}, 0.0, TimingRule()).eligible
     slow = judge(1, scores(0.5, 0.6, 1.0), {}, 0.0, TimingRule())
     assert not slow.eligible and "median length ratio 0.60 is outside 0.80-1.25" in slow.ineligible_reason
+    edge = judge(1, scores(0.7996, 0.7996, 1.0), {}, 0.0, TimingRule())  # shown precisely enough to see why
+    assert not edge.eligible and "median length ratio 0.7996 is outside 0.80-1.25" in edge.ineligible_reason
     broken = judge(1, {"a": ClipScore(float("nan"), 1.0, 0.0, False)}, {}, 0.0, TimingRule())
     assert not broken.eligible
 

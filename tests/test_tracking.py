@@ -66,7 +66,8 @@ def test_the_run_report_shows_the_plots_the_scores_and_the_samples(tracked_run):
     assert players and all((run / player).is_file() for player in players)
     best = json.loads((run / "best_model" / "eval.json").read_text()) if (run / "best_model").exists() else None
     assert ("held-out clip" in page) == (best is not None)
-    assert "Finished: stop_reason max_epochs" in page
+    end = metrics(tracked_run, "end")[0]
+    assert f"Finished (max_epochs): {end['steps']} steps" in page and "<td>nonfinite skips</td><td>0</td>" in page
 
 
 def test_a_tracker_that_is_not_installed_is_refused_with_what_to_install(prepared_demo, tmp_path, monkeypatch, capsys):
