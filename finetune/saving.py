@@ -37,19 +37,11 @@ class Saver:
         """Write a model folder (Hugging Face format + discriminator); False when it could not be."""
         if not self.is_main:
             return True
-        if not all_finite(self.model):
-            self.logger.error(f"error: not writing {folder}: the weights are not finite numbers")
-            self.failures += 1
+        written = self._write(str(folder), [self.model], "the previous one, if any, is intact",
+                              lambda: export_model(self.model, self.tokenizer, folder, self.discriminator, extra_json))
+        if written is None:
             return False
-        started = self.now()
-        try:
-            export_model(self.model, self.tokenizer, folder, self.discriminator, extra_json)
-        except OSError as error:
-            self.logger.error(f"error: could not write {folder}: {describe_os_error(error)}; the previous one, if "
-                              "any, is intact")
-            self.failures += 1
-            return False
-        self.costs.export_s = self.now() - started
+        self.costs.export_s = written[1]
         return True
 
     def measure_export(self, run_dir: Path) -> None:
@@ -63,17 +55,26 @@ class Saver:
         """Write a checkpoint (the newest `keep_checkpoints` kept); None when it could not be written."""
         if not self.is_main or not self.costs.checkpoints:
             return None
-        if not all_finite(self.model) or not all_finite(self.discriminator):
-            self.logger.error(f"error: not writing checkpoint {name}: the weights are not finite numbers")
+        written = self._write(f"checkpoint {name}", [self.model, self.discriminator],
+                              "the last good checkpoint is kept and training goes on",
+                              lambda: save_checkpoint(run_dir, name, payload(), self.keep_checkpoints))
+        if written is None:
+            return None
+        path, self.costs.checkpoint_s = written
+        return path
+
+    def _write(self, what: str, parts: list, kept: str, write: Callable):
+        """(what `write` returned, seconds it took); None, counted as a failure and logged with what was
+        `kept`, when a part's weights are not finite or the write raised an OSError."""
+        if not all(all_finite(part) for part in parts):
+            self.logger.error(f"error: not writing {what}: the weights are not finite numbers")
             self.failures += 1
             return None
         started = self.now()
         try:
-            path = save_checkpoint(run_dir, name, payload(), self.keep_checkpoints)
+            result = write()
         except OSError as error:
-            self.logger.error(f"error: could not write checkpoint {name}: {describe_os_error(error)}; the last good "
-                              "checkpoint is kept and training goes on")
+            self.logger.error(f"error: could not write {what}: {describe_os_error(error)}; {kept}")
             self.failures += 1
             return None
-        self.costs.checkpoint_s = self.now() - started
-        return path
+        return result, self.now() - started
