@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Export a voice for devices: an ONNX graph of its inference, with the tokens file and metadata that
-sherpa-onnx's VITS loader reads (phones, small boards; finetune/onnx_export.py has the details).
+sherpa-onnx's VITS loader reads (phones, small boards; finetune/vits/onnx_export.py has the details).
 
     python export_onnx.py training/checkpoints/best_model voice_onnx          # -> voice_onnx/model.onnx, tokens.txt
     python export_onnx.py training/voices/current voice_onnx --language kmr
@@ -41,7 +41,7 @@ class ExportConfig:
     tolerance: float = flag(1e-3, "largest difference allowed between onnxruntime's and PyTorch's samples")
 
     def __post_init__(self):
-        from finetune.tracking import installed
+        from finetune.reporting.tracking import installed
 
         problems = []
         if not Path(self.model_dir).is_dir():
@@ -59,7 +59,7 @@ def check_onnxruntime(voice, out_dir: Path, lines: list, tolerance: float) -> fl
     import onnxruntime
     import torch
 
-    from finetune.inference import synthesise_graph
+    from finetune.vits.inference import synthesise_graph
 
     session = onnxruntime.InferenceSession(str(out_dir / "model.onnx"), providers=["CPUExecutionProvider"])
     worst = 0.0
@@ -82,9 +82,9 @@ def check_onnxruntime(voice, out_dir: Path, lines: list, tolerance: float) -> fl
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from finetune.onnx_export import export_voice
-    from finetune.synthesis import load_voice, numbered, prepare_lines
-    from finetune.tracking import installed
+    from finetune.vits.onnx_export import export_voice
+    from finetune.vits.synthesis import load_voice, numbered, prepare_lines
+    from finetune.reporting.tracking import installed
 
     config = parse_config(ExportConfig, argv, __doc__)
     voice = load_voice(config.model_dir, torch.device("cpu"))
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     worst = check_onnxruntime(voice, out_dir, lines, config.tolerance)
     print(f"onnxruntime equals PyTorch on {len(lines)} sentences (largest sample difference {worst:.1e})")
     if installed("sherpa_onnx"):
-        from finetune.onnx_export import sherpa_speaks
+        from finetune.vits.onnx_export import sherpa_speaks
 
         seconds = sherpa_speaks(out_dir, voice.normalizer(lines[0].text).text)
         print(f"sherpa-onnx loads {out_dir} and speaks ({seconds:.2f} s of audio for {lines[0].text!r})")

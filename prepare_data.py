@@ -21,10 +21,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from finetune.cli import ConfigError, config_to_dict, flag, parse_config
-from finetune.model_source import ModelSourceError, model_sample_rate, model_vocabulary, resolve_model
-from finetune.prepare import ClipSettings, Preparer, write_outputs
-from finetune.sources import SourceError, open_source
-from finetune.text import TextNormalizer
+from finetune.system.model_source import ModelSourceError, model_sample_rate, model_vocabulary, resolve_model
+from finetune.data.prepare import ClipSettings, Preparer, write_outputs
+from finetune.data.sources import SourceError, open_source
+from finetune.data.text import TextNormalizer
 
 
 @dataclass

@@ -48,9 +48,9 @@ class SynthesizeConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from finetune.audio import write_pcm16
-    from finetune.session import pick_device
-    from finetune.synthesis import load_voice, numbered, prepare_lines, read_sentences, speak, speak_for_review
+    from finetune.data.audio import write_pcm16
+    from finetune.training.session import pick_device
+    from finetune.vits.synthesis import load_voice, numbered, prepare_lines, read_sentences, speak, speak_for_review
 
     config = parse_config(SynthesizeConfig, argv, __doc__)
     voice = load_voice(config.model, pick_device(config.device), config.speaking_rate)

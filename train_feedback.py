@@ -28,7 +28,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from finetune.atomic import write_text_atomic
+from finetune.system.atomic import write_text_atomic
 from finetune.cli import ConfigError, config_to_dict, flag, parse_config, run_script
 
 
@@ -88,7 +88,7 @@ class FeedbackConfig:
             problems.append("--rollback and --review are separate actions: give one")
         if self.review and not Path(self.review).is_file():
             problems.append(f"--review {self.review}: no such file")
-        from finetune.generator import FREEZABLE_PARTS
+        from finetune.vits.generator import FREEZABLE_PARTS
 
         unknown = [p for p in self.freeze if p not in FREEZABLE_PARTS]
         if unknown:
@@ -121,8 +121,8 @@ def base_model_dir(config: FeedbackConfig, versions) -> Path:
 
 
 def review(config: FeedbackConfig, base: Path) -> int:
-    from finetune.session import pick_device
-    from finetune.synthesis import load_voice, numbered, prepare_lines, read_sentences, speak_for_review
+    from finetune.training.session import pick_device
+    from finetune.vits.synthesis import load_voice, numbered, prepare_lines, read_sentences, speak_for_review
 
     voice = load_voice(base, pick_device(config.device))
     lines = prepare_lines(voice, numbered(read_sentences(config.review)))
@@ -150,7 +150,7 @@ def feedback_folder(config: FeedbackConfig) -> Path:
 
 def corrections_source(folder: Path):
     """The corrections in either layout: LJSpeech (metadata.csv + wavs/) or audio + .txt pairs."""
-    from finetune.sources import SourceError, ljspeech_source, looks_like_pairs, pairs_source
+    from finetune.data.sources import SourceError, ljspeech_source, looks_like_pairs, pairs_source
 
     try:
         if (folder / "metadata.csv").is_file() or not folder.is_dir():
@@ -170,9 +170,9 @@ def corrections_source(folder: Path):
 
 def prepare_corrections(config: FeedbackConfig, round_dir: Path, base: Path, logger) -> tuple[Path, dict]:
     """The feedback folder prepared like the corpus (the base model's vocabulary and rate), into the round."""
-    from finetune.model_source import model_sample_rate, model_vocabulary, resolve_model
-    from finetune.prepare import ClipSettings, Preparer, write_outputs
-    from finetune.text import TextNormalizer
+    from finetune.system.model_source import model_sample_rate, model_vocabulary, resolve_model
+    from finetune.data.prepare import ClipSettings, Preparer, write_outputs
+    from finetune.data.text import TextNormalizer
 
     folder = feedback_folder(config)
     source = corrections_source(folder)
@@ -200,7 +200,7 @@ class Round:
     budget: object
     device: object
     stop: object
-    dist: object  # finetune.distributed.Distributed: which process of a torchrun launch this is
+    dist: object  # finetune.training.distributed.Distributed: which process of a torchrun launch this is
 
 
 @dataclass
@@ -218,9 +218,9 @@ class RoundData:
 
 def start_round(config: FeedbackConfig, versions, base: Path, clock, stop, dist) -> Round:
     """The round's folder (made by the main process; every process learns it), log, budget, device."""
-    from finetune.budget import Budget, safety_margin_s
-    from finetune.reporting import Metrics, setup_logging
-    from finetune.session import pick_device, seed_everything
+    from finetune.training.budget import Budget, safety_margin_s
+    from finetune.reporting.logs import Metrics, setup_logging
+    from finetune.training.session import pick_device, seed_everything
 
     budget = Budget(config.budget_s, clock, safety_s=safety_margin_s(config.budget_s))
     folder = None
@@ -238,10 +238,10 @@ def start_round(config: FeedbackConfig, versions, base: Path, clock, stop, dist)
 
 def load_round_data(config: FeedbackConfig, round_: Round, base: Path) -> RoundData:
     """Corrections prepared like the corpus; held-out clips and a replay sample of the original."""
-    from finetune.corpus import load_corpus, read_metadata
-    from finetune.features import FeatureConfig, Features
-    from finetune.generator import hop_length, load_generator, ready_for_training
-    from finetune.model_source import resolve_model
+    from finetune.data.corpus import load_corpus, read_metadata
+    from finetune.data.features import FeatureConfig, Features
+    from finetune.vits.generator import hop_length, load_generator, ready_for_training
+    from finetune.system.model_source import resolve_model
 
     prepared = prepare_corrections(config, round_.folder, base, round_.logger) if round_.dist.is_main else None
     corrections_dir, prepare_report = round_.dist.broadcast(prepared)  # the others wait for the main one's
@@ -265,10 +265,10 @@ def load_round_data(config: FeedbackConfig, round_: Round, base: Path) -> RoundD
 
 def build_trainer(config: FeedbackConfig, round_: Round, data: RoundData, base: Path):
     """The base model's discriminator (or a new one, warmed up first) and the optimizer step."""
-    from finetune.generator import freeze
-    from finetune.losses import LossWeights
-    from finetune.session import build_discriminator
-    from finetune.step import StepSettings, TrainStep, resolve_precision
+    from finetune.vits.generator import freeze
+    from finetune.vits.losses import LossWeights
+    from finetune.training.session import build_discriminator
+    from finetune.training.step import StepSettings, TrainStep, resolve_precision
 
     frozen_parts = freeze(data.model, config.freeze)
     saved = base / "discriminator.pt"
@@ -286,8 +286,8 @@ def build_trainer(config: FeedbackConfig, round_: Round, data: RoundData, base: 
 
 def render_before(round_: Round, data: RoundData, base: Path) -> list:
     """listen/<id>_0_recording.wav and <id>_1_before.wav (the starting model) for each correction."""
-    from finetune.audio import write_pcm16
-    from finetune.synthesis import Line, load_voice, speak_to_folder
+    from finetune.data.audio import write_pcm16
+    from finetune.vits.synthesis import Line, load_voice, speak_to_folder
 
     lines = [Line(e.item_id, "", e.token_ids) for e in data.corrections.examples]
     speak_to_folder(load_voice(base, round_.device), lines, round_.folder / "listen", suffix="_1_before")
@@ -298,14 +298,14 @@ def render_before(round_: Round, data: RoundData, base: Path) -> list:
 
 def fit_round(config: FeedbackConfig, round_: Round, data: RoundData, step, warmup_steps: int, frozen_parts):
     """The training loop of train_vits.py on corrections + replay, judged on corrections and originals."""
-    from finetune.checkpoint import TrainingState
-    from finetune.evaluation import Evaluator
-    from finetune.feedback import FeedbackEvaluator
-    from finetune.generator import train_mode
-    from finetune.loop import LoopConfig, RunPaths, TrainingLoop, run_with_signals
-    from finetune.measures import TimingRule
-    from finetune.sampler import BucketSampler
-    from finetune.session import eval_batch_size, tokenizer_files
+    from finetune.training.checkpoint import TrainingState
+    from finetune.reporting.evaluation import Evaluator
+    from finetune.training.feedback import FeedbackEvaluator
+    from finetune.vits.generator import train_mode
+    from finetune.training.loop import LoopConfig, RunPaths, TrainingLoop, run_with_signals
+    from finetune.reporting.measures import TimingRule
+    from finetune.data.sampler import BucketSampler
+    from finetune.training.session import eval_batch_size, tokenizer_files
 
     corrections = data.corrections.examples
     common = dict(seed=config.seed, batch_size=eval_batch_size(round_.device), rule=TimingRule(config.max_length_ratio))
@@ -343,8 +343,8 @@ def fit_round(config: FeedbackConfig, round_: Round, data: RoundData, step, warm
 def conclude_round(config: FeedbackConfig, round_: Round, data: RoundData, versions, base: Path, loop, evaluator,
                    result, lines) -> int:
     """Decide, render the candidate, make a version (or not), write the report."""
-    from finetune.feedback import decide, summary_text
-    from finetune.synthesis import load_voice, speak_to_folder
+    from finetune.training.feedback import decide, summary_text
+    from finetune.vits.synthesis import load_voice, speak_to_folder
 
     best_dir = loop.paths.best_dir
     best = json.loads((best_dir / "eval.json").read_text(encoding="utf-8")) if (best_dir / "eval.json").is_file() else None
@@ -379,10 +379,10 @@ def conclude_round(config: FeedbackConfig, round_: Round, data: RoundData, versi
 
 
 def main(argv: list[str] | None = None, clock=None) -> int:
-    from finetune.budget import Clock
-    from finetune.distributed import launched_by_torchrun, from_environment
-    from finetune.feedback import Versions
-    from finetune.interrupt import StopRequest, StopRequested
+    from finetune.training.budget import Clock
+    from finetune.training.distributed import launched_by_torchrun, from_environment
+    from finetune.training.feedback import Versions
+    from finetune.system.interrupt import StopRequest, StopRequested
 
     config = parse_config(FeedbackConfig, argv, __doc__)
     versions = Versions(Path(config.output_dir))
@@ -433,9 +433,9 @@ def feedback_round(config: FeedbackConfig, versions, base: Path, clock, stop, di
 
 def _run_log(round_: Round, data: RoundData):
     """The round's log: train.log, metrics.jsonl, the step profile and report.html in the round folder."""
-    from finetune.profile import StepProfile
-    from finetune.run_log import RunLog
-    from finetune.tracking import Tracker
+    from finetune.system.profile import StepProfile
+    from finetune.reporting.run_log import RunLog
+    from finetune.reporting.tracking import Tracker
 
     return RunLog(round_.logger, round_.metrics, Tracker(), StepProfile(round_.device), round_.folder, round_.device,
                   round_.dist.is_main, report_title=f"train_feedback: {round_.folder.name}", sample_rate=data.rate,
@@ -448,8 +448,8 @@ def _after_reserve(corrections: int) -> float:
 
 
 def _replay(data_dir: Path, corrections: int, config: FeedbackConfig, tokenizer, features, rate, logger):
-    from finetune.corpus import load_examples, read_metadata
-    from finetune.feedback import replay_sample
+    from finetune.data.corpus import load_examples, read_metadata
+    from finetune.training.feedback import replay_sample
 
     if config.replay_ratio == 0:
         logger.warning("warning: --replay_ratio 0: training on the corrections alone risks forgetting the rest")

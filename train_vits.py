@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from finetune.cli import ConfigError, config_to_dict, flag, given_flags, parse_config, run_script
 
 if TYPE_CHECKING:  # torch and the loop are imported once the flags are known (--help stays fast)
-    from finetune.loop import TrainingLoop
+    from finetune.training.loop import TrainingLoop
 
 
 @dataclass
@@ -105,12 +105,12 @@ class TrainConfig:
             problems.append("--fp16 and --bf16 exclude each other: pick one")
         if self.keep_checkpoints < 1:
             problems.append(f"--keep_checkpoints {self.keep_checkpoints}: keep at least 1")
-        from finetune.generator import FREEZABLE_PARTS
+        from finetune.vits.generator import FREEZABLE_PARTS
 
         unknown = [p for p in self.freeze if p not in FREEZABLE_PARTS]
         if unknown:
             problems.append(f"--freeze {' '.join(unknown)}: unknown part; choose from {', '.join(FREEZABLE_PARTS)}")
-        from finetune.tracking import check_trackers
+        from finetune.reporting.tracking import check_trackers
 
         problems += check_trackers(self.report_to)
         if self.discriminator and not Path(self.discriminator).is_file():
@@ -150,13 +150,13 @@ class Run:
 def open_run(config: TrainConfig, given: set[str], clock, stop) -> tuple[Run, TrainConfig]:
     """Run folder and log (leftovers of a killed process cleared); the checkpoint to resume (never silently
     mixing two runs; an unreadable newest one skipped) and the settings it continues with; budget; device."""
-    from finetune.atomic import recover
-    from finetune.budget import Budget, safety_margin_s
-    from finetune.checkpoint import list_checkpoints, resolve_resume, resumed_settings
-    from finetune.distributed import from_environment
-    from finetune.reporting import Metrics, setup_logging
-    from finetune.session import pick_device
-    from finetune.step import resolve_precision
+    from finetune.system.atomic import recover
+    from finetune.training.budget import Budget, safety_margin_s
+    from finetune.training.checkpoint import list_checkpoints, resolve_resume, resumed_settings
+    from finetune.training.distributed import from_environment
+    from finetune.reporting.logs import Metrics, setup_logging
+    from finetune.training.session import pick_device
+    from finetune.training.step import resolve_precision
 
     dist = from_environment(config.device)
     folder = Path(config.checkpoint_dir)
@@ -192,9 +192,9 @@ def open_run(config: TrainConfig, given: set[str], clock, stop) -> tuple[Run, Tr
 
 def build_model(config: TrainConfig, run: Run):
     """The generator (pretrained, scratch, or from the checkpoint), its tokenizer, and the features."""
-    from finetune import session
-    from finetune.features import FeatureConfig, Features
-    from finetune.generator import freeze, hop_length
+    from finetune.training import session
+    from finetune.data.features import FeatureConfig, Features
+    from finetune.vits.generator import freeze, hop_length
 
     session.seed_everything(config.seed)  # before any weights are made (a resume restores its own state later)
     texts = session.corpus_texts(Path(config.data_dir))
@@ -213,8 +213,8 @@ def build_model(config: TrainConfig, run: Run):
 
 def load_data(config: TrainConfig, run: Run, tokenizer, features):
     """Training and held-out clips into RAM (after the memory check) and the bucketed sampler."""
-    from finetune.corpus import decide_precompute, estimate_memory, load_corpus, read_metadata
-    from finetune.sampler import BucketSampler, padding_fraction
+    from finetune.data.corpus import decide_precompute, estimate_memory, load_corpus, read_metadata
+    from finetune.data.sampler import BucketSampler, padding_fraction
 
     data_dir, hop, rate = Path(config.data_dir), features.config.hop_length, features.config.sample_rate
     rows = read_metadata(data_dir / "metadata.csv")[: config.max_samples or None]
@@ -242,11 +242,11 @@ def load_data(config: TrainConfig, run: Run, tokenizer, features):
 def build_loop(config: TrainConfig, run: Run, loaded, frozen_parts, features, train, val, sampler,
                step_callback) -> TrainingLoop:
     """Discriminator, optimizer step, evaluator and state (fresh or restored) around the training loop."""
-    from finetune import session
-    from finetune.checkpoint import TrainingState, check_same_data, data_fingerprint
-    from finetune.evaluation import Evaluator
-    from finetune.loop import RunPaths, TrainingLoop
-    from finetune.measures import TimingRule
+    from finetune.training import session
+    from finetune.training.checkpoint import TrainingState, check_same_data, data_fingerprint
+    from finetune.reporting.evaluation import Evaluator
+    from finetune.training.loop import RunPaths, TrainingLoop
+    from finetune.reporting.measures import TimingRule
 
     choice = session.build_discriminator(config.discriminator, config.discriminator_width, config.discriminator_periods,
                                          run.payload, loaded.pretrained, config.discriminator_warmup_steps)
@@ -279,9 +279,9 @@ def build_loop(config: TrainConfig, run: Run, loaded, frozen_parts, features, tr
 
 
 def _run_log(config: TrainConfig, run: Run, resolved: dict, sample_rate: int):
-    from finetune.profile import StepProfile
-    from finetune.run_log import RunLog
-    from finetune.tracking import open_tracker
+    from finetune.system.profile import StepProfile
+    from finetune.reporting.run_log import RunLog
+    from finetune.reporting.tracking import open_tracker
 
     tracker = open_tracker(config.report_to, run.folder, resolved, run.dist.is_main)
     if tracker.sinks:
@@ -292,8 +292,8 @@ def _run_log(config: TrainConfig, run: Run, resolved: dict, sample_rate: int):
 
 
 def _train_step(config: TrainConfig, run: Run, model, discriminator, features):
-    from finetune.losses import LossWeights
-    from finetune.step import StepSettings, TrainStep
+    from finetune.vits.losses import LossWeights
+    from finetune.training.step import StepSettings, TrainStep
 
     weights = LossWeights(mel=config.mel_loss_weight, kl=config.kl_loss_weight, duration=config.duration_loss_weight,
                           adversarial=config.adversarial_loss_weight, feature_matching=config.feature_matching_loss_weight)
@@ -304,7 +304,7 @@ def _train_step(config: TrainConfig, run: Run, model, discriminator, features):
 
 
 def _loop_config(config: TrainConfig, run: Run, discriminator_warmup_steps: int):
-    from finetune.loop import LoopConfig
+    from finetune.training.loop import LoopConfig
 
     return LoopConfig(batch_size=config.batch_size, accumulation=config.gradient_accumulation_steps,
                       learning_rate=config.learning_rate,
@@ -358,9 +358,9 @@ def train(config: TrainConfig, given: set[str], clock, step_callback, stop) -> i
 def train_run(config: TrainConfig, run: "Run", step_callback) -> int:
     import torch
 
-    from finetune.checkpoint import restore_rng
-    from finetune.generator import train_mode
-    from finetune.loop import BudgetTooSmall, run_with_signals
+    from finetune.training.checkpoint import restore_rng
+    from finetune.vits.generator import train_mode
+    from finetune.training.loop import BudgetTooSmall, run_with_signals
 
     loaded, frozen_parts, features = build_model(config, run)
     train, val, sampler, precompute = load_data(config, run, loaded.tokenizer, features)
@@ -387,8 +387,8 @@ def train_run(config: TrainConfig, run: "Run", step_callback) -> int:
 
 
 def main(argv: list[str] | None = None, clock=None, step_callback=None) -> int:
-    from finetune.budget import Clock
-    from finetune.interrupt import StopRequest, StopRequested
+    from finetune.training.budget import Clock
+    from finetune.system.interrupt import StopRequest, StopRequested
 
     config = parse_config(TrainConfig, argv, __doc__)
     stop = StopRequest()
@@ -403,14 +403,14 @@ def main(argv: list[str] | None = None, clock=None, step_callback=None) -> int:
 
 
 def _plan_from(saved: dict | None):
-    from finetune.budget import Plan
+    from finetune.training.budget import Plan
 
     return Plan(**saved) if saved else None
 
 
 def _write_args(run_dir: Path, resolved: dict, device, precision: str, precompute: bool, num_workers: int, resumed,
                 processes: int) -> None:
-    from finetune.atomic import write_text_atomic
+    from finetune.system.atomic import write_text_atomic
 
     extra = {"resolved": {"device": str(device), "precision": precision, "precompute_mels": precompute,
                           "num_workers": num_workers, "resumed_from": str(resumed) if resumed else None,

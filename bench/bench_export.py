@@ -34,8 +34,8 @@ SENTENCES = ["rojbaş tu çawa yî", "ez ji te hez dikim û ez ê her tim li vir
 def build(args):
     import torch
 
-    from finetune.generator import scratch_generator
-    from finetune.synthesis import load_voice
+    from finetune.vits.generator import scratch_generator
+    from finetune.vits.synthesis import load_voice
     from tests.conftest import KURMANJI_LETTERS
 
     if args.model_dir:
@@ -66,8 +66,8 @@ def main() -> None:
     import onnxruntime
     import torch
 
-    from finetune.inference import speak_tokens, synthesise_graph
-    from finetune.onnx_export import export_voice
+    from finetune.vits.inference import speak_tokens, synthesise_graph
+    from finetune.vits.onnx_export import export_voice
 
     torch.set_num_threads(args.threads)
     model, tokenizer, length_scale = build(args)

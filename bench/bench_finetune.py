@@ -15,7 +15,7 @@
    B's tempo is --stretch times A's, so A's model speaks B's sentences at about 1/stretch of their
    length, and a fine-tune that learned B's tempo at about 1.
 5. The same fine-tune with transformers' own duration training path (`--compare_old_loss`), the
-   flow order this tool replaced (finetune/duration.py).
+   flow order this tool replaced (finetune/vits/duration.py).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 from bench.machine import describe  # noqa: E402
 
 OLD_LOSS_PATCH = (  # transformers' own training path for the stochastic duration predictor
-    "import finetune.objective as o;"
+    "import finetune.vits.objective as o;"
     "o.stochastic_duration_nll = lambda p, h, m, d: p(h, m, durations=d);"
 )
 
@@ -90,9 +90,9 @@ def score(model_dir: Path, data_dir: Path) -> dict:
     from transformers import VitsModel, VitsTokenizer
     from transformers.utils import logging as transformers_logging
 
-    from finetune.corpus import load_examples
-    from finetune.evaluation import Evaluator
-    from finetune.features import FeatureConfig, Features
+    from finetune.data.corpus import load_examples
+    from finetune.reporting.evaluation import Evaluator
+    from finetune.data.features import FeatureConfig, Features
 
     transformers_logging.disable_progress_bar()
     model = VitsModel.from_pretrained(str(model_dir)).eval()

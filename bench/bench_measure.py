@@ -21,11 +21,11 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from bench.machine import describe  # noqa: E402
-from finetune.corpus import load_examples  # noqa: E402
-from finetune.evaluation import MCD_SCALE, mcd_dtw, mel_cepstrum, synthesise  # noqa: E402
-from finetune.features import FeatureConfig, Features  # noqa: E402
-from finetune.generator import scratch_generator  # noqa: E402
-from finetune.session import corpus_texts, seed_everything  # noqa: E402
+from finetune.data.corpus import load_examples  # noqa: E402
+from finetune.reporting.evaluation import MCD_SCALE, mcd_dtw, mel_cepstrum, synthesise  # noqa: E402
+from finetune.data.features import FeatureConfig, Features  # noqa: E402
+from finetune.vits.generator import scratch_generator  # noqa: E402
+from finetune.training.session import corpus_texts, seed_everything  # noqa: E402
 
 
 def dtw_mean(a: np.ndarray, b: np.ndarray, distance) -> float:

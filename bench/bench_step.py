@@ -24,14 +24,14 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from bench.machine import describe  # noqa: E402
-from finetune import objective  # noqa: E402
-from finetune.corpus import load_examples  # noqa: E402
-from finetune.data import collate  # noqa: E402
-from finetune.discriminator import Discriminator, DiscriminatorConfig, parameter_count  # noqa: E402
-from finetune.features import FeatureConfig, Features  # noqa: E402
-from finetune.generator import hop_length, ready_for_training, scratch_generator  # noqa: E402
-from finetune.losses import LossWeights  # noqa: E402
-from finetune.step import StepSettings, TrainStep, resolve_precision  # noqa: E402
+from finetune.vits import objective  # noqa: E402
+from finetune.data.corpus import load_examples  # noqa: E402
+from finetune.data.examples import collate  # noqa: E402
+from finetune.vits.discriminator import Discriminator, DiscriminatorConfig, parameter_count  # noqa: E402
+from finetune.data.features import FeatureConfig, Features  # noqa: E402
+from finetune.vits.generator import hop_length, ready_for_training, scratch_generator  # noqa: E402
+from finetune.vits.losses import LossWeights  # noqa: E402
+from finetune.training.step import StepSettings, TrainStep, resolve_precision  # noqa: E402
 
 PHASES = ("data to device", "generator forward", "alignment", "discriminator fwd+bwd", "generator loss+bwd",
           "optimizer steps")

@@ -30,9 +30,9 @@ from bench.machine import describe  # noqa: E402
 def build(size: str, data_dir: Path, blow_up: float):
     import torch
 
-    from finetune.corpus import load_examples
-    from finetune.generator import scratch_generator
-    from finetune.session import corpus_texts
+    from finetune.data.corpus import load_examples
+    from finetune.vits.generator import scratch_generator
+    from finetune.training.session import corpus_texts
 
     torch.manual_seed(0)
     loaded = scratch_generator(size, sorted(set("".join(corpus_texts(data_dir)))), 16000)
@@ -47,8 +47,8 @@ def build(size: str, data_dir: Path, blow_up: float):
 def case_evaluate(size: str, data_dir: Path, blow_up: float) -> dict:
     import torch
 
-    from finetune.evaluation import Evaluator
-    from finetune.features import FeatureConfig, Features
+    from finetune.reporting.evaluation import Evaluator
+    from finetune.data.features import FeatureConfig, Features
 
     model, examples = build(size, data_dir, blow_up)
     evaluator = Evaluator(examples, Features(FeatureConfig()), torch.device("cpu"), 16000, None, [], batch_size=1)

@@ -1,4 +1,17 @@
-"""finetune: the parts behind prepare_data.py, train_vits.py and train_feedback.py.
+"""finetune: the parts behind the recipes (prepare_data.py, train_vits.py, train_feedback.py, synthesize.py,
+export_onnx.py), in five sub-packages along the real seams. Imports point one way, down this list:
 
-Modules are named for what they do; the top-level scripts are recipes that read top to bottom.
+    cli        flags from a config dataclass, and the recipes' shared wiring (recipe.py)
+    training/  the run's machinery: budget and pacing, the loop and one optimizer step, warm-up,
+               recovery, checkpoints and saving, torchrun, feedback rounds
+    reporting/ what the run tells its user, and how it judges a voice: logs, metrics, evaluation and
+               its measures, report.html, plots, TensorBoard
+    vits/      the VITS maths and models: generator, discriminator, objective, losses, alignment,
+               duration loss, bounded inference, synthesis, ONNX export
+    data/      the data path: sources, preparation, audio, text, the corpus in RAM, spectrogram
+               features, the bucketed sampler, micro-batch feeding
+    system/    what any part may use: durable writes, stop requests, progress bars, step-time sections,
+               where a model comes from (hub, folder, scratch)
+
+Where to start reading: train_vits.py, then training/loop.py.
 """

@@ -110,9 +110,9 @@ def run_script(main, extra_errors: tuple[type[Exception], ...] = ()) -> int:
     settings, 1 for data, models, checkpoints, memory), never a traceback."""
     import sys
 
-    from .checkpoint import CheckpointError
-    from .corpus import CorpusError
-    from .model_source import ModelSourceError
+    from finetune.training.checkpoint import CheckpointError
+    from finetune.data.corpus import CorpusError
+    from finetune.system.model_source import ModelSourceError
 
     try:
         return main()

@@ -88,8 +88,8 @@ def tiny_generator(data_dir: Path, seed: int = 0, **config_overrides):
     """A seeded scratch:tiny VitsModel (ready for training) and tokenizer for the texts in data_dir."""
     import torch
 
-    from finetune.corpus import read_metadata
-    from finetune.generator import SCRATCH_CONFIGS, ready_for_training, scratch_generator
+    from finetune.data.corpus import read_metadata
+    from finetune.vits.generator import SCRATCH_CONFIGS, ready_for_training, scratch_generator
 
     torch.manual_seed(seed)
     texts = [t for name in ("metadata.csv", "metadata_val.csv") for _, t in read_metadata(data_dir / name)]
@@ -109,8 +109,8 @@ def tiny_generator(data_dir: Path, seed: int = 0, **config_overrides):
 
 def demo_batch(data_dir: Path, tokenizer, count: int = 4):
     """A float batch of the first `count` training clips, on the CPU."""
-    from finetune.corpus import load_examples
-    from finetune.data import collate
+    from finetune.data.corpus import load_examples
+    from finetune.data.examples import collate
 
     examples, _ = load_examples(data_dir, "metadata.csv", tokenizer, hop=256, sample_rate=16000, max_samples=count)
     return collate(examples, hop=256).to("cpu")
@@ -128,7 +128,7 @@ class FakeClock:
 
 
 def clock_for(fake: FakeClock):
-    from finetune.budget import Clock
+    from finetune.training.budget import Clock
 
     return Clock(fake.now)
 
@@ -136,7 +136,7 @@ def clock_for(fake: FakeClock):
 def micro_batches_take(patch: pytest.MonkeyPatch, seconds: float = 3.0) -> FakeClock:
     """A fake clock that each micro-batch advances by `seconds` (for module-scoped runs, which cannot use
     the `timed_work` fixture)."""
-    from finetune import step
+    from finetune.training import step
 
     fake, real = FakeClock(), step.TrainStep.accumulate
 
@@ -154,7 +154,9 @@ def timed_work(monkeypatch):
     exports `export_s` of fake time (an optimizer step of n micro-batches: n * micro_batch_s)."""
     fake = FakeClock()
     costs = {"micro_batch_s": 3.0, "eval_s": 1.0, "checkpoint_s": 2.0, "export_s": 1.0}
-    from finetune import evaluation, saving, step
+    from finetune.reporting import evaluation
+    from finetune.training import saving
+    from finetune.training import step
 
     real_accumulate, real_evaluate = step.TrainStep.accumulate, evaluation.Evaluator.evaluate
     real_save, real_export = saving.save_checkpoint, saving.export_model

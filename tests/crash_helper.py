@@ -40,7 +40,13 @@ def on_nth(n: int, real, fault):
 def inject(fault: str, n: int) -> None:
     import torch
 
-    from finetune import atomic, checkpoint, feedback, generator
+    from finetune.system import atomic
+
+    from finetune.training import checkpoint
+
+    from finetune.training import feedback
+
+    from finetune.vits import generator
 
     if fault == "checkpoint-write":
         def half_written(obj, path):
@@ -66,7 +72,7 @@ def inject(fault: str, n: int) -> None:
             die()
         feedback.Versions._copy_model = on_nth(n, real_copy, copy_then_die)
     elif fault == "improving-scores":
-        from finetune import evaluation
+        from finetune.reporting import evaluation
 
         real_score, scores = evaluation.Evaluator.score_clips, iter(range(1000, 0, -1))
 
@@ -78,7 +84,7 @@ def inject(fault: str, n: int) -> None:
     elif fault == "slow-stop":
         import time
 
-        from finetune.loop import TrainingLoop
+        from finetune.training.loop import TrainingLoop
 
         real_stop = TrainingLoop.stop_cleanly
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from finetune.alignment import maximum_path, maximum_path_reference, prior_log_likelihood
+from finetune.vits.alignment import maximum_path, maximum_path_reference, prior_log_likelihood
 
 
 def random_case(rng):

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from finetune import audio
-from finetune.prepare import ClipJob, ClipSettings, process_clip
+from finetune.data import audio
+from finetune.data.prepare import ClipJob, ClipSettings, process_clip
 from tests.conftest import encode, tone
 
 SETTINGS = ClipSettings(sample_rate=16000, trim_db=40.0, trim_margin_s=0.05, peak=0.95,
@@ -70,7 +70,7 @@ def test_written_files_get_ordinary_permissions(tmp_path):
     import os
     import stat
 
-    from finetune.atomic import FILE_MODE
+    from finetune.system.atomic import FILE_MODE
 
     audio.write_pcm16(tmp_path / "a.wav", tone(200.0, 0.2, 16000), 16000)
     assert stat.S_IMODE(os.stat(tmp_path / "a.wav").st_mode) == FILE_MODE and FILE_MODE & 0o044  # others can read

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from finetune.budget import Budget, Clock, Durations, StepTimer, learning_rate, make_plan, safety_margin_s
+from finetune.training.budget import Budget, Clock, Durations, StepTimer, learning_rate, make_plan, safety_margin_s
 
 
 def test_warmup_rises_linearly_then_cosine_reaches_the_floor_at_the_last_step():

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from finetune.checkpoint import (CheckpointError, capture_rng, check_same_data, latest_checkpoint, list_checkpoints,
+from finetune.training.checkpoint import (CheckpointError, capture_rng, check_same_data, latest_checkpoint, list_checkpoints,
                                  load_checkpoint, resolve_resume, restore_rng, resumed_settings,
                                  save_checkpoint)
-from finetune.corpus import MemoryEstimate, decide_precompute
+from finetune.data.corpus import MemoryEstimate, decide_precompute
 
 
 def test_random_state_round_trips_and_loads_with_weights_only(tmp_path):

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from finetune.discriminator import (Discriminator, DiscriminatorConfig, load_discriminator, parameter_count,
+from finetune.vits.discriminator import (Discriminator, DiscriminatorConfig, load_discriminator, parameter_count,
                                     save_discriminator)
 
 

@@ -13,7 +13,7 @@ import torch
 import torch.multiprocessing as mp
 
 import train_vits
-from finetune.checkpoint import load_checkpoint
+from finetune.training.checkpoint import load_checkpoint
 from tests.conftest import REPO
 from tests.test_train import args, metrics
 
@@ -27,14 +27,14 @@ def free_port() -> int:
 def one_step(data_dir: str, rank: int, world_size: int, out: str, port: int) -> None:
     """Build the same tiny model and step as every other process, take one optimizer step on this rank's
     batch (two clips), save the weights. world_size 1: both batches as two micro-batches of one window."""
-    from finetune import objective
-    from finetune.corpus import load_examples
-    from finetune.data import collate
-    from finetune.discriminator import Discriminator, DiscriminatorConfig
-    from finetune.distributed import Distributed
-    from finetune.features import FeatureConfig, Features
-    from finetune.losses import LossWeights
-    from finetune.step import Precision, StepSettings, TrainStep
+    from finetune.vits import objective
+    from finetune.data.corpus import load_examples
+    from finetune.data.examples import collate
+    from finetune.vits.discriminator import Discriminator, DiscriminatorConfig
+    from finetune.training.distributed import Distributed
+    from finetune.data.features import FeatureConfig, Features
+    from finetune.vits.losses import LossWeights
+    from finetune.training.step import Precision, StepSettings, TrainStep
     from tests.conftest import tiny_generator
 
     torch.set_num_threads(1)

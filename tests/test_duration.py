@@ -1,4 +1,4 @@
-"""The stochastic duration predictor trains in the flow order its inference path inverts (finetune/duration.py)."""
+"""The stochastic duration predictor trains in the flow order its inference path inverts (finetune/vits/duration.py)."""
 
 import copy
 
@@ -7,7 +7,7 @@ import torch
 from transformers import VitsConfig
 from transformers.models.vits.modeling_vits import VitsStochasticDurationPredictor
 
-from finetune.duration import stochastic_duration_nll, vits_order_flows
+from finetune.vits.duration import stochastic_duration_nll, vits_order_flows
 
 CLASS_FRAMES = torch.tensor([2.0, 5.0, 9.0, 14.0])  # frames per token, by token class
 

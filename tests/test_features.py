@@ -4,7 +4,7 @@ import librosa
 import numpy as np
 import torch
 
-from finetune.features import FeatureConfig, Features
+from finetune.data.features import FeatureConfig, Features
 
 
 def test_log_mel_matches_librosa():

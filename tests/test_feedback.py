@@ -11,8 +11,8 @@ import torch
 
 import train_feedback
 import train_vits
-from finetune.evaluation import EvalResult
-from finetune.feedback import Versions, decide, replay_sample
+from finetune.reporting.evaluation import EvalResult
+from finetune.training.feedback import Versions, decide, replay_sample
 from tests.conftest import DEMO_CORPUS, clock_for
 
 CORRECTION_IDS = ["kmr_demo_0101", "kmr_demo_0102", "kmr_demo_0103", "kmr_demo_0104"]
@@ -129,7 +129,7 @@ def test_a_round_that_damages_the_originals_is_rejected_and_the_voice_untouched(
                                                                                 timed_work, monkeypatch):
     """Forced, not hoped for: after each real update the decoder's weights get seeded noise, so the round's
     models speak worse (corrections and originals alike) and the round must be rejected."""
-    from finetune.step import TrainStep
+    from finetune.training.step import TrainStep
 
     real_apply = TrainStep.apply
     noise = torch.Generator().manual_seed(0)

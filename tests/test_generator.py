@@ -4,10 +4,10 @@ import numpy as np
 import torch
 from transformers import VitsConfig, VitsModel, pipeline
 
-from finetune.discriminator import Discriminator, DiscriminatorConfig, load_discriminator
-from finetune.generator import (SCRATCH_CONFIGS, export_model, has_weight_norm, load_generator, ready_for_training,
+from finetune.vits.discriminator import Discriminator, DiscriminatorConfig, load_discriminator
+from finetune.vits.generator import (SCRATCH_CONFIGS, export_model, has_weight_norm, load_generator, ready_for_training,
                                 scratch_tokenizer)
-from finetune.model_source import resolve_model
+from finetune.system.model_source import resolve_model
 from tests.conftest import KURMANJI_LETTERS, make_tokenizer_dir
 
 
@@ -26,7 +26,7 @@ def test_export_loads_in_stock_transformers_and_speaks(tmp_path):
     export_model(loaded.model, loaded.tokenizer, out, discriminator, {"training_summary.json": {"steps": 3}})
     export_model(loaded.model, loaded.tokenizer, out, discriminator)  # replacing an export works too
     assert sorted(p.name for p in tmp_path.iterdir()) == ["final_model"]  # no staging folders left
-    from finetune.atomic import FILE_MODE
+    from finetune.system.atomic import FILE_MODE
 
     assert {p.stat().st_mode & 0o777 for p in out.iterdir()} == {FILE_MODE}  # readable by a server's user too
     model, info = VitsModel.from_pretrained(str(out), output_loading_info=True)
@@ -60,7 +60,7 @@ def test_local_pretrained_folder_round_trips_through_training_layout(tmp_path):
 def test_a_model_folder_with_missing_weights_is_refused_by_name(tmp_path):
     from safetensors.torch import load_file, save_file
 
-    from finetune.model_source import ModelSourceError
+    from finetune.system.model_source import ModelSourceError
 
     folder = make_tokenizer_dir(tmp_path / "broken", KURMANJI_LETTERS + " ")
     VitsModel(VitsConfig(vocab_size=len(KURMANJI_LETTERS) + 1, **SCRATCH_CONFIGS["tiny"])).save_pretrained(str(folder))
@@ -77,7 +77,7 @@ def test_a_model_folder_with_missing_weights_is_refused_by_name(tmp_path):
 def test_a_multi_speaker_model_is_refused(tmp_path):
     import pytest
 
-    from finetune.model_source import ModelSourceError
+    from finetune.system.model_source import ModelSourceError
 
     folder = make_tokenizer_dir(tmp_path / "speakers", KURMANJI_LETTERS + " ")
     config = VitsConfig(vocab_size=len(KURMANJI_LETTERS) + 1, num_speakers=4, speaker_embedding_size=16,
@@ -90,7 +90,7 @@ def test_a_multi_speaker_model_is_refused(tmp_path):
 def test_an_incomplete_model_folder_says_what_it_lacks(tmp_path):
     import pytest
 
-    from finetune.model_source import ModelSourceError
+    from finetune.system.model_source import ModelSourceError
 
     folder = make_tokenizer_dir(tmp_path / "half", KURMANJI_LETTERS + " ")
     VitsConfig(vocab_size=len(KURMANJI_LETTERS) + 1, **SCRATCH_CONFIGS["tiny"]).save_pretrained(str(folder))

@@ -4,16 +4,16 @@ import numpy as np
 import pytest
 import torch
 
-from finetune.generator import load_generator
-from finetune.inference import cap_durations, ceiling_for_text, speak, speak_tokens
-from finetune.model_source import resolve_model
+from finetune.vits.generator import load_generator
+from finetune.vits.inference import cap_durations, ceiling_for_text, speak, speak_tokens
+from finetune.system.model_source import resolve_model
 from tests.conftest import KURMANJI_LETTERS
 
 TEXTS = ["ez baş im", "rojbaş tu çawa yî li vir"]
 
 
 def tiny_model(stochastic: bool = True):
-    from finetune.generator import SCRATCH_CONFIGS
+    from finetune.vits.generator import SCRATCH_CONFIGS
 
     saved = dict(SCRATCH_CONFIGS["tiny"])
     SCRATCH_CONFIGS["tiny"] = {**saved, "use_stochastic_duration_prediction": stochastic}
@@ -93,9 +93,9 @@ def test_a_text_ceiling_grows_with_the_text():
 def test_a_runaway_model_is_evaluated_as_broken_within_the_ceilings(prepared_demo):
     """The scenario that used to hang a feedback test for 20 minutes at 19 GB: a duration predictor that
     asks for minutes a clip. Scored (and its validation losses computed) within the caps, as broken."""
-    from finetune.corpus import load_examples
-    from finetune.evaluation import Evaluator
-    from finetune.features import FeatureConfig, Features
+    from finetune.data.corpus import load_examples
+    from finetune.reporting.evaluation import Evaluator
+    from finetune.data.features import FeatureConfig, Features
     from tests.conftest import tiny_generator
 
     loaded = tiny_generator(prepared_demo)

@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from finetune import losses
+from finetune.vits import losses
 
 
 def test_kl_is_minus_half_per_channel_when_the_sample_sits_on_the_prior_mean():

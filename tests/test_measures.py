@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from finetune.evaluation import ClipScore, judge
-from finetune.measures import TimingRule, duration_error, length_ratio, mcd_dtw
+from finetune.reporting.evaluation import ClipScore, judge
+from finetune.reporting.measures import TimingRule, duration_error, length_ratio, mcd_dtw
 
 
 def test_length_ratio_and_duration_error():

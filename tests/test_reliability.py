@@ -15,8 +15,12 @@ import torch
 from transformers import VitsModel
 
 import train_vits
-from finetune import corpus, evaluation, recovery, saving, step
-from finetune.checkpoint import list_checkpoints, load_checkpoint
+from finetune.data import corpus
+from finetune.reporting import evaluation
+from finetune.training import recovery
+from finetune.training import saving
+from finetune.training import step
+from finetune.training.checkpoint import list_checkpoints, load_checkpoint
 from tests.conftest import REPO, clock_for
 from tests.test_train import args, losses_by_step, metrics, wait_for_training
 
@@ -229,7 +233,7 @@ def test_a_full_disk_is_reported_and_the_run_goes_on_keeping_the_last_good_check
 @pytest.fixture
 def quick_divergence(monkeypatch):
     """Go back after 3 non-finite steps in a row, give up after 2 returns."""
-    from finetune import loop
+    from finetune.training import loop
 
     policy = recovery.DivergencePolicy(max_in_row=3, max_rollbacks=2, lr_factor=0.5)
     monkeypatch.setattr(loop, "Divergence", lambda rollbacks=0: recovery.Divergence(policy, rollbacks))

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from finetune.sampler import BucketSampler, bucketed_batches, padding_fraction, shard
+from finetune.data.sampler import BucketSampler, bucketed_batches, padding_fraction, shard
 
 
 def lengths(n=1000, seed=0):

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from finetune.discriminator import Discriminator, DiscriminatorConfig
-from finetune.features import FeatureConfig, Features
-from finetune.generator import freeze
-from finetune.losses import LossWeights, discriminator_loss
-from finetune.objective import generator_forward, real_segments, reconstruction_mel_l1
-from finetune.step import Precision, StepSettings, TrainStep
+from finetune.vits.discriminator import Discriminator, DiscriminatorConfig
+from finetune.data.features import FeatureConfig, Features
+from finetune.vits.generator import freeze
+from finetune.vits.losses import LossWeights, discriminator_loss
+from finetune.vits.objective import generator_forward, real_segments, reconstruction_mel_l1
+from finetune.training.step import Precision, StepSettings, TrainStep
 from tests.conftest import demo_batch, tiny_generator
 
 SMALL_D = DiscriminatorConfig(width=0.0625, periods=(2, 3))
@@ -136,8 +136,8 @@ def test_a_checkpoint_without_fp16_resumes_under_fp16_and_back(prepared_demo):
 def test_evaluation_out_of_gpu_memory_retries_with_smaller_groups(prepared_demo, monkeypatch):
     """Synthesising 8 clips at once (each up to 4x its recording) may not fit a small GPU: the
     evaluation halves its group size and scores every clip, rather than ending the run."""
-    from finetune import evaluation
-    from finetune.corpus import load_examples
+    from finetune.reporting import evaluation
+    from finetune.data.corpus import load_examples
 
     loaded = tiny_generator(prepared_demo)
     examples, _ = load_examples(prepared_demo, "metadata.csv", loaded.tokenizer, hop=256, sample_rate=16000,
@@ -172,9 +172,9 @@ def test_a_discriminator_warm_up_step_moves_the_discriminator_and_leaves_the_gen
 
 
 def test_a_clip_shorter_than_a_segment_reads_as_silence_past_its_end_precomputed_or_not(prepared_demo):
-    from finetune.corpus import load_examples, precompute_features
-    from finetune.data import collate
-    from finetune.objective import real_segments
+    from finetune.data.corpus import load_examples, precompute_features
+    from finetune.data.examples import collate
+    from finetune.vits.objective import real_segments
 
     loaded = tiny_generator(prepared_demo)
     examples, _ = load_examples(prepared_demo, "metadata.csv", loaded.tokenizer, hop=256, sample_rate=16000,

@@ -1,6 +1,6 @@
 """Text normalisation: what is kept, what is removed (and counted), what is reported by name."""
 
-from finetune.text import TextNormalizer, describe_oov
+from finetune.data.text import TextNormalizer, describe_oov
 
 KURMANJI = set("abcçdeêfghiîjklmnopqrsştuûvwxyz '")
 

@@ -7,7 +7,7 @@ import re
 import pytest
 
 import train_vits
-from finetune.profile import PHASES
+from finetune.system.profile import PHASES
 from tests.conftest import clock_for
 from tests.test_train import args, metrics
 
@@ -71,7 +71,7 @@ def test_the_run_report_shows_the_plots_the_scores_and_the_samples(tracked_run):
 
 
 def test_a_tracker_that_is_not_installed_is_refused_with_what_to_install(prepared_demo, tmp_path, monkeypatch, capsys):
-    from finetune import tracking
+    from finetune.reporting import tracking
 
     monkeypatch.setattr(tracking, "installed", lambda package: package != "wandb")
     with pytest.raises(SystemExit):

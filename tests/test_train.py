@@ -16,8 +16,8 @@ import pytest
 from transformers import VitsModel, pipeline
 
 import train_vits
-from finetune import evaluation
-from finetune.evaluation import ClipScore
+from finetune.reporting import evaluation
+from finetune.reporting.evaluation import ClipScore
 from tests.conftest import REPO, clock_for
 
 
@@ -126,7 +126,7 @@ def test_an_earlier_run_is_never_silently_mixed_with_a_new_one(prepared_demo, tm
     assert train_vits.main(base, clock=clock_for(fake)) == 0
     with pytest.raises(train_vits.ConfigError, match="--resume auto"):
         train_vits.main(base, clock=clock_for(fake))
-    from finetune.checkpoint import CheckpointError
+    from finetune.training.checkpoint import CheckpointError
 
     with pytest.raises(CheckpointError, match="--batch_size was 4 in the checkpoint, now 2"):
         train_vits.main(base + ["--resume", "auto", "--batch_size", "2"], clock=clock_for(fake))
@@ -174,8 +174,8 @@ def test_a_new_discriminator_warms_up_alone_before_a_pretrained_generator_trains
     alone, logs its loss and margin at the start and the end, and leaves the generator as it was."""
     import torch
 
-    from finetune import warmup
-    from finetune.generator import export_model
+    from finetune.training import warmup
+    from finetune.vits.generator import export_model
     from tests.conftest import tiny_generator
 
     loaded = tiny_generator(prepared_demo)

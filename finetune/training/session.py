@@ -16,11 +16,11 @@ import numpy as np
 import torch
 from transformers import VitsConfig, VitsModel, VitsTokenizer
 
-from .corpus import Corpus, CorpusError, read_metadata, tokenize
-from .discriminator import Discriminator, DiscriminatorConfig, load_discriminator, parameter_count
-from .generator import LoadedGenerator, load_generator, ready_for_training
-from .model_source import resolve_model
-from .text import TextNormalizer, describe_oov
+from finetune.data.corpus import Corpus, CorpusError, read_metadata, tokenize
+from finetune.vits.discriminator import Discriminator, DiscriminatorConfig, load_discriminator, parameter_count
+from finetune.vits.generator import LoadedGenerator, load_generator, ready_for_training
+from finetune.system.model_source import resolve_model
+from finetune.data.text import TextNormalizer, describe_oov
 
 # Kurmanji sentences written for this project and absent from the demo corpus's recordings.
 DEFAULT_TEST_SENTENCES = [
@@ -118,7 +118,7 @@ class DiscriminatorChoice:
 def build_discriminator(path: str | None, width: float, periods: list[int], payload: dict | None,
                         generator_pretrained: bool, warmup_steps: int) -> DiscriminatorChoice:
     """From the checkpoint when resuming; else loaded from --discriminator; else new. A new
-    discriminator facing a pretrained generator is warmed up first (finetune/warmup.py), so its first,
+    discriminator facing a pretrained generator is warmed up first (finetune/training/warmup.py), so its first,
     uninformed gradients do not pull the generator away from what it already says well."""
     if payload is not None:
         saved = payload["discriminator"]

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .atomic import recover, replace_dir, staging_dir, write_text_atomic
-from .evaluation import EvalResult, Evaluator
+from finetune.system.atomic import recover, replace_dir, staging_dir, write_text_atomic
+from finetune.reporting.evaluation import EvalResult, Evaluator
 
 HISTORY = "history.json"
 

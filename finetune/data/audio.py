@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from .atomic import write_atomic
+from finetune.system.atomic import write_atomic
 
 # Below this peak (-80 dBFS) a clip is treated as silent: trimming and normalising it would only
 # amplify noise.

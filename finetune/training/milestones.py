@@ -1,7 +1,7 @@
 """The training loop's milestones, shared by every process of a data-parallel run: evaluating (on the
 main process, its verdicts then shared), exporting, checkpointing (every process's random state gathered
 to the main one, which writes) and planning (the main process's plan, broadcast, so the learning-rate
-schedule is one). A part of TrainingLoop (finetune/loop.py), kept apart so each file reads in one go.
+schedule is one). A part of TrainingLoop (finetune/training/loop.py), kept apart so each file reads in one go.
 """
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from .budget import Plan
-from .checkpoint import capture_rng, checkpoint_name
-from .evaluation import EvalResult
-from .generator import train_mode
-from .interrupt import StopRequested
+from finetune.training.budget import Plan
+from finetune.training.checkpoint import capture_rng, checkpoint_name
+from finetune.reporting.evaluation import EvalResult
+from finetune.vits.generator import train_mode
+from finetune.system.interrupt import StopRequested
 
 
 class Milestones:

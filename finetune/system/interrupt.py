@@ -7,7 +7,7 @@ position and random state of the last completed step, writes a checkpoint and ex
 143 for SIGTERM). Nothing polls inside an optimizer update or a save, so neither is left half done.
 
 A second signal exits at once (same status), for when saving hangs or the user means it: whatever
-write was under way is abandoned, and writes are atomic (finetune/atomic.py), so the last good files stay.
+write was under way is abandoned, and writes are atomic (finetune/system/atomic.py), so the last good files stay.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Speaking text with a saved model folder: load it with stock transformers, normalise text the way
 training did, skip (and name) what the vocabulary cannot say, write 16-bit WAVs. Synthesis is bounded
-(finetune/inference.py): a sentence lasts at most ceiling_for_text of its length, whatever the model asks."""
+(finetune/vits/inference.py): a sentence lasts at most ceiling_for_text of its length, whatever the model asks."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .audio import write_pcm16
-from .corpus import tokenize
-from .inference import ceiling_for_text, speak as speak_bounded
-from .text import TextNormalizer, describe_oov
+from finetune.data.audio import write_pcm16
+from finetune.data.corpus import tokenize
+from finetune.vits.inference import ceiling_for_text, speak as speak_bounded
+from finetune.data.text import TextNormalizer, describe_oov
 
 
 @dataclass
@@ -30,7 +30,7 @@ class Voice:
 def load_voice(model_dir: str | Path, device: torch.device, speaking_rate: float = 1.0) -> Voice:
     from transformers import VitsTokenizer
 
-    from .generator import load_complete_model
+    from finetune.vits.generator import load_complete_model
 
     model = load_complete_model(Path(model_dir), str(model_dir)).to(device).eval()
     model.speaking_rate = speaking_rate

@@ -25,8 +25,8 @@ from torch.nn.utils import parametrize
 from transformers import VitsConfig, VitsModel, VitsTokenizer
 from transformers.utils import logging as transformers_logging
 
-from .atomic import replace_dir, staging_dir, write_text_atomic
-from .model_source import ModelSource, ModelSourceError, load_tokenizer
+from finetune.system.atomic import replace_dir, staging_dir, write_text_atomic
+from finetune.system.model_source import ModelSource, ModelSourceError, load_tokenizer
 
 transformers_logging.disable_progress_bar()  # "Writing model shards" bars would interleave with our log lines
 
@@ -169,7 +169,7 @@ def export_model(model: VitsModel, tokenizer: VitsTokenizer, out_dir: str | Path
     """Write a Hugging Face folder (config.json, model.safetensors, tokenizer files) and, when given, the
     discriminator beside it (discriminator.pt) so training can continue. Built in a staging folder and
     swapped in, so a crash mid-save leaves the previous export intact."""
-    from .discriminator import save_discriminator
+    from finetune.vits.discriminator import save_discriminator
 
     out_dir = Path(out_dir)
     staging = staging_dir(out_dir)

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from collections import deque
 
-from .budget import StepTimer
-from .interrupt import StopRequested
-from .pacing import Pacer
-from .progress import format_duration
+from finetune.training.budget import StepTimer
+from finetune.system.interrupt import StopRequested
+from finetune.training.pacing import Pacer
+from finetune.system.progress import format_duration
 
 MARGIN_WINDOW = 20  # steps the margin is averaged over before the warm-up may end
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .atomic import torch_save_atomic, write_text_atomic
+from finetune.system.atomic import torch_save_atomic, write_text_atomic
 
 CHECKPOINT_VERSION = 2
 LATEST = "latest_checkpoint.json"

@@ -6,16 +6,16 @@
     benchmark  the first optimizer steps (--benchmark_samples clips) are ordinary training steps; with
                the timed evaluation, export and checkpoint they give the plan (plan.json): how many
                steps fit, how often to evaluate
-    train      steps until the deadline (finetune/pacing.py decides, a micro-batch at a time), an epoch
+    train      steps until the deadline (finetune/training/pacing.py decides, a micro-batch at a time), an epoch
                limit or early stopping; evaluations keep the best model, checkpoints at each epoch end
                and every --checkpoint_every_minutes, the plan re-estimated at each evaluation
     finish     a final evaluation (unless the last one saw these weights), the final export and a
                checkpoint, all inside the budget
 
-Ctrl-C or SIGTERM (finetune/interrupt.py) is honoured at the next safe point, wherever the run is: the
+Ctrl-C or SIGTERM (finetune/system/interrupt.py) is honoured at the next safe point, wherever the run is: the
 sampler position and random state go back to the last completed optimizer step, a checkpoint is
 written, and the loop returns "interrupted". Many non-finite steps in a row send the run back to its
-last good state at a lower learning rate (finetune/recovery.py). Saving is finetune/saving.py.
+last good state at a lower learning rate (finetune/training/recovery.py). Saving is finetune/training/saving.py.
 """
 
 from __future__ import annotations
@@ -26,23 +26,23 @@ from typing import Callable
 
 import torch
 
-from .budget import Budget, Plan, StepTimer
-from .checkpoint import TrainingState, capture_rng, restore_rng
-from .data import Example
-from .distributed import Distributed
-from .evaluation import EvalResult, Evaluator
-from .feed import MicroBatchFeed
-from .generator import train_mode
-from .interrupt import StopRequest, StopRequested
-from .milestones import Milestones
-from .pacing import Costs, Pacer
-from .profile import section
-from .recovery import Divergence, LastGoodState
-from .reporting import peak_memory
-from .run_log import RunLog
-from .sampler import BucketSampler, SamplerState
-from .saving import Saver
-from .step import StepResult, TrainStep
+from finetune.training.budget import Budget, Plan, StepTimer
+from finetune.training.checkpoint import TrainingState, capture_rng, restore_rng
+from finetune.data.examples import Example
+from finetune.training.distributed import Distributed
+from finetune.reporting.evaluation import EvalResult, Evaluator
+from finetune.data.feed import MicroBatchFeed
+from finetune.vits.generator import train_mode
+from finetune.system.interrupt import StopRequest, StopRequested
+from finetune.training.milestones import Milestones
+from finetune.training.pacing import Costs, Pacer
+from finetune.system.profile import section
+from finetune.training.recovery import Divergence, LastGoodState
+from finetune.reporting.logs import peak_memory
+from finetune.reporting.run_log import RunLog
+from finetune.data.sampler import BucketSampler, SamplerState
+from finetune.training.saving import Saver
+from finetune.training.step import StepResult, TrainStep
 
 
 class BudgetTooSmall(Exception):
@@ -126,7 +126,7 @@ class Boundary:
 
 class TrainingLoop(Milestones):
     """One run's training: phases, decisions and steps here; evaluation, saving and planning in
-    Milestones (finetune/milestones.py)."""
+    Milestones (finetune/training/milestones.py)."""
 
     def __init__(self, *, model, tokenizer, discriminator, step: TrainStep, examples: list[Example],
                  evaluator: Evaluator, budget: Budget, sampler: BucketSampler, state: TrainingState,
@@ -359,7 +359,7 @@ class TrainingLoop(Milestones):
             self.run_log.close()
 
     def warm_up_discriminator(self) -> None:
-        from .warmup import warm_up
+        from finetune.training.warmup import warm_up
 
         warm_up(self)
 

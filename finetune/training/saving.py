@@ -1,6 +1,6 @@
 """What a run keeps on disk, and what keeping it costs: model exports (best and final) and checkpoints.
 
-Every save is timed (the budget counts it before it is due) and atomic (finetune/atomic.py). Weights that
+Every save is timed (the budget counts it before it is due) and atomic (finetune/system/atomic.py). Weights that
 are not finite are never written: a NaN model is neither the best nor the final one. A save that fails
 for want of space (or any other OSError) is logged with what to do, the previous file or folder stays as
 it was (nothing is deleted to make room: older checkpoints are rotated out only after a new one is
@@ -14,10 +14,10 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from .checkpoint import save_checkpoint
-from .generator import export_model
-from .pacing import Costs
-from .recovery import all_finite
+from finetune.training.checkpoint import save_checkpoint
+from finetune.vits.generator import export_model
+from finetune.training.pacing import Costs
+from finetune.training.recovery import all_finite
 
 
 def describe_os_error(error: OSError) -> str:

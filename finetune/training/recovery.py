@@ -1,6 +1,6 @@
 """Going back to the last good state when training keeps breaking.
 
-A step whose loss is not finite is dropped before it reaches the weights (finetune/step.py). One such
+A step whose loss is not finite is dropped before it reaches the weights (finetune/training/step.py). One such
 step is noise; many in a row (a NaN storm) mean the weights sit where every batch overflows, and
 dropping steps forever would spend the budget on nothing. So after `max_in_row` non-finite steps in a
 row, and at once when an optimizer update itself failed half way (out of GPU memory inside it), the loop
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import load_checkpoint
+from finetune.training.checkpoint import load_checkpoint
 
 
 @dataclass

@@ -34,13 +34,13 @@ from dataclasses import dataclass, field
 import torch
 from transformers import VitsModel
 
-from .data import Batch
-from .distributed import Distributed
-from .discriminator import Discriminator
-from .features import Features
-from .losses import LossWeights, discriminator_loss
-from .objective import GeneratorLosses, generator_forward, generator_losses, real_segments
-from .profile import section
+from finetune.data.examples import Batch
+from finetune.training.distributed import Distributed
+from finetune.vits.discriminator import Discriminator
+from finetune.data.features import Features
+from finetune.vits.losses import LossWeights, discriminator_loss
+from finetune.vits.objective import GeneratorLosses, generator_forward, generator_losses, real_segments
+from finetune.system.profile import section
 
 ADAM_BETAS = (0.8, 0.99)  # original VITS
 ADAM_EPS = 1e-9

@@ -3,7 +3,7 @@
 `torchrun --nproc_per_node=N train_vits.py ...` starts N processes (one per GPU; on CPU, N of them share
 the cores). They form a process group (NCCL on GPUs, gloo on CPU, chosen from the device), each trains
 on its own share of every epoch's batches, and their gradients are averaged (DistributedDataParallel,
-in finetune/step.py). Everything that must not differ between them goes through here:
+in finetune/training/step.py). Everything that must not differ between them goes through here:
 
     any(flag)          a stop decision (deadline, signal, a non-finite loss): if one process must stop,
                        all do, on the same step, so the deadline is one shared deadline

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 import torch
 from transformers import VitsModel
 
-from . import losses
-from .alignment import maximum_path, prior_log_likelihood
-from .duration import stochastic_duration_nll
-from .profile import section
-from .data import Batch
-from .features import Features
+from finetune.vits import losses
+from finetune.vits.alignment import maximum_path, prior_log_likelihood
+from finetune.vits.duration import stochastic_duration_nll
+from finetune.system.profile import section
+from finetune.data.examples import Batch
+from finetune.data.features import Features
 
 
 def fp32(device: torch.device):
@@ -57,7 +57,7 @@ def encode_text(model: VitsModel, input_ids: torch.Tensor, attention_mask: torch
 
 def duration_loss(model: VitsModel, text: TextEncoding, durations: torch.Tensor) -> torch.Tensor:
     """durations: [batch, 1, tokens] frames per token from the alignment. Runs in fp32. The stochastic
-    predictor trains in the original VITS flow order (finetune/duration.py says why)."""
+    predictor trains in the original VITS flow order (finetune/vits/duration.py says why)."""
     with fp32(durations.device):
         hidden, mask = text.hidden.float(), text.mask.float()
         if model.config.use_stochastic_duration_prediction:

@@ -16,7 +16,7 @@ import psutil
 import torch
 from tqdm import tqdm
 
-from .progress import format_duration
+from finetune.system.progress import format_duration
 
 
 def setup_logging(run_dir: Path, name: str = "finetune", rank: int = 0) -> logging.Logger:

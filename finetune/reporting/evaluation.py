@@ -1,6 +1,6 @@
 """Evaluation on held-out clips: synthesise each clip's text and compare it with its recording.
 
-Per clip (finetune/measures.py says how each is computed and why):
+Per clip (finetune/reporting/measures.py says how each is computed and why):
     MCD-DTW          spectral distance to the recording, dB (lower is better)
     length ratio     how long the model speaks the text over how long the recording is (1 = its tempo)
     duration error   how much of the recording's rhythm the predicted durations misplace (0 = none)
@@ -9,7 +9,7 @@ losses (mel, KL, duration) on the same clips, and whether the model may become t
 its median length ratio passes the timing rule. It judges speech synthesised from text, duration
 predictor included, not just how well the training loss is minimised.
 
-Synthesis is bounded (finetune/inference.py): each clip at most MAX_LENGTH_VS_RECORDING times its
+Synthesis is bounded (finetune/vits/inference.py): each clip at most MAX_LENGTH_VS_RECORDING times its
 recording, so a broken model is scored, as broken, in about the time a good one takes; its length ratio
 is still the full length it asked for. Synthesis is seeded and runs inside a forked RNG, so successive
 evaluations are comparable and the training's random state is left as it was. A stop request (Ctrl-C,
@@ -26,14 +26,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .audio import write_pcm16
-from .data import Example, collate
-from .features import Features
-from .inference import ceiling_for_text, fork_rng, speak
-from .interrupt import StopRequest
-from .losses import LossWeights
-from .measures import TimingRule, duration_error, length_ratio, mcd_dtw
-from .objective import generator_forward, generator_losses, real_segments
+from finetune.data.audio import write_pcm16
+from finetune.data.examples import Example, collate
+from finetune.data.features import Features
+from finetune.vits.inference import ceiling_for_text, fork_rng, speak
+from finetune.system.interrupt import StopRequest
+from finetune.vits.losses import LossWeights
+from finetune.reporting.measures import TimingRule, duration_error, length_ratio, mcd_dtw
+from finetune.vits.objective import generator_forward, generator_losses, real_segments
 
 LOG = logging.getLogger(__name__)  # a child of the run's "finetune" logger
 

@@ -14,8 +14,8 @@ from functools import partial
 import torch
 from torch.utils.data import DataLoader
 
-from .data import Batch, Example, collate
-from .sampler import BucketSampler
+from finetune.data.examples import Batch, Example, collate
+from finetune.data.sampler import BucketSampler
 
 
 class ExampleList(torch.utils.data.Dataset):

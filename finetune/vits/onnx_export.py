@@ -8,7 +8,7 @@ reads for MMS models (the convention of its MMS recipe, k2-fsa/sherpa docs/sourc
                    length_scale   float32 [1]        1 / speaking rate
                    noise_scale_w  float32 [1]        duration noise (MMS: 0.8)
                  output y float32 [1, 1, samples]; durations capped as everywhere in this tool
-                 (finetune/inference.py). Metadata: model_type vits, comment mms, frontend characters,
+                 (finetune/vits/inference.py). Metadata: model_type vits, comment mms, frontend characters,
                  add_blank 1, use_eos_bos 0 (so sherpa's ids equal the transformers tokenizer's),
                  blank_id, n_speakers 0, sample_rate, language.
     tokens.txt   `symbol id` a line, in id order; the space is a line with just its id; a capital line
@@ -30,8 +30,8 @@ from pathlib import Path
 
 import torch
 
-from .atomic import replace_dir, staging_dir, write_text_atomic
-from .inference import synthesise_graph
+from finetune.system.atomic import replace_dir, staging_dir, write_text_atomic
+from finetune.vits.inference import synthesise_graph
 
 OPSET = 17
 

@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from . import audio
-from .atomic import write_text_atomic
-from .progress import Progress
-from .sources import Source, SourceItem
-from .text import TextNormalizer, describe_oov
+from finetune.data import audio
+from finetune.system.atomic import write_text_atomic
+from finetune.system.progress import Progress
+from finetune.data.sources import Source, SourceItem
+from finetune.data.text import TextNormalizer, describe_oov
 
 CACHE_NAME = ".prepare_cache.json"
 CACHE_VERSION = 1

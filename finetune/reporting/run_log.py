@@ -1,6 +1,6 @@
 """What a training run tells its user, in one place: the progress line (tqdm on a terminal), train.log,
-metrics.jsonl, TensorBoard / Weights & Biases (finetune/tracking.py), the step profile
-(finetune/profile.py) and report.html (finetune/run_report.py). The loop says what happened; this
+metrics.jsonl, TensorBoard / Weights & Biases (finetune/reporting/tracking.py), the step profile
+(finetune/system/profile.py) and report.html (finetune/reporting/run_report.py). The loop says what happened; this
 decides where it goes. Only the main process of a data-parallel run writes anything.
 """
 
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .atomic import write_text_atomic
-from .evaluation import EvalResult
-from .profile import StepProfile
-from .reporting import Metrics, ProgressDisplay, memory_text, progress_line
-from .tracking import Tracker
+from finetune.system.atomic import write_text_atomic
+from finetune.reporting.evaluation import EvalResult
+from finetune.system.profile import StepProfile
+from finetune.reporting.logs import Metrics, ProgressDisplay, memory_text, progress_line
+from finetune.reporting.tracking import Tracker
 
 
 class RunLog:
@@ -87,7 +87,7 @@ class RunLog:
             self.tracker.audio(result.step, f"samples/{Path(path).stem}", wave, rate)
 
     def _mels(self, step: int, clip_id: str, generated: np.ndarray, recorded: np.ndarray) -> None:
-        from .plots import mel_comparison_rgb
+        from finetune.reporting.plots import mel_comparison_rgb
 
         rgb = mel_comparison_rgb(generated, recorded, f"step {step}, {clip_id}")
         self.tracker.image(step, "eval/mel_synthesised_vs_recorded", rgb)
@@ -124,7 +124,7 @@ class RunLog:
         return summary
 
     def write_report(self) -> None:
-        from .run_report import write_report
+        from finetune.reporting.run_report import write_report
 
         try:
             write_report(self.run_dir, self.report_title, self.max_length_ratio, self.best_dir)

@@ -278,7 +278,7 @@ def load_hub_dataset(repo_id: str):
     failing. With HF_HUB_OFFLINE=1 a copy in the local cache is used without asking the hub."""
     import datasets
 
-    from .model_source import hub_reachable, offline_advice
+    from finetune.system.model_source import hub_reachable, offline_advice
 
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
     if not offline and not hub_reachable():

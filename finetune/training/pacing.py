@@ -1,7 +1,7 @@
 """The deadline decisions of a run: whether the next step may start, whether the micro-batch about to run
 is its window's last, whether a step is the run's last, and its learning rate.
 
-Everything is asked of the budget with cautious estimates (finetune/budget.py, StepTimer) and with the
+Everything is asked of the budget with cautious estimates (finetune/training/budget.py, StepTimer) and with the
 final save kept in reserve: the final evaluation, the export and the last checkpoint, at what they last
 cost. The unit of decision is a micro-batch, not a step: with accumulation 4 on a slow machine a step
 can be a tenth of a short budget, and deciding by whole steps would leave most of one unused (or, worse,
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .budget import Budget, Plan, StepTimer, learning_rate, make_plan
+from finetune.training.budget import Budget, Plan, StepTimer, learning_rate, make_plan
 
 
 @dataclass

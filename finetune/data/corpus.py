@@ -21,11 +21,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .audio import read_pcm16
-from .data import Example, collate
-from .features import Features
-from .interrupt import StopRequest
-from .progress import Progress
+from finetune.data.audio import read_pcm16
+from finetune.data.examples import Example, collate
+from finetune.data.features import Features
+from finetune.system.interrupt import StopRequest
+from finetune.system.progress import Progress
 
 WAV_HEADER_BYTES = 44
 EXAMPLE_OVERHEAD_BYTES = 1024  # Python objects and token ids per clip, roughly

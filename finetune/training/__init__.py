@@ -1,0 +1,6 @@
+"""The run's machinery: the time budget (budget, pacing), the loop and its milestones, one optimizer step
+(step), the discriminator's warm-up, going back after failures (recovery), checkpoints and saving,
+data-parallel processes (distributed), assembling a run (session), and feedback rounds (feedback).
+
+May import every other sub-package; none of them imports this one.
+"""
