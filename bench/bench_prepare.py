@@ -26,9 +26,9 @@ from bench.machine import describe  # noqa: E402
 CORPUS = REPO / "demo" / "corpus"
 
 
-def timed_run(data_dir: Path, workers: int) -> float:
+def timed_run(data_dir: Path, workers: int, max_samples: int) -> float:
     command = [sys.executable, str(REPO / "prepare_data.py"), "--input_dir", str(CORPUS), "--data_dir",
-               str(data_dir), "--model_name", "scratch:tiny", "--num_workers", str(workers)]
+               str(data_dir), "--model_name", "scratch:tiny", "--num_workers", str(workers), "--max_samples", str(max_samples)]
     started = time.perf_counter()
     subprocess.run(command, check=True, capture_output=True)
     return time.perf_counter() - started
@@ -38,8 +38,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--max_samples", type=int, default=0, help="clips prepared (0: all; a few for a smoke run)")
     args = parser.parse_args()
-    files = sorted((CORPUS / "wavs").glob("*"))
+    files = sorted((CORPUS / "wavs").glob("*"))[: args.max_samples or None]
     audio_hours = sum(sf.info(str(f)).duration for f in files) / 3600
     print(f"machine: {describe()}")
     print(f"corpus: {len(files)} clips, {audio_hours * 60:.1f} min of source audio (demo/corpus)")
@@ -47,8 +48,8 @@ def main() -> None:
     for workers in args.workers:
         for _ in range(args.repeats):
             with tempfile.TemporaryDirectory() as tmp:
-                first = timed_run(Path(tmp) / "data", workers)
-                second = timed_run(Path(tmp) / "data", workers)
+                first = timed_run(Path(tmp) / "data", workers, args.max_samples)
+                second = timed_run(Path(tmp) / "data", workers, args.max_samples)
             print(f"{workers:>7} {first:>8.2f} {len(files) / first:>8.1f} {audio_hours / (first / 60):>11.3f} "
                   f"{second:>8.2f} {first / second:>7.1f}x")
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from bench.bench_step import prepare_demo  # noqa: E402
+from bench.demo_data import prepare_demo  # noqa: E402
 from bench.machine import describe  # noqa: E402
 
 
@@ -94,6 +94,7 @@ def main() -> None:
     parser.add_argument("--blow_up", type=float, default=12.0, help="log-duration shift: e^K frames per token")
     parser.add_argument("--stock_limit_gib", type=float, default=8.0)
     parser.add_argument("--stock_timeout_s", type=float, default=300.0)
+    parser.add_argument("--max_samples", type=int, default=0, help="demo clips prepared (0: all; a few for a smoke run)")
     parser.add_argument("--case", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.case:
@@ -105,7 +106,7 @@ def main() -> None:
         return
     print(f"machine: {describe()}")
     with tempfile.TemporaryDirectory() as tmp:
-        data_dir = prepare_demo(Path(tmp) / "data", val_fraction=0.02)
+        data_dir = prepare_demo(Path(tmp) / "data", val_fraction=0.02, max_samples=args.max_samples)
         for size in args.size or ["tiny"]:
             for label, kind, blow_up in (("healthy model, evaluation", "evaluate", 0.0),
                                          (f"runaway predictor (e^{args.blow_up:g} frames a token), evaluation",

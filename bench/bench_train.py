@@ -21,7 +21,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from bench.bench_step import prepare_demo  # noqa: E402
+from bench.demo_data import prepare_demo  # noqa: E402
 from bench.machine import describe  # noqa: E402
 
 PEAK_LR, FLOOR = 2e-3, 0.1
@@ -65,10 +65,11 @@ def main() -> None:
     parser.add_argument("--defaults", action="store_true",
                         help="every training flag at its default (46.7M discriminator, batch 8, accumulation 4, lr 2e-5)")
     parser.add_argument("--processes", type=int, default=1, help="data-parallel processes (torchrun, gloo)")
+    parser.add_argument("--max_samples", type=int, default=0, help="demo clips prepared (0: all; a few for a smoke run)")
     args = parser.parse_args()
     modes = {"precomputed": [True], "per-batch": [False], "both": [True, False]}[args.features]
     with tempfile.TemporaryDirectory() as tmp:
-        data_dir = prepare_demo(Path(tmp) / "data", val_fraction=0.02)  # as users prepare: held-out clips to score
+        data_dir = prepare_demo(Path(tmp) / "data", val_fraction=0.02, max_samples=args.max_samples)  # as users prepare: held-out clips to score
         train_clips = len((data_dir / "metadata.csv").read_text().splitlines())
         val_clips = len((data_dir / "metadata_val.csv").read_text().splitlines())
         print(f"machine: {describe()}")

@@ -1,7 +1,8 @@
 """finetune: the parts behind the recipes (prepare_data.py, train_vits.py, train_feedback.py, synthesize.py,
 export_onnx.py), in five sub-packages along the real seams. Imports point one way, down this list:
 
-    cli        flags from a config dataclass, and the recipes' shared wiring (recipe.py)
+    cli.py     flags from a config dataclass; settings.py: the training flags both training recipes
+               share; recipe.py: the wiring they share (run folder, device, step, log, loop)
     training/  the run's machinery: budget and pacing, the loop and one optimizer step, warm-up,
                recovery, checkpoints and saving, torchrun, feedback rounds
     reporting/ what the run tells its user, and how it judges a voice: logs, metrics, evaluation and

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
+import sys
 import types
 import typing
 from pathlib import Path
@@ -105,20 +107,42 @@ def config_to_dict(config: Any) -> dict[str, Any]:
     return {k: plain(v) for k, v in dataclasses.asdict(config).items()}
 
 
+class LazyModule:
+    """A module imported on first attribute access."""
+
+    def __init__(self, name: str):
+        self._name, self._module = name, None
+
+    def __getattr__(self, attribute: str) -> Any:
+        if self._module is None:
+            self._module = importlib.import_module(self._name)
+        return getattr(self._module, attribute)
+
+
+def lazy_modules(*names: str) -> list[LazyModule]:
+    """Modules that load on first use: a recipe names the heavy parts it calls (torch, transformers) once, at
+    its top, and `--help` or a flag error never pays for importing them."""
+    return [LazyModule(name) for name in names]
+
+
 def run_script(main, extra_errors: tuple[type[Exception], ...] = ()) -> int:
     """Run a recipe's main(): expected failures become one 'error:' line and an exit status (2 for
     settings, 1 for data, models, checkpoints, memory), never a traceback."""
-    import sys
-
-    from finetune.training.checkpoint import CheckpointError
-    from finetune.data.corpus import CorpusError
-    from finetune.system.model_source import ModelSourceError
-
     try:
         return main()
     except ConfigError as error:
         print(f"error: invalid settings:\n{error}", file=sys.stderr)
         return 2
-    except (ModelSourceError, CorpusError, CheckpointError, MemoryError, ValueError, *extra_errors) as error:
+    except (MemoryError, ValueError, *extra_errors) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    except Exception as error:
+        # The parts' own error types, imported only now: importing them first would import torch (--help).
+        from finetune.data.corpus import CorpusError
+        from finetune.system.model_source import ModelSourceError
+        from finetune.training.checkpoint import CheckpointError
+
+        if not isinstance(error, (ModelSourceError, CorpusError, CheckpointError)):
+            raise
         print(f"error: {error}", file=sys.stderr)
         return 1

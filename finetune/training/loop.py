@@ -20,6 +20,7 @@ last good state at a lower learning rate (finetune/training/recovery.py). Saving
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -51,27 +52,40 @@ class BudgetTooSmall(Exception):
 
 @dataclass
 class LoopConfig:
+    """What the loop runs with: the shared training flags it reads (finetune/settings.py), taken by name
+    from the recipe's config by `from_flags`, and what the recipe decided beyond them."""
+
     batch_size: int
-    accumulation: int
+    gradient_accumulation_steps: int
     learning_rate: float
     discriminator_learning_rate: float
     lr_floor_ratio: float
     warmup_steps: int
     benchmark_samples: int
-    eval_every: int  # 0: planned
+    val_every: int  # 0: planned
     max_epochs: int  # 0: no cap
-    early_stopping_patience: int  # evaluations without improvement; 0: off
-    keep_checkpoints: int
-    checkpoint_every_s: float
-    log_every_s: float
-    discriminator_warmup_steps: int  # discriminator-only steps before joint training (0: none)
-    num_workers: int
+    log_every_seconds: float
     seed: int
-    discriminator_warmup_lr: float = 2e-4  # constant, the original VITS rate: a new discriminator must learn fast
+    discriminator_warmup_steps: int  # discriminator-only steps before joint training, as decided (0: none)
+    num_workers: int  # as resolved for the device
+    discriminator_warmup_learning_rate: float = 2e-4  # constant, the original VITS rate: a new discriminator must learn fast
     discriminator_warmup_margin: float = 0.5  # the warm-up ends when real minus generated scores reach this
     discriminator_warmup_share: float = 0.2  # the warm-up takes at most this share of the time left at its start
+    early_stopping_patience: int = 0  # evaluations without improvement; 0: off
+    keep_checkpoints: int = 1
+    checkpoint_every_minutes: float = 30.0
     reserve_after_s: float = 0.0  # time the caller needs after the loop returns (kept out of the plan)
     checkpoints: bool = True  # False: none at all (short runs that are never resumed: feedback rounds)
+
+    @classmethod
+    def from_flags(cls, flags, **decided) -> "LoopConfig":
+        """Every field the recipe's config has, by name; `decided` gives the rest (and overrides)."""
+        names = {f.name for f in dataclasses.fields(cls)} - set(decided)
+        return cls(**{name: getattr(flags, name) for name in names if hasattr(flags, name)}, **decided)
+
+    @property
+    def checkpoint_every_s(self) -> float:
+        return 60 * self.checkpoint_every_minutes
 
 
 @dataclass
@@ -140,12 +154,12 @@ class TrainingLoop(Milestones):
         self.device, self.frozen_parts, self.checkpoint_extra = device, frozen_parts, checkpoint_extra
         self.stop, self.dist, self.step_callback = stop, dist, step_callback
         self.export_extra = export_extra or (lambda: {})
-        self.timer = StepTimer(config.accumulation, prior_micro_batch_s=state.micro_batch_s_estimate or None,
+        self.timer = StepTimer(config.gradient_accumulation_steps, prior_micro_batch_s=state.micro_batch_s_estimate or None,
                                prior_update_s=state.update_s_estimate or None)
         self.costs = Costs(eval_s=state.eval_s_estimate, export_s=state.export_s_estimate,
                            checkpoint_s=state.checkpoint_s_estimate, after_loop_s=config.reserve_after_s,
                            checkpoints=config.checkpoints)
-        self.pacer = Pacer(budget, self.timer, self.costs, config.accumulation, config.checkpoint_every_s,
+        self.pacer = Pacer(budget, self.timer, self.costs, config.gradient_accumulation_steps, config.checkpoint_every_s,
                            config.max_epochs, config.warmup_steps, config.learning_rate, config.lr_floor_ratio, plan)
         self.feed = MicroBatchFeed(examples, sampler, hop, config.num_workers, config.seed, device)
         self.saver = Saver(model, tokenizer, discriminator, self.costs, budget.clock.now, logger,
@@ -169,7 +183,7 @@ class TrainingLoop(Milestones):
 
     @property
     def steps_per_epoch(self) -> int:
-        return -(-self.sampler.batches_per_epoch // self.config.accumulation)
+        return -(-self.sampler.batches_per_epoch // self.config.gradient_accumulation_steps)
 
     # ------------------------------------------------------------ decisions
 
@@ -222,7 +236,7 @@ class TrainingLoop(Milestones):
         self.window_start()
         profile = self.run_log.profile.activate()
         try:
-            window = self.step.accumulate_window(self.micro_batches(self.pacer), self.config.accumulation)
+            window = self.step.accumulate_window(self.micro_batches(self.pacer), self.config.gradient_accumulation_steps)
             outcome = self.finish_step(step, started, window)
             profile.end_step()
         finally:
@@ -232,7 +246,7 @@ class TrainingLoop(Milestones):
     def finish_step(self, step: int, started: float, window) -> "StepOutcome":
         """After a window: decide whether it is the last step, set the learning rate, apply the update."""
         epoch_ended = self.window_epoch_ended
-        cut_short = window.used < self.config.accumulation and not epoch_ended
+        cut_short = window.used < self.config.gradient_accumulation_steps and not epoch_ended
         due = self.after_step_s(step, epoch_ended)
         last = self.dist.any(self.pacer.step_is_last(step, cut_short, due))
         lr = self.pacer.learning_rate(step, last) * self.state.lr_scale
@@ -266,7 +280,7 @@ class TrainingLoop(Milestones):
         plan = self.plan
         total, epochs = (plan.total_steps, plan.epochs) if plan else (0, 0.0)
         position = self.state.epoch + self.sampler.state.position / max(1, self.sampler.batches_per_epoch)
-        left_in_epoch = (self.sampler.batches_per_epoch - self.sampler.state.position) / self.config.accumulation
+        left_in_epoch = (self.sampler.batches_per_epoch - self.sampler.state.position) / self.config.gradient_accumulation_steps
         step_s = self.timer.step_s if self.timer.ready else 0.0
         ratio = self.config.discriminator_learning_rate / self.config.learning_rate
         fields = dict(step=self.state.step, total=total, epoch=position, epochs=epochs, lr=lr, samples_per_s=samples_per_s,
@@ -279,7 +293,7 @@ class TrainingLoop(Milestones):
                    "grad_norm_generator": result.grad_norm_generator,
                    "grad_norm_discriminator": result.grad_norm_discriminator,
                    "time_used_s": self.budget.used_s(), "micro_batches": used}
-        self.run_log.step(self.budget.clock.now(), fields, used, self.config.accumulation, losses, scalars)
+        self.run_log.step(self.budget.clock.now(), fields, used, self.config.gradient_accumulation_steps, losses, scalars)
 
     # ------------------------------------------------------------ when steps keep failing
 
@@ -314,7 +328,7 @@ class TrainingLoop(Milestones):
 
     @property
     def benchmark_steps(self) -> int:
-        per_step = self.config.batch_size * self.config.accumulation
+        per_step = self.config.batch_size * self.config.gradient_accumulation_steps
         return max(3, -(-self.config.benchmark_samples // per_step))
 
     # ------------------------------------------------------------ phases
@@ -332,10 +346,10 @@ class TrainingLoop(Milestones):
                 f"needs about {self.costs.final_s:.0f}s (evaluation, export {self.costs.export_s:.1f}s, checkpoint) "
                 f"plus a {self.budget.safety_s:.0f}s margin: raise --target_hours")
         self.logger.info(f"benchmark: {self.benchmark_steps} training steps of "
-                         f"{self.config.batch_size * self.config.accumulation} clips, timed after the first 2 micro-batches")
+                         f"{self.config.batch_size * self.config.gradient_accumulation_steps} clips, timed after the first 2 micro-batches")
 
     def run(self) -> LoopResult:
-        self.run_log.open_display(self.plan.total_steps if self.plan else 0, self.state.step, self.config.log_every_s)
+        self.run_log.open_display(self.plan.total_steps if self.plan else 0, self.state.step, self.config.log_every_seconds)
         try:
             if self.plan is None:
                 if self.state.discriminator_warmup_done == 0 and not self.state.discriminator_warmup_finished:

@@ -108,7 +108,7 @@ class Milestones:
                 "plan": self.plan.to_dict() if self.plan else None, **self.checkpoint_extra}
 
     def replan(self) -> Plan:
-        eval_every = self.plan.eval_every if self.plan else self.config.eval_every
+        eval_every = self.plan.eval_every if self.plan else self.config.val_every
         plan = self.dist.broadcast(self.pacer.replan(self.steps_per_epoch, self.state.step, eval_every))
         self.pacer.plan = plan  # one plan (and learning-rate schedule) for every process
         self.run_log.set_total(plan.total_steps)

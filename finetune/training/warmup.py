@@ -4,7 +4,7 @@ MMS checkpoints carry no discriminator. A new one is random: its first gradients
 towards whatever a random network prefers. So before joint training it trains alone, on the generator's
 output, until it tells real from generated (its mean score on real minus generated audio, over the last
 20 steps, reaches --discriminator_warmup_margin): the generator runs without gradients and does not change,
-and the discriminator learns at its own constant rate (--discriminator_warmup_lr, default 2e-4, the
+and the discriminator learns at its own constant rate (--discriminator_warmup_learning_rate, default 2e-4, the
 original VITS rate: the joint schedule's small fine-tuning rate, ramping up from zero, would leave it
 random). Its loss and its real-minus-generated score margin (near 0 while it cannot tell them apart) are
 logged at the start and the end.
@@ -35,15 +35,15 @@ def warm_up(loop) -> None:
     limit = config.discriminator_warmup_steps
     if state.discriminator_warmup_finished or state.discriminator_warmup_done >= limit:
         return
-    timer = StepTimer(config.accumulation)
-    pacer = Pacer(budget, timer, loop.costs, config.accumulation, config.checkpoint_every_s, 0, 0,
-                  config.discriminator_warmup_lr, 1.0)
+    timer = StepTimer(config.gradient_accumulation_steps)
+    pacer = Pacer(budget, timer, loop.costs, config.gradient_accumulation_steps, config.checkpoint_every_s, 0, 0,
+                  config.discriminator_warmup_learning_rate, 1.0)
     allowed_s = config.discriminator_warmup_share * budget.left_s()
     started = budget.clock.now()
     first = last = None
     margins: deque[float] = deque(maxlen=MARGIN_WINDOW)
-    loop.step.set_learning_rates(0.0, config.discriminator_warmup_lr)
-    loop.logger.info(f"discriminator warm-up: alone at learning rate {config.discriminator_warmup_lr:g} until its "
+    loop.step.set_learning_rates(0.0, config.discriminator_warmup_learning_rate)
+    loop.logger.info(f"discriminator warm-up: alone at learning rate {config.discriminator_warmup_learning_rate:g} until its "
                      f"real-minus-generated margin reaches {config.discriminator_warmup_margin:g}, at most "
                      f"{limit - state.discriminator_warmup_done} steps and {format_duration(allowed_s)}; "
                      "the generator is untouched")
@@ -79,7 +79,7 @@ def warm_up(loop) -> None:
 def one_step(loop, pacer: Pacer) -> dict[str, float] | None:
     """One discriminator-only step; its losses, or None when it was dropped."""
     loop.window_start()
-    window = loop.step.accumulate_window(loop.micro_batches(pacer), loop.config.accumulation, generator=False)
+    window = loop.step.accumulate_window(loop.micro_batches(pacer), loop.config.gradient_accumulation_steps, generator=False)
     update_started = loop.budget.clock.now()
     result = loop.step.apply(window)
     pacer.timer.updates.add(loop.budget.clock.now() - update_started)

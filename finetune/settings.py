@@ -1,0 +1,77 @@
+"""The training flags that train_vits.py and train_feedback.py share, defined once.
+
+Each recipe's config dataclass inherits TrainingFlags and adds its own flags (a recipe may give a shared
+flag another default by declaring the field again). The training loop, the optimizer step and the
+evaluation read these fields by name from whichever config the recipe passes on, so no recipe copies
+them field by field. Light on purpose: it is imported before the flags are parsed (`--help` stays fast).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from finetune.cli import ConfigError, flag
+
+
+@dataclass
+class TrainingFlags:
+    batch_size: int = flag(8, "clips per micro-batch")
+    gradient_accumulation_steps: int = flag(4, "micro-batches per optimizer step")
+    learning_rate: float = flag(2e-5, "peak learning rate of the generator")
+    discriminator_learning_rate: float = flag(0.0, "peak learning rate of the discriminator (0: same as --learning_rate)")
+    lr_floor_ratio: float = flag(0.1, "learning rate at the end of the cosine, as a fraction of the peak")
+    warmup_steps: int = flag(500, "linear warmup in optimizer steps (shortened to 10%% of a short plan)")
+    fp16: bool | None = flag(None, "fp16 mixed precision (default: on with CUDA, off on CPU)")
+    bf16: bool = flag(False, "bf16 autocast instead of fp16 (CUDA with bf16 support)")
+    benchmark_samples: int = flag(200, "clips of real training steps timed at the start to plan the run")
+    seed: int = flag(1234, "random seed (sampler order, segments, initial weights of new parts)")
+    val_every: int = flag(0, "evaluate every N optimizer steps (0: planned, about 20 evaluations a run)")
+    val_samples: int = flag(16, "held-out clips synthesised and scored per evaluation")
+    max_epochs: int = flag(0, "stop after N epochs even if time is left (0: no limit)")
+    freeze: list[str] = flag([], "parts to keep fixed: text_encoder duration_predictor posterior_encoder flow decoder")
+    discriminator_width: float = flag(1.0, "channel multiplier of a new discriminator (1: standard VITS, 46.7M parameters)")
+    discriminator_warmup_steps: int = flag(1000, "most steps a new discriminator trains alone (the generator untouched) "
+                                                 "before joint training, when the generator is pretrained")
+    discriminator_warmup_learning_rate: float = flag(2e-4, "constant learning rate of that warm-up (original VITS: 2e-4)")
+    discriminator_warmup_margin: float = flag(0.5, "the warm-up ends once the discriminator's mean score on real minus "
+                                                   "generated audio reaches this (1: perfect separation)")
+    max_length_ratio: float = flag(1.25, "timing rule: a model whose median length ratio (synthesised / recorded) "
+                                          "lies outside [1/X, X] is never kept as best_model")
+    mel_loss_weight: float = flag(45.0, "weight of the mel L1 loss (VITS c_mel)")
+    kl_loss_weight: float = flag(1.0, "weight of the KL loss (VITS c_kl)")
+    duration_loss_weight: float = flag(1.0, "weight of the duration loss")
+    adversarial_loss_weight: float = flag(1.0, "weight of the generator's adversarial loss")
+    feature_matching_loss_weight: float = flag(1.0, "weight of the feature-matching loss")
+    max_grad_norm: float = flag(10.0, "clip each model's gradient norm to this (0: no clipping)")
+    log_every_seconds: float = flag(30.0, "seconds between progress lines")
+    profile: bool = flag(False, "exact step profile: synchronise the GPU at each section (slower steps)")
+    device: str = flag("auto", "cuda, cuda:N, cpu, or auto")
+
+    def __post_init__(self):
+        problems = self.problems()
+        if problems:
+            raise ConfigError(problems)
+        self.discriminator_learning_rate = self.discriminator_learning_rate or self.learning_rate  # 0: the same
+
+    def problems(self) -> list[str]:
+        """Every problem with the shared flags, each naming its flag; a recipe adds its own to the list."""
+        positive = {name: getattr(self, name) for name in (
+            "batch_size", "gradient_accumulation_steps", "learning_rate", "val_samples", "discriminator_width",
+            "log_every_seconds", "discriminator_warmup_learning_rate")}
+        problems = [f"--{k} {v}: must be positive" for k, v in positive.items() if v <= 0]
+        non_negative = {name: getattr(self, name) for name in (
+            "warmup_steps", "val_every", "max_epochs", "discriminator_learning_rate", "benchmark_samples",
+            "max_grad_norm", "discriminator_warmup_steps")}
+        problems += [f"--{k} {v}: must be 0 or more" for k, v in non_negative.items() if v < 0]
+        if self.max_length_ratio < 1:
+            problems.append(f"--max_length_ratio {self.max_length_ratio}: must be 1 or more (1.25 accepts 0.8-1.25)")
+        if not 0 <= self.lr_floor_ratio <= 1:
+            problems.append(f"--lr_floor_ratio {self.lr_floor_ratio}: use a value from 0 to 1")
+        if self.fp16 and self.bf16:
+            problems.append("--fp16 and --bf16 exclude each other: pick one")
+        from finetune.vits.generator import FREEZABLE_PARTS  # after parsing: torch is not needed for --help
+
+        unknown = [p for p in self.freeze if p not in FREEZABLE_PARTS]
+        if unknown:
+            problems.append(f"--freeze {' '.join(unknown)}: unknown part; choose from {', '.join(FREEZABLE_PARTS)}")
+        return problems

@@ -1,0 +1,40 @@
+"""Every benchmark script runs, on its smallest setting: none breaks unseen between the times it is measured
+with. Each is launched as a user launches it (a process from the repository root) and must exit 0 and say
+which machine it ran on; the figures themselves are the benchmark's business (bench/RESULTS.md)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+# script -> its smallest setting; "{data}" is a prepared demo folder (the session's shared one).
+SMOKE = {
+    "bench_export.py": ["--size", "tiny", "--repeats", "1"],
+    "bench_finetune.py": ["--smoke"],
+    "bench_measure.py": ["--data_dir", "{data}"],
+    "bench_prepare.py": ["--workers", "1", "--max_samples", "6"],
+    "bench_step.py": ["--smoke"],
+    "bench_scale.py": ["--clips", "24", "--target_hours", "0.008"],
+    "bench_synthesis.py": ["--size", "tiny", "--max_samples", "24", "--stock_timeout_s", "30"],
+    "bench_train.py": ["--target_hours", "0.008", "--max_samples", "24"],
+}
+
+
+def test_every_bench_script_has_a_smoke_setting():
+    scripts = {path.name for path in (REPO / "bench").glob("bench_*.py")}
+    assert scripts == set(SMOKE), f"give each bench script a smallest setting here: {sorted(scripts ^ set(SMOKE))}"
+
+
+@pytest.mark.parametrize("script", sorted(SMOKE))
+def test_bench_script_runs(script, prepared_demo, tmp_path):
+    args = [a.replace("{data}", str(prepared_demo)) for a in SMOKE[script]]
+    extra = ["--work_dir", str(tmp_path / "work")] if script == "bench_scale.py" else []
+    done = subprocess.run([sys.executable, str(Path("bench") / script), *args, *extra], cwd=REPO, capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, f"{script} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert "machine:" in done.stdout or "machine:" in done.stderr
