@@ -83,7 +83,8 @@ class TrainConfig(TrainingFlags):
 # (budget, where it runs, what it writes and how often); the first group always comes from this command.
 RESUME_FROM_COMMAND_LINE = ("resume", "checkpoint_dir", "discriminator")
 RESUME_MAY_CHANGE = ("target_hours", "data_dir", "output_dir", "device", "fp16", "bf16", "num_workers", "benchmark_samples",
-                     "report_to", "profile", "precompute_mels", "early_stopping_patience", "max_epochs", "keep_checkpoints",
+                     "report_to", "profile", "fit_batch", "precompute_mels", "early_stopping_patience", "max_epochs",
+                     "keep_checkpoints",
                      "checkpoint_every_minutes", "log_every_seconds", "test_sentences")
 
 

@@ -17,6 +17,9 @@ from finetune.cli import ConfigError, flag
 class TrainingFlags:
     batch_size: int = flag(8, "clips per micro-batch")
     gradient_accumulation_steps: int = flag(4, "micro-batches per optimizer step")
+    fit_batch: str = flag("auto", "try the longest clips once before training; on out-of-memory halve the micro-batch "
+                                  "and double the accumulation (same clips a step): auto (with CUDA), on, off",
+                          choices=["auto", "on", "off"])
     learning_rate: float = flag(2e-5, "peak learning rate of the generator")
     discriminator_learning_rate: float = flag(0.0, "peak learning rate of the discriminator (0: same as --learning_rate)")
     lr_floor_ratio: float = flag(0.1, "learning rate at the end of the cosine, as a fraction of the peak")

@@ -17,7 +17,7 @@ import json
 import pickle
 import random
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +52,9 @@ class TrainingState:
     rollbacks: int = 0  # times that happened
     discriminator_warmup_done: int = 0  # discriminator-only steps run (a new discriminator's warm-up)
     discriminator_warmup_finished: bool = False  # the warm-up ended (margin reached, step limit or budget)
+    micro_batch: int = 0  # clips per micro-batch after fitting the batch to GPU memory (0: --batch_size as asked)
+    refits: list = field(default_factory=list)  # each refit: step, from, to, accumulation, why
+    refit_in_training: bool = False  # the one refit an out-of-memory error during training gets was used
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,5 +1,7 @@
 """The training loop shared by train_vits.py and train_feedback.py.
 
+    batch fit  on CUDA, the longest clips are tried once as one micro-batch; on out-of-memory the
+               micro-batch halves and the accumulation doubles (finetune/training/batch_fit.py)
     baseline   a fresh run first evaluates the starting model (timed; the final save is measured too)
     warm-up    a new discriminator facing a pretrained generator trains alone first, at its own learning
                rate, until it tells real from generated (the generator does not change meanwhile)
@@ -15,7 +17,8 @@
 Ctrl-C or SIGTERM (finetune/system/interrupt.py) is honoured at the next safe point, wherever the run is: the
 sampler position and random state go back to the last completed optimizer step, a checkpoint is
 written, and the loop returns "interrupted". Many non-finite steps in a row send the run back to its
-last good state at a lower learning rate (finetune/training/recovery.py). Saving is finetune/training/saving.py.
+last good state at a lower learning rate (finetune/training/recovery.py); the first out-of-memory error
+in training refits the batch once (finetune/training/batch_fit.py). Saving is finetune/training/saving.py.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Callable
 
 import torch
 
+from finetune.training.batch_fit import BatchFitting
 from finetune.training.budget import Budget, Plan, StepTimer
 from finetune.training.checkpoint import TrainingState, capture_rng, restore_rng
 from finetune.data.examples import Example
@@ -76,6 +80,7 @@ class LoopConfig:
     checkpoint_every_minutes: float = 30.0
     reserve_after_s: float = 0.0  # time the caller needs after the loop returns (kept out of the plan)
     checkpoints: bool = True  # False: none at all (short runs that are never resumed: feedback rounds)
+    fit_batch: str = "auto"  # the batch fitted to GPU memory before training: auto (on with CUDA), on, off
 
     @classmethod
     def from_flags(cls, flags, **decided) -> "LoopConfig":
@@ -138,7 +143,7 @@ class Boundary:
     rng: dict
 
 
-class TrainingLoop(Milestones):
+class TrainingLoop(Milestones, BatchFitting):
     """One run's training: phases, decisions and steps here; evaluation, saving and planning in
     Milestones (finetune/training/milestones.py)."""
 
@@ -176,6 +181,7 @@ class TrainingLoop(Milestones):
         self.early_stop = False
         self.final_saved = False
         self.boundary: Boundary | None = None  # set while an accumulation window runs
+        self.adopt_fitted_batch()  # a resumed run keeps the micro-batch its checkpoint was fitted to
 
     @property
     def plan(self) -> Plan | None:
@@ -237,6 +243,8 @@ class TrainingLoop(Milestones):
         profile = self.run_log.profile.activate()
         try:
             window = self.step.accumulate_window(self.micro_batches(self.pacer), self.config.gradient_accumulation_steps)
+            if window.oom and self.refit_during_training(window.oom, rewind=True):  # once: the same clips, smaller
+                window = self.step.accumulate_window(self.micro_batches(self.pacer), self.config.gradient_accumulation_steps)
             outcome = self.finish_step(step, started, window)
             profile.end_step()
         finally:
@@ -301,6 +309,8 @@ class TrainingLoop(Milestones):
         """A stop reason when training cannot go on, else None (after going back to the last good state
         if the failures call for it)."""
         result = outcome.result
+        if result.update_failed and not outcome.first_update:
+            self.refit_during_training(result.reason, rewind=False)  # once; the torn update is rolled back below
         action = self.divergence.record(result.applied, result.reason.startswith("non-finite"), result.update_failed)
         if action == "ok":
             return None
@@ -351,6 +361,8 @@ class TrainingLoop(Milestones):
     def run(self) -> LoopResult:
         self.run_log.open_display(self.plan.total_steps if self.plan else 0, self.state.step, self.config.log_every_seconds)
         try:
+            if not self.fit_batch():  # first: a run that cannot fit one clip stops before any work
+                return self.result("out_of_memory", checkpoint=self.last_checkpoint)
             if self.plan is None:
                 if self.state.discriminator_warmup_done == 0 and not self.state.discriminator_warmup_finished:
                     self.baseline()
@@ -433,7 +445,8 @@ class TrainingLoop(Milestones):
                 "budget_s": self.budget.target_s, "nonfinite_skips": self.step.nonfinite_skips,
                 "fp16_overflow_skips": self.step.overflow_skips, "oom_skips": self.step.oom_skips,
                 "rollbacks": self.state.rollbacks, "save_failures": self.saver.failures,
-                "discriminator_warmup_steps": self.state.discriminator_warmup_done, **peak_memory(self.device)}
+                "discriminator_warmup_steps": self.state.discriminator_warmup_done, **self.batch_fit_summary(),
+                **peak_memory(self.device)}
 
     def result(self, reason: str, checkpoint: Path | None) -> LoopResult:
         return LoopResult(stop_reason=reason, state=self.state, plan=self.plan, last_eval=self.last_eval,

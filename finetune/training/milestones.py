@@ -119,6 +119,7 @@ class Milestones:
         plan.update(budget_target_s=self.budget.target_s, time_used_s=round(self.budget.used_s(), 2),
                     batches_per_epoch=self.sampler.batches_per_epoch,
                     micro_batch_s=round(self.timer.micro_batches.mean_s, 4), update_s=round(self.timer.updates.mean_s, 4))
+        plan.update(self.batch_fit_summary())  # the micro-batch the run fitted to memory, and each refit
         p = self.plan
         self.run_log.plan(plan, f"plan: {p.total_steps} optimizer steps ({p.epochs:.2f} epochs of {p.steps_per_epoch} "
                           f"steps) in the {self.budget.left_s():.0f}s left; {p.step_s:.3f}s a step, evaluation every "
