@@ -22,15 +22,18 @@ from tests.conftest import clock_for, demo_batch, tiny_generator
 from tests.test_step import make_step
 from tests.test_train import args, losses_by_step, metrics
 
-COMMON = ["--target_hours", "1", "--max_epochs", "3", "--val_every", "3"]
+COMMON = ["--target_hours", "1", "--max_epochs", "3", "--val_every", "3", "--max_samples", "8"]  # 2 batches an epoch
 
 
 def out_of_memory_from(clips: int, after_calls: int = 0):
-    """A decoder pre-hook that raises CUDA's out-of-memory error when a batch holds >= `clips` clips (from
-    its `after_calls`-th call on, while state["on"]); it counts the errors it raised."""
+    """A decoder pre-hook that raises CUDA's out-of-memory error when a training batch (the model in train
+    mode: evaluation is left alone) holds >= `clips` clips, after `after_calls` training calls, while
+    state["on"]; it counts the errors it raised."""
     state = {"calls": 0, "raised": 0, "on": True}
 
     def hook(module, inputs):
+        if not module.training:
+            return
         state["calls"] += 1
         if state["on"] and inputs[0].shape[0] >= clips and state["calls"] > after_calls:
             state["raised"] += 1
@@ -162,17 +165,17 @@ def test_out_of_memory_before_training_refits_4_to_2_to_1_and_a_resume_keeps_it(
     assert payload["config"]["batch_size"] == 4  # the asked batch: a resume is not refused for it
     assert metrics(whole, "end")[0]["micro_batch"] == 1
 
-    # The same run, stopped at step 5 and resumed with no probe and no simulated shortage: it continues at
+    # The same run, stopped at step 4 and resumed with no probe and no simulated shortage: it continues at
     # micro-batch 1 (accumulation 4) from its checkpoint, with the same losses as the uninterrupted run.
     parts = tmp_path / "parts"
 
-    def stop_at_5(loop):
-        if loop.state.step == 5:
+    def stop_at_4(loop):
+        if loop.state.step == 4:
             loop.stop.request("SIGINT")
 
     fake.t = 0.0
     assert train_vits.main(args(prepared_demo, parts, *COMMON, "--fit_batch", "on"), clock=clock_for(fake),
-                           step_callback=stop_at_5) == 130
+                           step_callback=stop_at_4) == 130
     state["on"] = False  # memory to spare now
     fake.t = 0.0
     seen = []
@@ -181,7 +184,7 @@ def test_out_of_memory_before_training_refits_4_to_2_to_1_and_a_resume_keeps_it(
         (loop.config.batch_size, loop.config.accumulation))) == 0
     assert set(seen) == {(1, 4)}
     expected, got = losses_by_step(whole), losses_by_step(parts)
-    assert sorted(expected) == sorted(got)
+    assert sorted(expected) == sorted(got) and len(expected) == 6
     for step_number, values in expected.items():
         for name, value in values.items():
             assert got[step_number][name] == pytest.approx(value, rel=1e-5, abs=1e-7), (step_number, name)
@@ -190,11 +193,11 @@ def test_out_of_memory_before_training_refits_4_to_2_to_1_and_a_resume_keeps_it(
 def test_out_of_memory_during_training_refits_once_and_the_run_finishes(prepared_demo, tmp_path, timed_work,
                                                                         decoder_out_of_memory):
     fake, _ = timed_work
-    state = decoder_out_of_memory(clips=3, after_calls=12)  # batches of 4 fit until the decoder's 13th call
+    state = decoder_out_of_memory(clips=3, after_calls=3)  # batches of 4 fit in steps 1-3, not in step 4
     assert train_vits.main(args(prepared_demo, tmp_path, *COMMON), clock=clock_for(fake)) == 0
     assert state["raised"] == 1
     log = (tmp_path / "checkpoints" / "train.log").read_text()
-    assert "out of memory during training at step" in log and "micro-batch 4 -> 2 clips, gradient accumulation 1 -> 2" in log
+    assert "out of memory during training at step 4" in log and "micro-batch 4 -> 2 clips, gradient accumulation 1 -> 2" in log
     end = metrics(tmp_path, "end")[0]
     assert end["stop_reason"] == "max_epochs" and end["oom_skips"] == 0  # the window ran again, smaller
     assert (end["micro_batch"], end["gradient_accumulation_steps"]) == (2, 2)
