@@ -16,6 +16,7 @@ from tests.conftest import REPO
 SMOKE = {
     "bench_export.py": ["--size", "tiny", "--repeats", "1"],
     "bench_finetune.py": ["--smoke"],
+    "bench_gpu.py": ["--smoke", "--json", "{data}/bench_gpu.json"],  # on CPU: a tiny model, one step a figure
     "bench_measure.py": ["--data_dir", "{data}"],
     "bench_prepare.py": ["--workers", "1", "--max_samples", "6"],
     "bench_step.py": ["--smoke"],
