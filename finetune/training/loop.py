@@ -9,8 +9,8 @@
     train      steps until the deadline (finetune/training/pacing.py decides, a micro-batch at a time), an epoch
                limit or early stopping; evaluations keep the best model, checkpoints at each epoch end
                and every --checkpoint_every_minutes, the plan re-estimated at each evaluation
-    finish     a final evaluation (unless the last one saw these weights), the final export and a
-               checkpoint, all inside the budget
+    finish     a final evaluation (unless the last one saw these weights), the last weights' export
+               (last_model), best_model copied to the output folder, and a checkpoint, all inside the budget
 
 Ctrl-C or SIGTERM (finetune/system/interrupt.py) is honoured at the next safe point, wherever the run is: the
 sampler position and random state go back to the last completed optimizer step, a checkpoint is
