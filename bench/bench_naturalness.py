@@ -42,17 +42,20 @@ TEMPOS = (0.7, 1.4)  # length scales: too fast, too slow
 
 def distillmos_model():
     """DistillMOS, or None when it is not installed."""
-    if "torchaudio" not in sys.modules:
-        try:
-            import torchaudio  # noqa: F401
-        except (ImportError, OSError):
-            stub = types.ModuleType("torchaudio")  # distillmos imports it for its file reader only
-            stub.load = stub.transforms = None
-            sys.modules["torchaudio"] = stub
+    stubbed = False
+    try:
+        import torchaudio  # noqa: F401
+    except (ImportError, OSError):
+        stub = types.ModuleType("torchaudio")  # distillmos imports it for its file reader only
+        stub.load = stub.transforms = None
+        sys.modules["torchaudio"], stubbed = stub, True
     try:
         from distillmos import ConvTransformerSQAModel
     except ImportError:
         return None
+    finally:
+        if stubbed:  # gone again, so that transformers does not take the stub for the real package
+            del sys.modules["torchaudio"]
     model = ConvTransformerSQAModel()
     return model.eval()
 
