@@ -7,14 +7,15 @@ recording is needed and nothing is downloaded at run time.
 It is an optional extra (requirements-naturalness.txt: speechmos, whose onnxruntime the ONNX export
 installs too). Without it evaluation runs as before and says once that the measure is off.
 
-What it is for, by the evidence (bench/bench_naturalness.py, bench/RESULTS.md): it is reported (the
-eval line, metrics.jsonl, TensorBoard, report.html, the model card) and it ranks untrained, early and
-trained models and the recordings in that order; it does not take part in choosing best_model unless
-RESULTS shows it earns it (see `finetune/reporting/selection.py`).
+What it is for, by the evidence (bench/bench_naturalness.py, bench/RESULTS.md): it separates the
+recordings and a trained voice from early ones, but rated an untrained demo voice above a 25-step one
+and is blind to tempo (length_scale 0.7 and 1.4 scored as 1.0). So it is reported (the eval line,
+metrics.jsonl, TensorBoard, report.html, the model card) and takes no part in choosing best_model
+(finetune/reporting/selection.py).
 
 Input: a float waveform in [-1, 1] at 16 kHz (MMS voices' rate; others are resampled first). DNSMOS
 scores 9.01 s windows; a shorter clip is repeated to fill one, as the package's own runner does.
-Cost: about 10 ms a clip on a CPU core (two small ONNX networks).
+Cost: two small ONNX networks over each 9 s window, on one CPU thread.
 """
 
 from __future__ import annotations
