@@ -205,7 +205,7 @@ class Evaluator:
                 mcd_db=mcd_dtw(synthesised[0].cpu().numpy(), real[0].cpu().numpy()),
                 length_ratio=float(np.mean(ratios)), duration_error=duration_error(speech.token_frames[i], aligned[i]),
                 capped=speech.capped[i], length_draws=ratios,
-                naturalness=self.naturalness.score(speech.waveforms[i], self.sample_rate).overall if self.naturalness else None)
+                naturalness=self.naturalness.overall(speech.waveforms[i], self.sample_rate) if self.naturalness else None)
         return scores
 
     @torch.no_grad()

@@ -38,7 +38,7 @@ class NaturalnessScore:
     overall: float  # DNSMOS OVRL (what evaluation reports)
     signal: float  # DNSMOS SIG: the speech itself
     background: float  # DNSMOS BAK: the absence of noise
-    p808: float  # the P.808 single-number MOS predictor shipped beside it
+    p808: float  # the P.808 single-number MOS predictor shipped beside it (NaN when not asked for)
 
 
 def _model_dir() -> Path:
@@ -71,13 +71,18 @@ class Naturalness:
         self.p835 = ort.InferenceSession(str(folder / "sig_bak_ovr.onnx"), options, providers=["CPUExecutionProvider"])
         self.p808 = ort.InferenceSession(str(folder / "model_v8.onnx"), options, providers=["CPUExecutionProvider"])
 
-    def score(self, waveform: np.ndarray, sample_rate: int) -> NaturalnessScore:
-        """One clip [samples] (float, any rate) -> its scores, averaged over 9 s windows hopped by 1 s."""
+    def score(self, waveform: np.ndarray, sample_rate: int, p808: bool = True) -> NaturalnessScore:
+        """One clip [samples] (float, any rate) -> its scores, averaged over 9 s windows hopped by 1 s.
+        p808=False skips the P.808 network (evaluation reports OVRL only; it is most of the cost)."""
         audio = self._prepared(waveform, sample_rate)
         window = int(WINDOW_S * DNSMOS_RATE)
         starts = range(0, len(audio) - window + 1, DNSMOS_RATE)
-        rows = [self._window(audio[s : s + window]) for s in starts]
+        rows = [self._window(audio[s : s + window], p808) for s in starts]
         return NaturalnessScore(*(float(np.mean(column)) for column in zip(*rows)))
+
+    def overall(self, waveform: np.ndarray, sample_rate: int) -> float:
+        """DNSMOS OVRL alone: what evaluation reports."""
+        return self.score(waveform, sample_rate, p808=False).overall
 
     @staticmethod
     def _prepared(waveform: np.ndarray, sample_rate: int) -> np.ndarray:
@@ -92,9 +97,10 @@ class Naturalness:
         window = int(WINDOW_S * DNSMOS_RATE)
         return np.tile(audio, -(-window // len(audio))) if len(audio) < window else audio
 
-    def _window(self, segment: np.ndarray) -> tuple[float, float, float, float]:
+    def _window(self, segment: np.ndarray, with_p808: bool) -> tuple[float, float, float, float]:
         sig, bak, ovr = self.p835.run(None, {"input_1": segment[np.newaxis, :]})[0][0]
-        p808 = self.p808.run(None, {"input_1": _p808_features(segment[:-160])[np.newaxis]})[0][0][0]
+        p808 = (self.p808.run(None, {"input_1": _p808_features(segment[:-160])[np.newaxis]})[0][0][0] if with_p808
+                else float("nan"))
         # The published polynomial mapping of raw P.835 outputs to the MOS scale (DNSMOS, not personalised).
         ovr, sig = np.polyval([-0.06766283, 1.11546468, 0.04602535], ovr), np.polyval([-0.08397278, 1.22083953, 0.0052439], sig)
         bak = np.polyval([-0.13166888, 1.60915514, -0.39604546], bak)
