@@ -7,7 +7,9 @@ the held-out clips of a prepared corpus:
      draws per clip (the evaluation now), over --repeats seeds;
   2. the median expected length ratio (32 draws) at noise_scale_duration 0, 0.5, 0.8 (MMS's default)
      and 1.0: how much a narrower draw shortens speech (frames are ceil(exp(log-duration)), and
-     E[exp(x)] > exp(E[x]) the more, the wider x is).
+     E[exp(x)] > exp(E[x]) the more, the wider x is);
+  3. what an evaluation of those clips costs (CPU seconds, one thread): one draw, 8 draws, and 8 draws
+     with the naturalness predictor (when its extra is installed).
 
     .venv/bin/python bench/bench_timing.py --model VOICE --data_dir DATA
     .venv/bin/python bench/bench_timing.py --smoke        # seconds: an untrained tiny voice, 2 demo clips
@@ -66,6 +68,24 @@ def report(model, tokens, frames, repeats: int) -> None:
         print(f"| {scale} | {ratio:.3f} |")
 
 
+def evaluation_cost(model, examples) -> None:
+    import time
+
+    from finetune.data.features import FeatureConfig, Features
+    from finetune.reporting.evaluation import Evaluator
+    from finetune.reporting.naturalness import Naturalness, available
+
+    cases = [("warm-up (not counted)", 1, False), ("1 draw", 1, False), (f"{DURATION_DRAWS} draws", DURATION_DRAWS, False)]
+    cases += [(f"{DURATION_DRAWS} draws + naturalness (DNSMOS OVRL)", DURATION_DRAWS, True)] if available() else []
+    print(f"\n| evaluation of {len(examples)} clips | CPU s | wall s |\n| --- | ---: | ---: |")
+    for label, draws, natural in cases:
+        evaluator = Evaluator(examples, Features(FeatureConfig()), torch.device("cpu"), 16000, None, [], batch_size=1,
+                              duration_draws=draws, naturalness=Naturalness() if natural else None)
+        cpu, wall = time.process_time(), time.monotonic()
+        evaluator.evaluate(model, 0)
+        print(f"| {label} | {time.process_time() - cpu:.2f} | {time.monotonic() - wall:.1f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="a model folder (VitsModel.from_pretrained)")
@@ -101,6 +121,7 @@ def main() -> None:
     examples = examples[: args.clips]
     report(model, [e.token_ids for e in examples], np.array([e.frame_count(256) for e in examples], dtype=float),
            args.repeats)
+    evaluation_cost(model, examples[:8])
 
 
 if __name__ == "__main__":
