@@ -34,7 +34,7 @@ from finetune.settings import TrainingFlags
 
 # The parts below need torch and transformers: they load on first use, once the flags are parsed (--help stays fast).
 (atomic, audio, budgeting, checkpoints, corpus, distributed, evaluation, feedback, generator, interrupt, logs, loop,
- measures, model_source, prepare, recipe, sampler, session, sources, synthesis, text) = lazy_modules(
+ measures, model_card, model_source, prepare, recipe, sampler, session, sources, synthesis, text) = lazy_modules(
     "finetune.system.atomic", "finetune.data.audio", "finetune.training.budget", "finetune.training.checkpoint",
     "finetune.data.corpus", "finetune.training.distributed", "finetune.reporting.evaluation",
     "finetune.training.feedback", "finetune.vits.generator", "finetune.system.interrupt", "finetune.reporting.logs",
