@@ -37,7 +37,7 @@ $(VENV)/.installed: requirements.txt constraints.txt | $(BIN)/python
 	touch $@
 
 # The test runner and the optional extras the tests check (TensorBoard, ONNX export, sherpa-onnx).
-$(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt requirements-export.txt constraints.txt
+$(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt requirements-export.txt requirements-naturalness.txt constraints.txt
 	$(BIN)/python -m pip install -r requirements-test.txt -c constraints.txt
 	touch $@
 

@@ -34,11 +34,12 @@ from finetune.settings import TrainingFlags
 
 # The parts below need torch and transformers: they load on first use, once the flags are parsed (--help stays fast).
 (atomic, audio, budgeting, checkpoints, corpus, distributed, evaluation, feedback, generator, interrupt, logs, loop,
- measures, model_source, prepare, recipe, sampler, session, sources, synthesis, text) = lazy_modules(
+ measures, model_card, model_source, prepare, recipe, sampler, session, sources, synthesis, text) = lazy_modules(
     "finetune.system.atomic", "finetune.data.audio", "finetune.training.budget", "finetune.training.checkpoint",
     "finetune.data.corpus", "finetune.training.distributed", "finetune.reporting.evaluation",
     "finetune.training.feedback", "finetune.vits.generator", "finetune.system.interrupt", "finetune.reporting.logs",
-    "finetune.training.loop", "finetune.reporting.measures", "finetune.system.model_source", "finetune.data.prepare",
+    "finetune.training.loop", "finetune.reporting.measures", "finetune.reporting.model_card",
+    "finetune.system.model_source", "finetune.data.prepare",
     "finetune.recipe", "finetune.data.sampler", "finetune.training.session", "finetune.data.sources",
     "finetune.vits.synthesis", "finetune.data.text")
 
@@ -133,7 +134,7 @@ def feedback_round(config: FeedbackConfig, versions, base: Path, clock, stop, di
     data = load_round_data(config, round_, base)
     step, warmup_steps, frozen_parts = build_trainer(config, round_, data, base)
     lines = render_before(round_, data, base) if dist.is_main else []
-    trainer, evaluator, result = fit_round(config, round_, data, step, warmup_steps, frozen_parts)
+    trainer, evaluator, result = fit_round(config, round_, data, step, warmup_steps, frozen_parts, base)
     trainer.run_log.end(trainer.summary(result.stop_reason))
     if result.stop_reason == "interrupted":
         round_.logger.info(f"interrupted: the current voice is unchanged; {round_.folder} keeps what was done. "
@@ -292,7 +293,8 @@ def render_before(round_: recipe.Run, data: RoundData, base: Path) -> list:
     return lines
 
 
-def fit_round(config: FeedbackConfig, round_: recipe.Run, data: RoundData, step, warmup_steps: int, frozen_parts):
+def fit_round(config: FeedbackConfig, round_: recipe.Run, data: RoundData, step, warmup_steps: int, frozen_parts,
+              base: Path):
     """The training loop of train_vits.py on corrections + replay, judged on corrections and originals."""
     corrections = data.corrections.examples
     common = dict(seed=config.seed, batch_size=session.eval_batch_size(round_.device),
@@ -319,7 +321,9 @@ def fit_round(config: FeedbackConfig, round_: recipe.Run, data: RoundData, step,
         hop=data.hop, frozen_parts=frozen_parts,
         checkpoint_extra={"config": resolved, "model_config": data.model.config.to_dict(),
                           "tokenizer_files": session.tokenizer_files(data.tokenizer), "data_fingerprint": ""},
-        export_extra=lambda: {"feedback_args.json": resolved})
+        export_extra=lambda: {"feedback_args.json": resolved},
+        card=model_card.card_facts(str(base), sum(len(e.audio) for e in examples) / data.rate / 3600, len(examples),
+                                   "train_feedback.py"))
     trainer.paths.run_dir.mkdir(parents=True, exist_ok=True)
     return trainer, evaluator, loop.run_with_signals(trainer)
 
@@ -330,7 +334,7 @@ def conclude_round(config: FeedbackConfig, round_: recipe.Run, data: RoundData, 
     best_dir = trainer.paths.best_dir
     best = json.loads((best_dir / "eval.json").read_text(encoding="utf-8")) if (best_dir / "eval.json").is_file() else None
     decision = feedback.decide(evaluator.baseline, best, result.last_eval, config.max_regression)
-    candidate = best_dir if best and best["step"] > 0 else trainer.paths.output_dir
+    candidate = best_dir if best and best["step"] > 0 else trainer.paths.last_dir
     if not (candidate / "config.json").is_file():
         raise FeedbackError(f"the round's model could not be written to {candidate} (see {round_.folder}/train.log); "
                             "the current voice is unchanged")

@@ -7,9 +7,11 @@
 
 The clock starts when the process starts. The first steps are timed and the run is planned to end
 inside the budget; the learning rate warms up, then follows a cosine that reaches its floor at the
-last step. Held-out clips are synthesised and scored (mel-cepstral distortion) at each evaluation;
-CHECKPOINT_DIR/best_model is the best so far, OUTPUT_DIR the final model (both load with
-VitsModel.from_pretrained and pipeline("text-to-speech"), with the discriminator beside them).
+last step. Held-out clips are synthesised and scored (mel-cepstral distortion, timing) at each
+evaluation; CHECKPOINT_DIR/best_model is the best so far (within the timing rule, else the nearest to
+it), OUTPUT_DIR a copy of it at the end (the voice to load) and CHECKPOINT_DIR/last_model the last
+weights; each loads with VitsModel.from_pretrained and pipeline("text-to-speech"), carries a model card
+(README.md) and the discriminator. --push_to_hub REPO_ID uploads OUTPUT_DIR at the end.
 Ctrl-C or SIGTERM saves a checkpoint and exits; --resume auto continues.
 
 Exit status: 0 finished, 1 bad data or model, 2 bad flags, 130/143 interrupted (checkpoint saved).
@@ -26,12 +28,13 @@ from finetune.cli import ConfigError, config_to_dict, flag, given_flags, lazy_mo
 from finetune.settings import TrainingFlags
 
 # The parts below need torch and transformers: they load on first use, once the flags are parsed (--help stays fast).
-(atomic, budgeting, checkpoints, corpus, distributed, evaluation, generator, interrupt, logs, loop, measures, recipe,
- sampler, session, tracking) = lazy_modules(
+(atomic, budgeting, checkpoints, corpus, distributed, evaluation, generator, hub_upload, interrupt, logs, loop, measures,
+ model_card, naturalness, recipe, sampler, session, tracking) = lazy_modules(
     "finetune.system.atomic", "finetune.training.budget", "finetune.training.checkpoint", "finetune.data.corpus",
     "finetune.training.distributed", "finetune.reporting.evaluation", "finetune.vits.generator",
-    "finetune.system.interrupt", "finetune.reporting.logs", "finetune.training.loop", "finetune.reporting.measures",
-    "finetune.recipe", "finetune.data.sampler", "finetune.training.session", "finetune.reporting.tracking")
+    "finetune.system.hub_upload", "finetune.system.interrupt", "finetune.reporting.logs", "finetune.training.loop",
+    "finetune.reporting.measures", "finetune.reporting.model_card", "finetune.reporting.naturalness", "finetune.recipe",
+    "finetune.data.sampler", "finetune.training.session", "finetune.reporting.tracking")
 
 
 @dataclass
@@ -40,7 +43,8 @@ class TrainConfig(TrainingFlags):
 
     data_dir: str = flag("training", "prepared corpus: wavs/, metadata.csv, metadata_val.csv (prepare_data.py)")
     checkpoint_dir: str = flag("training/checkpoints", "run folder: checkpoints, best_model/, samples/, logs, metrics")
-    output_dir: str = flag("training/final_model", "final model (Hugging Face format + discriminator.pt)")
+    output_dir: str = flag("training/final_model", "the voice to load: a copy of best_model at the end (Hugging Face "
+                                                   "format + discriminator.pt); the last weights go to CHECKPOINT_DIR/last_model")
     model_name: str = flag("facebook/mms-tts-kmr-script_latin",
                            "starting model: hub id, local folder, or scratch[:tiny|small|mms] (new weights)")
     target_hours: float = flag(9.5, "time budget for the whole run, start-up and final save included (hours)")
@@ -58,6 +62,11 @@ class TrainConfig(TrainingFlags):
                                             "(default: three built-in Kurmanji sentences)")
     report_to: list[str] = flag(["auto"], "trackers besides train.log and metrics.jsonl: auto (TensorBoard when "
                                           "installed), tensorboard, wandb, none")
+    naturalness: bool | None = flag(None, "score held-out speech with DNSMOS (reported, not part of choosing best_model; "
+                                          "default: on when requirements-naturalness.txt is installed)")
+    push_to_hub: str | None = flag(None, "after the final save, upload --output_dir to this Hugging Face repository "
+                                         "(needs a token: hf auth login); checked before training starts")
+    hub_private: bool = flag(True, "create the --push_to_hub repository private (--no-hub_private: public)")
 
     def problems(self) -> list[str]:
         problems = super().problems()
@@ -83,8 +92,8 @@ class TrainConfig(TrainingFlags):
 # (budget, where it runs, what it writes and how often); the first group always comes from this command.
 RESUME_FROM_COMMAND_LINE = ("resume", "checkpoint_dir", "discriminator")
 RESUME_MAY_CHANGE = ("target_hours", "data_dir", "output_dir", "device", "fp16", "bf16", "num_workers", "benchmark_samples",
-                     "report_to", "profile", "fit_batch", "precompute_mels", "early_stopping_patience", "max_epochs",
-                     "keep_checkpoints",
+                     "report_to", "profile", "fit_batch", "naturalness", "push_to_hub", "hub_private", "precompute_mels",
+                     "early_stopping_patience", "max_epochs", "keep_checkpoints",
                      "checkpoint_every_minutes", "log_every_seconds", "test_sentences")
 
 
@@ -104,6 +113,7 @@ def main(argv: list[str] | None = None, clock=None, step_callback=None) -> int:
 def train(config: TrainConfig, given: set[str], clock, step_callback, stop) -> int:
     """The recipe: the run folder (and what it resumes), the model, the data, the loop (which plans the
     run once its first steps are timed), the fit, and the report."""
+    check_hub(config)
     run, config = open_run(config, given, clock, stop)
     try:
         model = build_model(config, run)
@@ -220,7 +230,8 @@ def build_loop(config: TrainConfig, run: recipe.Run, model: Model, data: Data, s
         session.held_out(data.val, data.train, config.val_samples, run.logger), features, run.device,
         features.config.sample_rate, run.folder / "samples",
         session.test_sentences(config.test_sentences, loaded.tokenizer, run.logger), seed=config.seed,
-        batch_size=session.eval_batch_size(run.device), rule=measures.TimingRule(config.max_length_ratio))
+        batch_size=session.eval_batch_size(run.device), rule=measures.TimingRule(config.max_length_ratio),
+        naturalness=naturalness_for(config.naturalness, run.logger) if run.dist.is_main else None)
     fingerprint = checkpoints.data_fingerprint([e.item_id for e in data.train.examples])
     resolved = config_to_dict(config)
     state, plan = checkpoints.TrainingState(), None
@@ -242,7 +253,17 @@ def build_loop(config: TrainConfig, run: recipe.Run, model: Model, data: Data, s
         hop=features.config.hop_length, frozen_parts=model.frozen_parts, resumed_from=run.resume_path,
         checkpoint_extra={"config": resolved, "model_config": loaded.model.config.to_dict(),
                           "tokenizer_files": session.tokenizer_files(loaded.tokenizer), "data_fingerprint": fingerprint},
-        export_extra=lambda: {"training_args.json": resolved})
+        export_extra=lambda: {"training_args.json": resolved},
+        card=model_card.card_facts(config.model_name, data.train.hours(features.config.sample_rate), len(data.train.examples)))
+
+
+def naturalness_for(wanted: bool | None, logger):
+    """DNSMOS when installed (or asked for); None when off. Asked for and missing: a clear error."""
+    if wanted and not naturalness.available():
+        raise ConfigError([f"--naturalness: its optional extra is not installed ({naturalness.INSTALL_HINT})"])
+    if wanted is None and not naturalness.available():
+        logger.info(f"naturalness (DNSMOS) not measured: {naturalness.INSTALL_HINT} to have it")
+    return naturalness.load_naturalness(wanted is not False and naturalness.available())
 
 
 def workers(config: TrainConfig, run: recipe.Run) -> int:
@@ -291,12 +312,11 @@ def report_end(config: TrainConfig, run: recipe.Run, trainer, result) -> int:
                  else "no checkpoint could be written (see the errors above)")
         run.logger.info(f"interrupted ({trainer.stop.signal_name}) at step {state.step}: {saved}")
         return trainer.stop.exit_status
-    best = (f"best MCD {state.best_score:.3f} dB at step {state.best_step} -> {run.folder / 'best_model'}"
-            if state.best_step >= 0 else f"no evaluation was within the timing rule ({trainer.evaluator.rule.describe()}): "
-                                         "no best_model written")
     run.logger.info(f"done ({result.stop_reason}) after {state.step} steps, {state.epoch} epochs, "
                     f"{run.budget.used_s():.1f}s of {run.budget.target_s:.0f}s; last learning rate {result.last_lr:.3e}; "
-                    f"{best}; final model -> {config.output_dir}; report -> {run.folder / 'report.html'}")
+                    f"{describe_best(state, trainer.evaluator.rule.describe(), run.folder / 'best_model')}; "
+                    f"{describe_final(config.output_dir, trainer.final_source, run.folder)}; "
+                    f"report -> {run.folder / 'report.html'}")
     run.logger.info(f"time: steps {result.train_s:.0f}s ({trainer.run_log.profile.describe()}), evaluations "
                     f"{summary['evaluation_s']:.0f}s, checkpoints {summary['checkpoint_s']:.0f}s, exports "
                     f"{summary['export_s']:.0f}s; data wait {100 * summary['data_wait_share']:.2f}% of step time")
@@ -304,7 +324,45 @@ def report_end(config: TrainConfig, run: recipe.Run, trainer, result) -> int:
         run.logger.error(f"error: {result.save_failures} save(s) could not be written (see above)")
     if not result.final_saved:
         run.logger.error(f"error: the final model could not be written to {config.output_dir}")
-    return 1 if result.stop_reason in ("diverged", "out_of_memory") or not result.final_saved else 0
+    pushed = not (config.push_to_hub and result.final_saved and run.dist.is_main) or push(config, run)
+    return 1 if result.stop_reason in ("diverged", "out_of_memory") or not result.final_saved or not pushed else 0
+
+
+def describe_best(state, band: str, best_dir: Path) -> str:
+    """The end line's words on best_model: its score, and whether it met the timing rule or is the fallback."""
+    if state.best_step < 0:
+        return "no best_model (no evaluation had a finite score)"
+    kept = f"best MCD {state.best_score:.3f} dB at step {state.best_step} -> {best_dir}"
+    if state.best_eligible:
+        return kept
+    return (f"{kept} (a fallback: no evaluation met the timing rule {band}; this is the one nearest to it, see "
+            "eval.json there)")
+
+
+def describe_final(output_dir: str, source: str, run_dir: Path) -> str:
+    if not source:
+        return f"final model not written to {output_dir}"
+    return f"final model -> {output_dir} (a copy of {source}: the voice to load; the last weights -> {run_dir / 'last_model'})"
+
+
+def check_hub(config: TrainConfig) -> None:
+    """--push_to_hub: fail now, before any training, when the upload could not happen at the end."""
+    if config.push_to_hub:
+        try:
+            hub_upload.check_ready(config.push_to_hub)
+        except hub_upload.HubError as error:
+            raise ConfigError([str(error)]) from error
+
+
+def push(config: TrainConfig, run: recipe.Run) -> bool:
+    """Upload the output folder (after the final save); False, with what to do logged, when it failed."""
+    try:
+        url = hub_upload.push_folder(Path(config.output_dir), config.push_to_hub, private=config.hub_private)
+    except hub_upload.HubError as error:
+        run.logger.error(f"error: {error}")
+        return False
+    run.logger.info(f"uploaded {config.output_dir} -> {url} ({'private' if config.hub_private else 'public'})")
+    return True
 
 
 if __name__ == "__main__":

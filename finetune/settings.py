@@ -39,7 +39,8 @@ class TrainingFlags:
     discriminator_warmup_margin: float = flag(0.5, "the warm-up ends once the discriminator's mean score on real minus "
                                                    "generated audio reaches this (1: perfect separation)")
     max_length_ratio: float = flag(1.25, "timing rule: a model whose median length ratio (synthesised / recorded) "
-                                          "lies outside [1/X, X] is never kept as best_model")
+                                          "lies outside [1/X, X] is kept as best_model only while none is inside "
+                                          "(the nearest, as a fallback)")
     mel_loss_weight: float = flag(45.0, "weight of the mel L1 loss (VITS c_mel)")
     kl_loss_weight: float = flag(1.0, "weight of the KL loss (VITS c_kl)")
     duration_loss_weight: float = flag(1.0, "weight of the duration loss")

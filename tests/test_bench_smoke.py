@@ -18,10 +18,12 @@ SMOKE = {
     "bench_finetune.py": ["--smoke"],
     "bench_gpu.py": ["--smoke", "--json", "{data}/bench_gpu.json"],  # on CPU: a tiny model, one step a figure
     "bench_measure.py": ["--data_dir", "{data}"],
+    "bench_naturalness.py": ["--smoke"],
     "bench_prepare.py": ["--workers", "1", "--max_samples", "6"],
     "bench_step.py": ["--smoke"],
     "bench_scale.py": ["--clips", "24", "--target_hours", "0.008"],
     "bench_synthesis.py": ["--size", "tiny", "--max_samples", "24", "--stock_timeout_s", "30"],
+    "bench_timing.py": ["--smoke"],
     "bench_train.py": ["--target_hours", "0.008", "--max_samples", "24"],
 }
 

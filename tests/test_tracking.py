@@ -43,6 +43,10 @@ def test_tensorboard_holds_the_scalars_audio_and_images(tracked_run):
     assert "samples/sentence_01" in tags["audio"]
     assert events.Audio("samples/sentence_01")[0].sample_rate == 16000
     assert "eval/mel_synthesised_vs_recorded" in tags["images"]
+    from finetune.reporting.naturalness import available
+
+    assert ("eval/naturalness" in tags["scalars"]) == available()  # on by default where its extra is installed
+    assert "eval/length_ratio_spread" in tags["scalars"]
 
 
 def test_the_step_profile_accounts_for_the_step_time(tracked_run):
@@ -60,6 +64,9 @@ def test_the_run_report_shows_the_plots_the_scores_and_the_samples(tracked_run):
     images = re.findall(r'<img src="([^"]+)"', page)
     assert {"report/losses.png", "report/mcd.png", "report/timing.png", "report/budget.png",
             "report/learning_rate.png", "report/profile.png", "report/mel_latest.png"} <= set(images)
+    from finetune.reporting.naturalness import available
+
+    assert ("report/naturalness.png" in images) == available()
     for image in images:
         assert (run / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     players = re.findall(r'<audio controls src="([^"]+)"', page)

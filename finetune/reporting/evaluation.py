@@ -2,9 +2,15 @@
 
 Per clip (finetune/reporting/measures.py says how each is computed and why):
     MCD-DTW          spectral distance to the recording, dB (lower is better)
-    length ratio     how long the model speaks the text over how long the recording is (1 = its tempo)
+    length ratio     how long the model speaks the text over how long the recording is (1 = its tempo):
+                     the expected length, the mean over DURATION_DRAWS noise draws of the duration
+                     predictor (one draw of a short training's wide duration distribution moved the
+                     median of 16 clips by about 0.06 from one evaluation to the next; bench/RESULTS.md)
     duration error   how much of the recording's rhythm the predicted durations misplace (0 = none)
-Per evaluation: the mean MCD, the median length ratio, the mean duration error, the objective's own
+    naturalness      DNSMOS OVRL of the synthesised clip, 1..5, when the optional extra is installed
+                     (finetune/reporting/naturalness.py); reported, not part of the choice of best_model
+Per evaluation: the mean MCD, the median length ratio and its spread between draws, the mean duration
+error, the mean naturalness, the objective's own
 losses (mel, KL, duration) on the same clips, and whether the model may become the best one: only when
 its median length ratio passes the timing rule. It judges speech synthesised from text, duration
 predictor included, not just how well the training loss is minimised.
@@ -29,7 +35,7 @@ import torch
 from finetune.data.audio import write_pcm16
 from finetune.data.examples import Example, collate
 from finetune.data.features import Features
-from finetune.vits.inference import ceiling_for_text, fork_rng, speak
+from finetune.vits.inference import ceiling_for_text, duration_draws, fork_rng, speak
 from finetune.system.interrupt import StopRequest
 from finetune.vits.losses import LossWeights
 from finetune.reporting.measures import TimingRule, duration_error, length_ratio, mcd_dtw
@@ -39,14 +45,18 @@ LOG = logging.getLogger(__name__)  # a child of the run's "finetune" logger
 
 MAX_LENGTH_VS_RECORDING = 3.0  # evaluation renders at most 3x the recording: far too long already scores badly
 TEST_SENTENCE_MAX_S = 30.0
+DURATION_DRAWS = 8  # noise draws of the duration predictor per clip: the median moves ~1/sqrt(8) as much as one
+DRAW_SEED_OFFSET = 104_729  # the duration draws' seed, apart from the synthesis's
 
 
 @dataclass
 class ClipScore:
     mcd_db: float
-    length_ratio: float  # requested frames / recording frames, before any synthesis cap
+    length_ratio: float  # expected frames (the mean over duration draws) / recording frames, before any cap
     duration_error: float
     capped: bool  # the synthesis hit its ceiling (the model asked for more than was rendered)
+    naturalness: float | None = None  # DNSMOS OVRL of the synthesised clip (None: the measure is off)
+    length_draws: tuple[float, ...] = ()  # the length ratio of each duration draw (not written per clip)
 
 
 @dataclass
@@ -56,22 +66,28 @@ class EvalResult:
     per_clip: dict[str, ClipScore]
     val_losses: dict[str, float]
     seconds: float
-    length_ratio: float = 1.0  # median over clips
+    length_ratio: float = 1.0  # median over clips of each clip's expected length ratio
+    length_ratio_spread: float = 0.0  # standard deviation, over duration draws, of one draw's median
+    naturalness: float | None = None  # mean DNSMOS OVRL over clips (None: the measure is off)
     duration_error: float = 0.0  # mean over clips
     eligible: bool = True  # may become the best model (timing within the rule, a finite score)
     ineligible_reason: str = ""
     samples: list[str] = field(default_factory=list)  # WAV files written
     extra: dict[str, float] = field(default_factory=dict)  # further named scores (feedback rounds)
+    chosen_as: str = ""  # why it became best_model, when it did (finetune/reporting/selection.py)
 
     def summary(self) -> dict:
         return {"step": self.step, "mcd_db": round(self.mcd_db, 4), "length_ratio": round(self.length_ratio, 4),
+                "length_ratio_spread": round(self.length_ratio_spread, 4),
+                **({"naturalness": round(self.naturalness, 4)} if self.naturalness is not None else {}),
                 "duration_error": round(self.duration_error, 4), "eligible": self.eligible,
                 **({"ineligible_reason": self.ineligible_reason} if not self.eligible else {}),
                 "seconds": round(self.seconds, 2), **{f"val_{k}": round(v, 4) for k, v in self.val_losses.items()},
                 **{k: round(v, 4) for k, v in self.extra.items()}}
 
     def per_clip_dict(self) -> dict[str, dict]:
-        return {name: {k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(score).items()}
+        return {name: {k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(score).items()
+                       if k != "length_draws" and v is not None}
                 for name, score in self.per_clip.items()}
 
 
@@ -81,6 +97,7 @@ def judge(step: int, scores: dict[str, ClipScore], val_losses: dict[str, float],
     mcd = float(np.mean([s.mcd_db for s in scores.values()])) if scores else float("nan")
     ratio = float(np.median([s.length_ratio for s in scores.values()])) if scores else float("nan")
     error = float(np.mean([s.duration_error for s in scores.values()])) if scores else float("nan")
+    natural = [s.naturalness for s in scores.values() if s.naturalness is not None]
     reason = ""
     if not np.isfinite(mcd):
         reason = "the synthesised speech is not finite"
@@ -88,12 +105,27 @@ def judge(step: int, scores: dict[str, ClipScore], val_losses: dict[str, float],
         digits = next((d for d in range(2, 7) if not rule.accepts(round(ratio, d))), 6)  # never "0.80 is outside 0.80-"
         reason = f"median length ratio {ratio:.{digits}f} is outside {rule.describe()}"
     return EvalResult(step=step, mcd_db=mcd, per_clip=scores, val_losses=val_losses, seconds=seconds,
-                      length_ratio=ratio, duration_error=error, eligible=not reason, ineligible_reason=reason)
+                      length_ratio=ratio, length_ratio_spread=draw_spread(scores), duration_error=error,
+                      eligible=not reason, ineligible_reason=reason,
+                      naturalness=float(np.mean(natural)) if natural else None)
+
+
+def draw_spread(scores: dict[str, ClipScore]) -> float:
+    """How much the median length ratio moves from one duration draw to the next: the standard deviation,
+    over draws, of the median over clips of that draw's ratios (0 with fewer than 2 draws). What the
+    evaluation decides on (the median of expected lengths) varies about 1/sqrt(draws) as much."""
+    draws = [s.length_draws for s in scores.values() if s.length_draws]
+    if not draws or min(len(d) for d in draws) < 2:
+        return 0.0
+    table = np.array([d[: min(len(x) for x in draws)] for d in draws])  # [clips, draws]
+    medians = np.median(table, axis=0)
+    return float(np.std(medians[np.isfinite(medians)])) if np.isfinite(medians).sum() > 1 else float("inf")
 
 
 def describe_timing(result: EvalResult) -> str:
     verdict = "" if result.eligible else f" (not eligible as best: {result.ineligible_reason})"
-    return f"length x{result.length_ratio:.2f}, duration error {result.duration_error:.2f}{verdict}"
+    spread = f" (±{result.length_ratio_spread:.2f} a draw)" if result.length_ratio_spread else ""
+    return f"length x{result.length_ratio:.2f}{spread}, duration error {result.duration_error:.2f}{verdict}"
 
 
 class Evaluator:
@@ -101,14 +133,18 @@ class Evaluator:
 
     @staticmethod
     def describe(result: EvalResult) -> str:
-        return f"MCD {result.mcd_db:.3f} dB, {describe_timing(result)}"
+        natural = f", naturalness {result.naturalness:.2f}" if result.naturalness is not None else ""
+        return f"MCD {result.mcd_db:.3f} dB{natural}, {describe_timing(result)}"
 
     def __init__(self, examples: list[Example], features: Features, device: torch.device, sample_rate: int,
                  samples_dir: Path | None, test_sentences: list[tuple[str, np.ndarray]], seed: int = 0,
-                 batch_size: int = 8, segment_frames: int = 32, rule: TimingRule = TimingRule()):
+                 batch_size: int = 8, segment_frames: int = 32, rule: TimingRule = TimingRule(),
+                 duration_draws: int = DURATION_DRAWS, naturalness=None):
         self.examples, self.features, self.device = examples, features, device
         self.sample_rate, self.samples_dir, self.test_sentences = sample_rate, samples_dir, test_sentences
         self.seed, self.batch_size, self.segment_frames, self.rule = seed, batch_size, segment_frames, rule
+        self.duration_draws = duration_draws  # noise draws per clip for its expected length
+        self.naturalness = naturalness  # a finetune.reporting.naturalness.Naturalness, or None (off)
         self.example_mels: tuple[str, np.ndarray, np.ndarray] | None = None  # (clip id, synthesised, recorded) log-mels
 
     def evaluate(self, model, step: int, stop: StopRequest | None = None) -> EvalResult:
@@ -155,17 +191,21 @@ class Evaluator:
         recording) and score each against its recording."""
         hop = self.features.config.hop_length
         ceilings = [MAX_LENGTH_VS_RECORDING * len(e.audio) / self.sample_rate for e in group]
-        speech = speak(model, [e.token_ids for e in group], self.device, self.seed + seed_offset, ceilings)
+        tokens = [e.token_ids for e in group]
+        speech = speak(model, tokens, self.device, self.seed + seed_offset, ceilings)
+        draws = duration_draws(model, tokens, self.device, self.seed + seed_offset + DRAW_SEED_OFFSET, self.duration_draws)
         scores = {}
         for i, example in enumerate(group):
             synthesised = self.features.mel(torch.from_numpy(speech.waveforms[i]).unsqueeze(0).to(self.device))
             real = self.features.mel(torch.from_numpy(example.audio / 32768.0).float().unsqueeze(0).to(self.device))
             if seed_offset == 0 and i == 0:  # the first clip, kept for pictures (TensorBoard, the run report)
                 self.example_mels = (example.item_id, synthesised[0].cpu().numpy(), real[0].cpu().numpy())
+            ratios = tuple(length_ratio(frames, example.frame_count(hop)) for frames in draws[i])
             scores[example.item_id] = ClipScore(
                 mcd_db=mcd_dtw(synthesised[0].cpu().numpy(), real[0].cpu().numpy()),
-                length_ratio=length_ratio(speech.requested_frames[i], example.frame_count(hop)),
-                duration_error=duration_error(speech.token_frames[i], aligned[i]), capped=speech.capped[i])
+                length_ratio=float(np.mean(ratios)), duration_error=duration_error(speech.token_frames[i], aligned[i]),
+                capped=speech.capped[i], length_draws=ratios,
+                naturalness=self.naturalness.overall(speech.waveforms[i], self.sample_rate) if self.naturalness else None)
         return scores
 
     @torch.no_grad()

@@ -57,6 +57,10 @@ def draw(run_dir: Path, records: list[dict], max_length_ratio: float) -> list[tu
                          "duration error": _series(records, "eval", "duration_error")},
                bands=[(1 / max_length_ratio, max_length_ratio, "timing rule")])
         made += [("mcd.png", "MCD per evaluation"), ("timing.png", "Timing per evaluation")]
+        if any(r.get("naturalness") is not None for r in records if r.get("kind") == "eval"):
+            curves(folder / "naturalness.png", "Held-out naturalness: DNSMOS OVRL (higher is better)", "optimizer step",
+                   "MOS", {"DNSMOS OVRL": _series(records, "eval", "naturalness")})
+            made.append(("naturalness.png", "Naturalness per evaluation"))
     made += _budget(folder, records)
     end = next((r for r in reversed(records) if r.get("kind") == "end"), None)
     if end and end.get("profile_shares"):
@@ -95,11 +99,13 @@ def _audio(run_dir: Path, step: int | None, label: str) -> str:
 def _clip_table(best_dir: Path) -> str:
     path = best_dir / "eval.json"
     if not path.is_file():
-        return "<p>No best model yet: no evaluation was within the timing rule.</p>"
+        return "<p>No best model yet.</p>"
     best = json.loads(path.read_text(encoding="utf-8"))
+    why = f" Kept as {best['chosen_as']}." if best.get("chosen_as") else ""
     rows = "".join(f"<tr><td>{html.escape(name)}</td><td>{s['mcd_db']:.2f}</td><td>{s['length_ratio']:.2f}</td>"
                    f"<td>{s['duration_error']:.2f}</td></tr>" for name, s in best.get("per_clip", {}).items())
-    return (f"<p>Best model: step {best['step']}, MCD {best['mcd_db']:.3f} dB, length x{best['length_ratio']:.2f}.</p>"
+    return (f"<p>Best model: step {best['step']}, MCD {best['mcd_db']:.3f} dB, length x{best['length_ratio']:.2f}"
+            f"{_naturalness_text(best)}.{html.escape(why)}</p>"
             "<table><tr><th>held-out clip</th><th>MCD dB</th><th>length ratio</th><th>duration error</th></tr>"
             f"{rows}</table>")
 
@@ -107,7 +113,9 @@ def _clip_table(best_dir: Path) -> str:
 def _summary(end: dict) -> str:
     """The end record: a sentence for what matters most, then every other figure in a table."""
     best = (f"best MCD {end['best_mcd_db']:.3f} dB at step {end['best_step']}" if end.get("best_step", -1) >= 0
-            else "no evaluation was within the timing rule: no best model")
+            else "no best model (no evaluation had a finite score)")
+    if end.get("best_step", -1) >= 0 and not end.get("best_within_timing_rule", True):
+        best += " (a fallback: no evaluation met the timing rule; it is the one nearest to it)"
     sentence = (f"Finished ({end.get('stop_reason')}): {end.get('steps')} steps, {end.get('epochs')} epochs, "
                 f"{end.get('time_used_s', 0):.1f} s of {end.get('budget_s', 0):.0f} s; {best}; last learning rate "
                 f"{end.get('last_lr', 0):.2e}.")
@@ -115,6 +123,10 @@ def _summary(end: dict) -> str:
     rows = "".join(f"<tr><td>{html.escape(key.replace('_', ' '))}</td><td>{html.escape(_figure(value))}</td></tr>"
                    for key, value in end.items() if key not in shown and not isinstance(value, dict))
     return f"<p>{html.escape(sentence)}</p><table>{rows}</table>"
+
+
+def _naturalness_text(best: dict) -> str:
+    return f", naturalness (DNSMOS) {best['naturalness']:.2f}" if best.get("naturalness") is not None else ""
 
 
 def _figure(value) -> str:

@@ -42,6 +42,8 @@ class TrainingState:
     time_used_s: float = 0.0  # of the budget, across all processes of this run
     best_score: float = float("inf")  # best evaluation measure (MCD, dB)
     best_step: int = -1
+    best_eligible: bool = True  # the kept model met the timing rule (False: the nearest to it, a fallback)
+    best_timing_error: float = 0.0  # its distance from the rule's band (finetune/reporting/selection.py)
     evals_since_best: int = 0
     micro_batch_s_estimate: float = 0.0  # cautious seconds per micro-batch when saved (0: unknown)
     update_s_estimate: float = 0.0  # cautious seconds per optimizer update when saved

@@ -111,8 +111,9 @@ def decide(baseline: EvalResult, best: dict | None, last: EvalResult, max_regres
     past the tolerance. Without a best model beyond the start, the last evaluation is the candidate,
     so the report always shows what the round produced."""
     before = {k: baseline.extra[k] for k in SCORES}
-    if best is not None and best["step"] > 0:
-        after, step, timing_problem = {k: best[k] for k in SCORES}, int(best["step"]), ""
+    if best is not None and best["step"] > 0:  # the round's best_model: eligible, or the nearest (a fallback)
+        after, step = {k: best[k] for k in SCORES}, int(best["step"])
+        timing_problem = best.get("ineligible_reason", "not eligible") if not best.get("eligible", True) else ""
     else:
         after, step = {k: last.extra[k] for k in SCORES}, last.step
         timing_problem = last.ineligible_reason if not last.eligible else ""

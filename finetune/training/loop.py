@@ -11,8 +11,8 @@
     train      steps until the deadline (finetune/training/pacing.py decides, a micro-batch at a time), an epoch
                limit or early stopping; evaluations keep the best model, checkpoints at each epoch end
                and every --checkpoint_every_minutes, the plan re-estimated at each evaluation
-    finish     a final evaluation (unless the last one saw these weights), the final export and a
-               checkpoint, all inside the budget
+    finish     a final evaluation (unless the last one saw these weights), the last weights' export
+               (last_model), best_model copied to the output folder, and a checkpoint, all inside the budget
 
 Ctrl-C or SIGTERM (finetune/system/interrupt.py) is honoured at the next safe point, wherever the run is: the
 sampler position and random state go back to the last completed optimizer step, a checkpoint is
@@ -36,6 +36,7 @@ from finetune.training.checkpoint import TrainingState, capture_rng, restore_rng
 from finetune.data.examples import Example
 from finetune.training.distributed import Distributed
 from finetune.reporting.evaluation import EvalResult, Evaluator
+from finetune.reporting.model_card import CardFacts
 from finetune.data.feed import MicroBatchFeed
 from finetune.vits.generator import train_mode
 from finetune.system.interrupt import StopRequest, StopRequested
@@ -96,11 +97,16 @@ class LoopConfig:
 @dataclass
 class RunPaths:
     run_dir: Path  # checkpoints, logs, metrics, plan, samples
-    output_dir: Path  # the final model
+    output_dir: Path  # the final model: a copy of best_model, the voice an app should load
 
     @property
     def best_dir(self) -> Path:
         return self.run_dir / "best_model"
+
+    @property
+    def last_dir(self) -> Path:
+        """The weights of the last step (output_dir holds the best model's)."""
+        return self.run_dir / "last_model"
 
     @property
     def samples_dir(self) -> Path:
@@ -152,13 +158,15 @@ class TrainingLoop(Milestones, BatchFitting):
                  config: LoopConfig, paths: RunPaths, logger, run_log: RunLog, device: torch.device, hop: int,
                  frozen_parts: list[str], checkpoint_extra: dict, stop: StopRequest, plan: Plan | None = None,
                  dist: Distributed = Distributed(), step_callback: Callable[["TrainingLoop"], None] | None = None,
-                 export_extra: Callable[[], dict] | None = None, resumed_from: Path | None = None):
+                 export_extra: Callable[[], dict] | None = None, resumed_from: Path | None = None,
+                 card: CardFacts | None = None):
         self.model, self.tokenizer, self.discriminator, self.step = model, tokenizer, discriminator, step
         self.evaluator, self.budget, self.sampler, self.state = evaluator, budget, sampler, state
         self.config, self.paths, self.logger, self.run_log = config, paths, logger, run_log
         self.device, self.frozen_parts, self.checkpoint_extra = device, frozen_parts, checkpoint_extra
         self.stop, self.dist, self.step_callback = stop, dist, step_callback
         self.export_extra = export_extra or (lambda: {})
+        self.card = card  # what the model cards of exported folders say (finetune/reporting/model_card.py)
         self.timer = StepTimer(config.gradient_accumulation_steps, prior_micro_batch_s=state.micro_batch_s_estimate or None,
                                prior_update_s=state.update_s_estimate or None)
         self.costs = Costs(eval_s=state.eval_s_estimate, export_s=state.export_s_estimate,
@@ -180,6 +188,7 @@ class TrainingLoop(Milestones, BatchFitting):
         self.last_lr = 0.0
         self.early_stop = False
         self.final_saved = False
+        self.final_source = ""  # what the output folder holds: best_model (step N) or the last weights
         self.boundary: Boundary | None = None  # set while an accumulation window runs
         self.adopt_fitted_batch()  # a resumed run keeps the micro-batch its checkpoint was fitted to
 
@@ -420,12 +429,39 @@ class TrainingLoop(Milestones, BatchFitting):
             self.checkpoint(end_of_epoch=epoch_ended)
 
     def finish(self) -> None:
-        """Final evaluation (unless the last one saw these weights), export and checkpoint."""
+        """Final evaluation (unless the last one saw these weights), the last weights' export, best_model
+        copied to the output folder (the voice an app loads), and a checkpoint."""
         if self.last_eval_step != self.state.step:
             self.evaluate()
-        saved = self.on_main(lambda: self.export(self.paths.output_dir, {"training_summary.json": self.summary("finished")}))
+        saved = self.on_main(self.save_final)
         self.final_saved = self.dist.broadcast(saved)
         self.checkpoint(end_of_epoch=self.sampler.state.position == 0)
+
+    def save_final(self) -> bool:
+        """RUN_DIR/last_model: the last weights; OUTPUT_DIR: a copy of best_model (the last weights when
+        there is none). Both carry training_summary.json, which says what OUTPUT_DIR holds."""
+        summary = self.summary("finished")
+        last_saved = self.export(self.paths.last_dir, {"training_summary.json": summary})
+        best = self.paths.best_dir if (self.paths.best_dir / "config.json").is_file() else None
+        source = best or (self.paths.last_dir if last_saved else None)
+        if source is None:
+            return False
+        self.final_source = f"best_model (step {self.state.best_step})" if best else "the last weights (no best_model)"
+        summary = {**summary, "final_model_holds": self.final_source}
+        card = self.card_file(self.paths.output_dir, self._read_eval(source),
+                              f"the final model of its run, a copy of {self.final_source}")
+        return self.saver.publish(source, self.paths.output_dir, {"training_summary.json": summary, **card})
+
+    @staticmethod
+    def _read_eval(folder: Path) -> dict | None:
+        import json
+
+        path = folder / "eval.json"
+        if not path.is_file():
+            return None
+        evaluation = json.loads(path.read_text(encoding="utf-8"))
+        evaluation.pop("per_clip", None)
+        return evaluation
 
     def stop_cleanly(self) -> LoopResult:
         """After a stop request: back to the last completed step if it came mid-window, then a checkpoint."""
@@ -441,7 +477,8 @@ class TrainingLoop(Milestones, BatchFitting):
     def summary(self, reason: str) -> dict:
         return {"stop_reason": reason, "steps": self.state.step, "epochs": self.state.epoch,
                 "samples_seen": self.state.samples_seen, "best_mcd_db": self.state.best_score,
-                "best_step": self.state.best_step, "last_lr": self.last_lr, "time_used_s": round(self.budget.used_s(), 2),
+                "best_step": self.state.best_step,
+                "best_within_timing_rule": self.state.best_eligible and self.state.best_step >= 0, "last_lr": self.last_lr, "time_used_s": round(self.budget.used_s(), 2),
                 "budget_s": self.budget.target_s, "nonfinite_skips": self.step.nonfinite_skips,
                 "fp16_overflow_skips": self.step.overflow_skips, "oom_skips": self.step.oom_skips,
                 "rollbacks": self.state.rollbacks, "save_failures": self.saver.failures,

@@ -12,6 +12,7 @@ from typing import Callable
 from finetune.training.budget import Plan
 from finetune.training.checkpoint import capture_rng, checkpoint_name
 from finetune.reporting.evaluation import EvalResult
+from finetune.reporting.selection import NONE_YET, Standing, better, chosen_as, standing
 from finetune.vits.generator import train_mode
 from finetune.system.interrupt import StopRequested
 
@@ -25,11 +26,23 @@ class Milestones:
         result = self.on_main(self._evaluate)
         shared = self.dist.broadcast({"early_stop": self.early_stop, "eval_s": self.costs.eval_s,
                                       "export_s": self.costs.export_s, "last_eval_step": self.last_eval_step,
-                                      "best": (self.state.best_score, self.state.best_step, self.state.evals_since_best)})
+                                      "best": self.best_fields()})
         self.early_stop, self.costs.eval_s, self.costs.export_s = shared["early_stop"], shared["eval_s"], shared["export_s"]
         self.last_eval_step = shared["last_eval_step"]
-        self.state.best_score, self.state.best_step, self.state.evals_since_best = shared["best"]
+        for name, value in shared["best"].items():
+            setattr(self.state, name, value)
         return result
+
+    BEST_FIELDS = ("best_score", "best_step", "evals_since_best", "best_eligible", "best_timing_error")
+
+    def best_fields(self) -> dict:
+        return {name: getattr(self.state, name) for name in self.BEST_FIELDS}
+
+    def kept_standing(self) -> Standing:
+        """The standing of the model in best_model (NONE_YET before any)."""
+        if self.state.best_step < 0:
+            return NONE_YET
+        return Standing(self.state.best_eligible, self.state.best_timing_error, self.state.best_score)
 
     def on_main(self, work: Callable):
         """Run `work` on the main process; the others wait. A stop request during it stops them all."""
@@ -44,37 +57,61 @@ class Milestones:
         return result
 
     def _evaluate(self) -> EvalResult:
-        """The main process's part of an evaluation: score, keep the best model, log."""
+        """The main process's part of an evaluation: score, keep the best model (finetune/reporting/selection.py), log."""
         started = self.budget.clock.now()
         result = self.evaluator.evaluate(self.model, self.state.step, self.stop)
         train_mode(self.model, self.frozen_parts)
-        improved = result.eligible and result.mcd_db < self.state.best_score
-        export_s = 0.0
+        candidate = standing(result.eligible, result.length_ratio, result.mcd_db, self.evaluator.rule.max_length_ratio)
+        improved, export_s = better(candidate, self.kept_standing()), 0.0
         if improved:
-            improved = self.export(self.paths.best_dir, {"eval.json": {**result.summary(),
+            result.chosen_as = chosen_as(candidate, result.length_ratio, result.ineligible_reason)
+            improved = self.export(self.paths.best_dir, {"eval.json": {**result.summary(), "chosen_as": result.chosen_as,
                                                                         "per_clip": result.per_clip_dict()}})
             export_s = self.costs.export_s if improved else 0.0
         if improved:
             self.state.best_score, self.state.best_step, self.state.evals_since_best = result.mcd_db, self.state.step, 0
+            self.state.best_eligible, self.state.best_timing_error = candidate.eligible, candidate.timing_error
         else:
             self.state.evals_since_best += 1
         patience = self.config.early_stopping_patience
         self.early_stop = bool(patience and self.state.evals_since_best >= patience)
         self.last_eval, self.last_eval_step = result, result.step
-        best = ("best so far: saved best_model" if improved
-                else f"best {self.state.best_score:.3f} at step {self.state.best_step}" if self.state.best_step >= 0
-                else "no model within the timing tolerance yet")
-        self.run_log.evaluation(result, self.evaluator.describe(result), improved, best, self.state.best_score,
-                                getattr(self.evaluator, "example_mels", None))
+        self.run_log.evaluation(result, self.evaluator.describe(result), improved, self.best_note(improved),
+                                self.state.best_score, getattr(self.evaluator, "example_mels", None))
         # What an evaluation costs the budget: scoring, logging and the report; a best model's export apart.
         self.costs.eval_s = self.budget.clock.now() - started - export_s
         self.run_log.eval_s += self.costs.eval_s
         return result
 
+    def best_note(self, improved: bool) -> str:
+        """What the evaluation line says about best_model."""
+        fallback = not self.state.best_eligible
+        if improved:
+            return ("nearest to the timing rule so far: saved best_model as a fallback" if fallback
+                    else "best so far: saved best_model")
+        if self.state.best_step < 0:
+            return "no model kept yet (no finite score)"
+        return (f"best {self.state.best_score:.3f} at step {self.state.best_step}"
+                + (", a fallback: none within the timing rule yet" if fallback else ""))
+
     def export(self, folder: Path, extra_json: dict) -> bool:
-        saved = self.saver.export(folder, extra_json)
+        saved = self.saver.export(folder, {**extra_json, **self.card_file(folder, extra_json.get("eval.json"))})
         self.run_log.export_s += self.costs.export_s if saved else 0.0
         return saved
+
+    def card_file(self, folder: Path, evaluation: dict | None, role: str = "") -> dict[str, str]:
+        """{"README.md": the model card} for an exported folder (none when the recipe gave no card facts).
+        Without `evaluation`, the last evaluation's figures when it saw these weights."""
+        if self.card is None:
+            return {}
+        from finetune.reporting.model_card import card_text
+
+        if evaluation is None and self.last_eval is not None and self.last_eval.step == self.state.step:
+            evaluation = self.last_eval.summary()
+        roles = {self.paths.best_dir: f"the best model of its run (step {self.state.step})",
+                 self.paths.last_dir: f"the last weights of its run (step {self.state.step})"}
+        steps = int(evaluation.get("step", self.state.step)) if evaluation else self.state.step
+        return {"README.md": card_text(self.card, role or roles.get(folder, folder.name), steps, evaluation)}
 
     def checkpoint(self, end_of_epoch: bool) -> Path | None:
         """Every process's random state to the main process, which writes the checkpoint; all learn where."""

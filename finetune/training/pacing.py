@@ -36,10 +36,11 @@ class Costs:
 
     @property
     def final_s(self) -> float:
-        """The final evaluation (which may export a best model), the final export, the last checkpoint,
-        and whatever the caller needs after."""
+        """The final evaluation (which may export a best model), the last weights' export, best_model's
+        copy into the output folder (a file copy: at most an export), the last checkpoint, and whatever
+        the caller needs after."""
         checkpoint = self.checkpoint_s if self.checkpoints else 0.0
-        return self.eval_s + 2 * self.export_s + checkpoint + self.after_loop_s
+        return self.eval_s + 3 * self.export_s + checkpoint + self.after_loop_s
 
 
 class Pacer:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from finetune.training.checkpoint import save_checkpoint
-from finetune.vits.generator import export_model
+from finetune.vits.generator import copy_model, export_model
 from finetune.training.pacing import Costs
 from finetune.training.recovery import all_finite
 
@@ -43,6 +43,14 @@ class Saver:
             return False
         self.costs.export_s = written[1]
         return True
+
+    def publish(self, source: Path, folder: Path, extra_json: dict) -> bool:
+        """Copy a written model folder (best_model) to `folder` (the output folder), with `extra_json`
+        beside it; atomic like an export. False when it could not be written."""
+        if not self.is_main:
+            return True
+        return self._write(str(folder), [], "the previous one, if any, is intact",
+                           lambda: copy_model(source, folder, extra_json)) is not None
 
     def measure_export(self, run_dir: Path) -> None:
         """Time an export into a scratch folder (removed after): the final save must be counted from the

@@ -165,7 +165,7 @@ def inference_copy(model: VitsModel) -> VitsModel:
 
 
 def export_model(model: VitsModel, tokenizer: VitsTokenizer, out_dir: str | Path,
-                 discriminator=None, extra_json: dict[str, dict] | None = None) -> None:
+                 discriminator=None, extra_json: dict[str, dict | str] | None = None) -> None:
     """Write a Hugging Face folder (config.json, model.safetensors, tokenizer files) and, when given, the
     discriminator beside it (discriminator.pt) so training can continue. Built in a staging folder and
     swapped in, so a crash mid-save leaves the previous export intact."""
@@ -178,10 +178,30 @@ def export_model(model: VitsModel, tokenizer: VitsTokenizer, out_dir: str | Path
         tokenizer.save_pretrained(str(staging))
         if discriminator is not None:
             save_discriminator(discriminator, staging / "discriminator.pt")
-        for name, data in (extra_json or {}).items():
-            write_text_atomic(staging / name, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+        write_extras(staging, extra_json or {})
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)  # a full disk or a kill: the previous export stays as it was
+        raise
+    replace_dir(staging, out_dir)
+
+
+def write_extras(folder: Path, extras: dict[str, dict | str]) -> None:
+    """Files beside a model: a dict as JSON (eval.json, training_summary.json), a str as text (README.md)."""
+    for name, data in extras.items():
+        text = data if isinstance(data, str) else json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+        write_text_atomic(folder / name, text)
+
+
+def copy_model(source: Path, out_dir: str | Path, extra_json: dict[str, dict | str] | None = None) -> None:
+    """Copy a written model folder to `out_dir` with `extra_json` files added; staged and swapped in
+    like export_model, so a crash mid-copy leaves the previous folder intact."""
+    out_dir = Path(out_dir)
+    staging = staging_dir(out_dir)
+    try:
+        shutil.copytree(source, staging, dirs_exist_ok=True)
+        write_extras(staging, extra_json or {})
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
         raise
     replace_dir(staging, out_dir)
 

@@ -89,18 +89,9 @@ def speak_tokens(model, token_ids: list[np.ndarray], device: torch.device, max_c
     config = model.config
     hop = math.prod(config.upsample_rates)
     frames_per_s = config.sampling_rate / hop
-    count, longest = len(token_ids), max(len(t) for t in token_ids)
-    input_ids = torch.zeros(count, longest, dtype=torch.long)
-    attention = torch.zeros(count, longest, dtype=torch.long)
-    for i, ids in enumerate(token_ids):
-        input_ids[i, : len(ids)] = torch.from_numpy(ids.astype(np.int64))
-        attention[i, : len(ids)] = 1
-    input_ids, attention = input_ids.to(device), attention.to(device)
+    count = len(token_ids)
     dtype = model.text_encoder.embed_tokens.weight.dtype
-    token_mask = attention.unsqueeze(-1).to(dtype)  # [batch, tokens, 1], transformers' layout
-    encoded = model.text_encoder(input_ids=input_ids, padding_mask=token_mask, attention_mask=attention)
-    hidden = encoded.last_hidden_state.transpose(1, 2)  # [batch, hidden, tokens]
-    mask = token_mask.transpose(1, 2)  # [batch, 1, tokens]
+    encoded, hidden, mask = _encode(model, token_ids, device)  # hidden [batch, hidden, tokens], mask [batch, 1, tokens]
     if config.use_stochastic_duration_prediction:
         log_duration = model.duration_predictor(hidden, mask, None, reverse=True, noise_scale=model.noise_scale_duration)
     else:
@@ -120,6 +111,44 @@ def speak_tokens(model, token_ids: list[np.ndarray], device: torch.device, max_c
     return Speech(waveforms=[waveform[i, : rendered[i] * hop] for i in range(count)],
                   requested_frames=[float(w) for w in wanted], rendered_frames=rendered,
                   token_frames=[durations[i, 0, : len(token_ids[i])].long().cpu().numpy() for i in range(count)])
+
+
+@torch.no_grad()
+def duration_draws(model, token_ids: list[np.ndarray], device: torch.device, seed: int, draws: int) -> np.ndarray:
+    """Frames the duration predictor asks for, [texts, draws]: each text's length (before any cap) under
+    `draws` independent noise draws at the model's own `noise_scale_duration` and `speaking_rate`, as
+    stock transformers computes it (ceil(exp(log duration)) per token, summed). Their mean is the
+    expected length, which one draw estimates with an error that shrinks as 1/sqrt(draws). Seeded, in a
+    forked RNG. Cost: the text encoder once and the duration predictor over `draws` copies of the batch
+    (no flow, no decoder): a small share of one synthesis. Non-finite lengths come back as inf."""
+    config = model.config
+    if not config.use_stochastic_duration_prediction:
+        draws = 1  # a deterministic predictor: every draw is the same
+    with fork_rng(device):
+        torch.manual_seed(seed)
+        encoded, hidden, mask = _encode(model, token_ids, device)
+        hidden, mask = hidden.repeat_interleave(draws, dim=0), mask.repeat_interleave(draws, dim=0)
+        if config.use_stochastic_duration_prediction:
+            log_duration = model.duration_predictor(hidden, mask, None, reverse=True, noise_scale=model.noise_scale_duration)
+        else:
+            log_duration = model.duration_predictor(hidden, mask, None)
+    frames = torch.ceil(torch.exp(log_duration.float()) * mask / model.speaking_rate)  # [texts * draws, 1, tokens]
+    totals = torch.nan_to_num(frames, nan=float("inf")).sum(dim=(1, 2)).view(len(token_ids), draws)
+    return totals.cpu().numpy()
+
+
+def _encode(model, token_ids: list[np.ndarray], device: torch.device):
+    """Token id sequences -> (the text encoder's output, hidden [batch, hidden, tokens], mask [batch, 1, tokens])."""
+    count, longest = len(token_ids), max(len(t) for t in token_ids)
+    input_ids = torch.zeros(count, longest, dtype=torch.long)
+    attention = torch.zeros(count, longest, dtype=torch.long)
+    for i, ids in enumerate(token_ids):
+        input_ids[i, : len(ids)] = torch.from_numpy(ids.astype(np.int64))
+        attention[i, : len(ids)] = 1
+    input_ids, attention = input_ids.to(device), attention.to(device)
+    token_mask = attention.unsqueeze(-1).to(model.text_encoder.embed_tokens.weight.dtype)  # [batch, tokens, 1]
+    encoded = model.text_encoder(input_ids=input_ids, padding_mask=token_mask, attention_mask=attention)
+    return encoded, encoded.last_hidden_state.transpose(1, 2), token_mask.transpose(1, 2)
 
 
 def fork_rng(device: torch.device):

@@ -1,0 +1,190 @@
+"""best_model always exists and says how it was chosen; final_model is its copy; every exported folder
+carries a model card; --push_to_hub fails fast offline and loses nothing; the timing draws; naturalness."""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+import train_vits
+from finetune.reporting.evaluation import ClipScore, judge
+from finetune.reporting.measures import TimingRule
+from finetune.reporting.model_card import card_facts, card_text
+from finetune.reporting.selection import NONE_YET, better, chosen_as, standing, timing_error
+from tests.conftest import DEMO_CORPUS, clock_for
+from tests.test_train import args, metrics
+
+
+# ---------------------------------------------------------------- the rule
+
+
+def test_within_the_timing_rule_beats_any_fallback_then_the_lower_mcd_wins():
+    inside = standing(True, 0.9, 9.0, 1.25)
+    near = standing(False, 0.78, 4.0, 1.25)
+    assert better(inside, near) and not better(near, inside)
+    assert better(standing(True, 1.1, 8.0, 1.25), inside) and not better(standing(True, 1.0, 9.5, 1.25), inside)
+
+
+def test_while_none_meets_the_rule_the_nearest_wins_then_the_lower_mcd():
+    far, near = standing(False, 0.60, 3.0, 1.25), standing(False, 0.75, 9.0, 1.25)
+    assert better(near, far) and not better(far, near)  # timing first, whatever the MCD
+    slow = standing(False, 1.40, 9.0, 1.25)  # 1.40 is further from 1.25 than 0.75 is from 0.80 (in log ratio)
+    assert timing_error(1.30, 1.25) == pytest.approx(timing_error(1 / 1.30, 1.25))
+    same_timing_better_mcd = standing(False, 0.752, 8.0, 1.25)  # within 0.01 of `near` in log ratio
+    assert better(same_timing_better_mcd, near)
+    assert better(far, NONE_YET) and slow.key() > near.key()
+
+
+def test_a_score_that_is_not_finite_is_never_kept():
+    assert standing(True, 1.0, math.nan, 1.25) is None and not better(None, NONE_YET)
+    assert timing_error(math.inf, 1.25) == math.inf and better(standing(False, math.inf, 5.0, 1.25), NONE_YET)
+
+
+def test_the_choice_is_explained():
+    assert "within the timing rule" in chosen_as(standing(True, 1.0, 5.0, 1.25), 1.0, "")
+    text = chosen_as(standing(False, 0.7, 5.0, 1.25), 0.7, "median length ratio 0.70 is outside 0.80-1.25")
+    assert text.startswith("fallback") and "x0.70" in text and "0.80-1.25" in text
+
+
+# ---------------------------------------------------------------- a run that never meets the rule
+
+
+def test_a_run_that_never_meets_the_timing_rule_still_ends_with_a_best_model(prepared_demo, tmp_path, timed_work):
+    fake, _ = timed_work
+    # --max_length_ratio 1 accepts only an exact 1.0: no evaluation can meet it.
+    code = train_vits.main(args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "1",
+                                "--max_length_ratio", "1", "--no-naturalness"), clock=clock_for(fake))
+    assert code == 0
+    run = tmp_path / "checkpoints"
+    saved = json.loads((run / "best_model" / "eval.json").read_text())
+    assert saved["eligible"] is False and saved["chosen_as"].startswith("fallback")
+    evals = metrics(tmp_path, "eval")
+    assert saved["step"] in {r["step"] for r in evals if r["best"]}
+    log = (run / "train.log").read_text()
+    assert "saved best_model as a fallback" in log
+    assert "a fallback: no evaluation met the timing rule 1.00-1.00" in log
+    assert "a copy of best_model" in log
+    end = metrics(tmp_path, "end")[0]
+    assert end["best_within_timing_rule"] is False and end["best_step"] == saved["step"]
+    assert "a fallback" in (run / "report.html").read_text()
+    # The app's folder is the best model's weights; the last weights are kept beside the checkpoints.
+    final = tmp_path / "final_model"
+    assert (final / "model.safetensors").read_bytes() == (run / "best_model" / "model.safetensors").read_bytes()
+    summary = json.loads((final / "training_summary.json").read_text())
+    assert summary["final_model_holds"] == f"best_model (step {saved['step']})"
+    assert (run / "last_model" / "config.json").is_file()
+    for folder in (run / "best_model", run / "last_model", final):
+        card = (folder / "README.md").read_text()
+        assert card.startswith("---\nlanguage: unknown\nlicense: other\n") and "pipeline(\"text-to-speech\"" in card
+
+
+# ---------------------------------------------------------------- the model card
+
+
+def test_an_mms_voice_card_names_its_language_licence_data_and_figures(tmp_path):
+    facts = card_facts("facebook/mms-tts-kmr-script_latin", 9.5, 42139)
+    assert (facts.language, facts.licence, facts.hub_base_model) == ("kmr", "cc-by-nc-4.0", "facebook/mms-tts-kmr-script_latin")
+    evaluation = {"step": 1200, "mcd_db": 5.4, "length_ratio": 0.93, "length_ratio_spread": 0.02, "duration_error": 0.4,
+                  "naturalness": 2.9, "eligible": True, "chosen_as": "the lowest MCD among the evaluations within the timing rule"}
+    card = card_text(facts, "the best model of its run (step 1200)", 1200, evaluation)
+    header = card.split("---")[1]
+    assert "language: kmr" in header and "license: cc-by-nc-4.0" in header
+    assert "base_model: facebook/mms-tts-kmr-script_latin" in header and "pipeline_tag: text-to-speech" in header
+    for expected in ("9.50 hours", "42139 clips", "1200 optimizer steps", "| 5.4 |", "| 0.93 |", "| 2.9 |",
+                     "no commercial use", "x0.93", "noise_scale_duration", "export_onnx.py", "sherpa_onnx",
+                     'pipeline("text-to-speech"'):
+        assert expected in card, expected
+    (tmp_path / "voice").mkdir()
+    (tmp_path / "voice" / "README.md").write_text(card)
+    child = card_facts(str(tmp_path / "voice"), 0.01, 12, "train_feedback.py")
+    assert (child.language, child.licence, child.hub_base_model) == ("kmr", "cc-by-nc-4.0", "facebook/mms-tts-kmr-script_latin")
+    assert "base_model:" not in card_text(card_facts("scratch:tiny", 0.2, 300), "x", 1, None).split("---")[1]
+
+
+# ---------------------------------------------------------------- --push_to_hub offline
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again when the block ends: connections are refused
+
+
+def test_push_to_hub_fails_before_training_when_the_hub_cannot_be_reached(prepared_demo, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed_port()}")
+    monkeypatch.setenv("HF_TOKEN", "hf_not_a_real_token")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with pytest.raises(train_vits.ConfigError, match="cannot be reached.*train without --push_to_hub"):
+        train_vits.main(args(prepared_demo, tmp_path, "--push_to_hub", "me/voice"))
+    assert not (tmp_path / "checkpoints").exists()  # nothing started, nothing to lose
+    monkeypatch.delenv("HF_TOKEN")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))  # no stored token either
+    with pytest.raises(train_vits.ConfigError, match="no Hugging Face token: run `hf auth login`"):
+        train_vits.main(args(prepared_demo, tmp_path, "--push_to_hub", "me/voice"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(train_vits.ConfigError, match="HF_HUB_OFFLINE"):
+        train_vits.main(args(prepared_demo, tmp_path, "--push_to_hub", "me/voice"))
+
+
+def test_an_upload_that_fails_after_training_keeps_the_folder_and_says_how_to_upload(tmp_path, monkeypatch):
+    from finetune.system.hub_upload import HubError, push_folder
+
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed_port()}")
+    monkeypatch.setenv("HF_TOKEN", "hf_not_a_real_token")
+    folder = tmp_path / "final_model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    with pytest.raises(HubError, match=r"saved as it was: upload it later with `hf upload me/voice .*final_model \. "
+                                       r"--repo-type model --private`"):
+        push_folder(folder, "me/voice")
+    assert (folder / "config.json").read_text() == "{}"
+
+
+# ---------------------------------------------------------------- timing: several draws
+
+
+def test_the_median_of_expected_lengths_decides_and_its_spread_is_reported():
+    clips = {f"c{i}": ClipScore(5.0, float(np.mean(d)), 0.1, False, length_draws=tuple(d))
+             for i, d in enumerate([(0.7, 0.9), (0.8, 1.0), (0.75, 0.95)])}
+    result = judge(3, clips, {}, 0.0, TimingRule())
+    assert result.length_ratio == pytest.approx(0.85) and result.eligible  # one draw's median: 0.75 or 0.95
+    assert result.length_ratio_spread == pytest.approx(0.1)
+    assert "length_draws" not in result.per_clip_dict()["c0"] and result.summary()["length_ratio_spread"] == 0.1
+
+
+def test_duration_draws_are_seeded_and_the_first_matches_one_synthesis(prepared_demo):
+    import torch
+
+    from finetune.vits.inference import duration_draws, speak
+    from tests.conftest import tiny_generator
+
+    loaded = tiny_generator(prepared_demo)
+    model, tokenizer = loaded.model.eval(), loaded.tokenizer
+    ids = [np.asarray(tokenizer("ez baş im")["input_ids"]), np.asarray(tokenizer("av zelal e")["input_ids"])]
+    first = duration_draws(model, ids, torch.device("cpu"), seed=5, draws=6)
+    assert first.shape == (2, 6) and np.array_equal(first, duration_draws(model, ids, torch.device("cpu"), 5, 6))
+    assert len(set(first[0].tolist())) > 1  # the draws differ
+    one = speak(model, ids[:1], torch.device("cpu"), 5, [60.0])
+    assert duration_draws(model, ids[:1], torch.device("cpu"), 5, 1)[0, 0] == one.requested_frames[0]
+
+
+# ---------------------------------------------------------------- naturalness on hand-made cases
+
+
+def test_naturalness_rates_a_recording_above_silence_and_noise():
+    pytest.importorskip("speechmos", reason="the naturalness extra (requirements-naturalness.txt) is not installed")
+    from finetune.reporting.naturalness import Naturalness
+
+    recording, rate = sf.read(str(sorted((DEMO_CORPUS / "wavs").glob("*.mp3"))[0]), dtype="float32")
+    judge_ = Naturalness()
+    speech = judge_.score(recording, rate).overall
+    silence = judge_.score(np.zeros(rate * 2, dtype=np.float32), rate).overall
+    noise = judge_.score(np.random.default_rng(0).normal(0, 0.1, rate * 2).astype(np.float32), rate).overall
+    assert speech > silence + 0.5 and speech > noise + 0.5
+    assert 1.0 <= min(silence, noise) and speech <= 5.0
