@@ -181,7 +181,7 @@ def test_out_of_memory_before_training_refits_4_to_2_to_1_and_a_resume_keeps_it(
     seen = []
     resume = ["--checkpoint_dir", str(parts / "checkpoints"), "--resume", "auto", "--fit_batch", "off"]
     assert train_vits.main(resume, clock=clock_for(fake), step_callback=lambda loop: seen.append(
-        (loop.config.batch_size, loop.config.accumulation))) == 0
+        (loop.config.batch_size, loop.config.gradient_accumulation_steps))) == 0
     assert set(seen) == {(1, 4)}
     expected, got = losses_by_step(whole), losses_by_step(parts)
     assert sorted(expected) == sorted(got) and len(expected) == 6
