@@ -141,7 +141,8 @@ def timed_steps(step: TrainStep, host_batches: list, setup: Setup) -> float:
 
 
 def host_batches(examples: list[Example], micro_batch: int, hop: int, device: torch.device) -> list:
-    batches = [collate(examples[i : i + micro_batch], hop) for i in range(0, len(examples) - micro_batch + 1, micro_batch)]
+    starts = range(0, len(examples) - micro_batch + 1, micro_batch)
+    batches = [collate(examples[i : i + micro_batch], hop) for i in starts]
     return [b.pin_memory() for b in batches] if device.type == "cuda" else batches
 
 
@@ -160,7 +161,8 @@ def part_step(setup: Setup) -> list[dict]:
                 step_s = timed_steps(step, host_batches(examples, micro_batch, hop, setup.device), setup)
                 allocated, reserved = peak_gib()
                 row.update(step_s=round(step_s, 4), clips_per_s=round(micro_batch / step_s, 2),
-                           peak_allocated_gib=allocated and round(allocated, 2), peak_reserved_gib=reserved and round(reserved, 2))
+                           peak_allocated_gib=allocated and round(allocated, 2),
+                           peak_reserved_gib=reserved and round(reserved, 2))
             except torch.OutOfMemoryError as error:
                 step.zero_grad()
                 row.update(out_of_memory=str(error).splitlines()[0])
@@ -271,7 +273,8 @@ def part_torchrun(setup: Setup) -> list[dict]:
         command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={gpus}", "train_vits.py",
                    "--data_dir", str(data), "--checkpoint_dir", str(run / "checkpoints"), "--output_dir",
                    str(run / "final_model"), "--model_name", "scratch:small", "--discriminator_width", "0.25",
-                   "--target_hours", str(setup.torchrun_target_hours), "--benchmark_samples", "64", "--val_samples", "4"]
+                   "--target_hours", str(setup.torchrun_target_hours), "--benchmark_samples", "64",
+                   "--val_samples", "4"]
         started = time.perf_counter()
         done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
         wall_s = time.perf_counter() - started

@@ -181,7 +181,7 @@ def test_out_of_memory_before_training_refits_4_to_2_to_1_and_a_resume_keeps_it(
     seen = []
     resume = ["--checkpoint_dir", str(parts / "checkpoints"), "--resume", "auto", "--fit_batch", "off"]
     assert train_vits.main(resume, clock=clock_for(fake), step_callback=lambda loop: seen.append(
-        (loop.config.batch_size, loop.config.accumulation))) == 0
+        (loop.config.batch_size, loop.config.gradient_accumulation_steps))) == 0
     assert set(seen) == {(1, 4)}
     expected, got = losses_by_step(whole), losses_by_step(parts)
     assert sorted(expected) == sorted(got) and len(expected) == 6
@@ -197,7 +197,8 @@ def test_out_of_memory_during_training_refits_once_and_the_run_finishes(prepared
     assert train_vits.main(args(prepared_demo, tmp_path, *COMMON), clock=clock_for(fake)) == 0
     assert state["raised"] == 1
     log = (tmp_path / "checkpoints" / "train.log").read_text()
-    assert "out of memory during training at step 4" in log and "micro-batch 4 -> 2 clips, gradient accumulation 1 -> 2" in log
+    assert "out of memory during training at step 4" in log
+    assert "micro-batch 4 -> 2 clips, gradient accumulation 1 -> 2" in log
     end = metrics(tmp_path, "end")[0]
     assert end["stop_reason"] == "max_epochs" and end["oom_skips"] == 0  # the window ran again, smaller
     assert (end["micro_batch"], end["gradient_accumulation_steps"]) == (2, 2)

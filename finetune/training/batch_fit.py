@@ -184,7 +184,8 @@ class BatchFitting:
                                   f"{int(batch.frame_lengths.max())} frames: {error}); a smaller --batch_size cannot "
                                   f"help: {OUT_OF_MEMORY_ADVICE}; nothing was trained")
                 return False
-            self.refit(smaller, f"out of memory on {len(batch)} of the longest clips before training ({error or 'another process'})")
+            where = error or "in another process"
+            self.refit(smaller, f"out of memory on {len(batch)} of the longest clips before training ({where})")
 
     def refit_during_training(self, what: str, rewind: bool) -> bool:
         """The first out-of-memory error of the run's training: refit once (True), with the window about to
@@ -206,4 +207,5 @@ class BatchFitting:
     def batch_fit_summary(self) -> dict:
         """For plan.json and the run's summary."""
         return {"batch_size": self.sampler.batch_size, "micro_batch": self.config.batch_size,
-                "gradient_accumulation_steps": self.config.gradient_accumulation_steps, "batch_refits": list(self.state.refits)}
+                "gradient_accumulation_steps": self.config.gradient_accumulation_steps,
+                "batch_refits": list(self.state.refits)}
