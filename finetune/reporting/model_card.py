@@ -90,8 +90,7 @@ def card_text(facts: CardFacts, role: str, steps: int, evaluation: dict | None) 
     tempo = (f"It speaks the held-out sentences at x{ratio:.2f} the recordings' length." if isinstance(ratio, float)
              else "Its tempo was not measured.")
     return f"""---
-language: {facts.language}
-license: {facts.licence}
+{f"language: {facts.language}" + chr(10) if facts.language != "unknown" else ""}license: {facts.licence}
 {f"base_model: {facts.hub_base_model}" + chr(10) if facts.hub_base_model else ""}library_name: transformers
 pipeline_tag: text-to-speech
 tags:
@@ -101,7 +100,7 @@ tags:
 
 # VITS voice: {role}
 
-Fine-tuned with {facts.script} (a time-budgeted VITS fine-tuning tool) from `{facts.base_model}` on
+{"Trained" if facts.base_model.startswith("scratch") else "Fine-tuned"} with {facts.script} (a time-budgeted VITS fine-tuning tool) from `{facts.base_model}` on
 {facts.data_hours:.2f} hours of recordings ({facts.data_clips} clips), {steps} optimizer steps.
 
 - Language: {facts.language}
