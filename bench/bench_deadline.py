@@ -33,6 +33,7 @@ sys.path.insert(0, str(REPO))
 from bench.machine import describe  # noqa: E402
 
 BUSY = "while True: pass"
+BATCH_SIZE = 8  # --batch_size
 
 
 def prepare(data_dir: Path, max_samples: int) -> None:
@@ -47,7 +48,7 @@ def train_command(data_dir: Path, work: Path, target_hours: float, val_samples: 
     flags = ["--data_dir", str(data_dir), "--checkpoint_dir", str(work / "checkpoints"), "--output_dir",
              str(work / "final_model"), "--model_name", "scratch:tiny", "--discriminator_width", "0.0625",
              "--learning_rate", "2e-3", "--gradient_accumulation_steps", "1", "--target_hours", str(target_hours),
-             "--val_samples", str(val_samples), "--log_every_seconds", "10"]
+             "--val_samples", str(val_samples), "--log_every_seconds", "10", "--batch_size", str(BATCH_SIZE)]
     if slow_clip_s:  # this script as the launcher: it slows the final evaluation down, then runs train_vits
         return [sys.executable, __file__, "--child_slow_clip_s", str(slow_clip_s), "--", *flags]
     return [sys.executable, str(REPO / "train_vits.py"), *flags]
@@ -78,9 +79,9 @@ def run_end(work: Path) -> dict:
     skipped = [r for r in records if r["kind"] == "eval_skipped"]
     final = evals[-1] if evals else {}
     return {"stop": end["stop_reason"], "steps": end["steps"], "time_used_s": end["time_used_s"],
-            "final_eval": (f"skipped" if skipped and skipped[-1].get("final") else
+            "final_eval": ("skipped" if skipped and skipped[-1].get("final") else
                            f"{final.get('clips_scored')}/{final.get('clips_planned')} clips"
-                           + (f", cut short" if final.get("cut_short") else "")),
+                           + (", cut short" if final.get("cut_short") else "")),
             "eval_s": [round(r["seconds"], 1) for r in evals]}
 
 
@@ -143,6 +144,8 @@ def main() -> None:
     parser.add_argument("--slow_clip_s", type=float, default=1.0, help="extra seconds a clip in the final evaluation")
     parser.add_argument("--max_samples", type=int, default=0, help="prepare only the first N demo clips (0: all)")
     parser.add_argument("--smoke", action="store_true", help="one short slow-eval run on 40 clips")
+    parser.add_argument("--data_dir", default=None, help="an already prepared corpus (default: the demo, prepared here)")
+    parser.add_argument("--batch_size", type=int, default=8, help="clips per micro-batch (train_vits.py's default: 8)")
     parser.add_argument("--work_dir", default=None)
     parser.add_argument("--child_slow_clip_s", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
@@ -153,9 +156,11 @@ def main() -> None:
         options.target_hours, options.cases, options.val_samples, options.max_samples = 0.012, ["slow-eval"], 2, 40
     print(f"machine: {describe()}")
     work = Path(options.work_dir or tempfile.mkdtemp(prefix="bench_deadline_"))
-    data_dir = work / "data"
+    data_dir = Path(options.data_dir) if options.data_dir else work / "data"
     if not (data_dir / "metadata.csv").is_file():
         prepare(data_dir, options.max_samples)
+    global BATCH_SIZE
+    BATCH_SIZE = options.batch_size
     target_s = options.target_hours * 3600
     for case in options.cases:
         folder = work / case

@@ -132,6 +132,7 @@ def test_an_earlier_run_is_never_silently_mixed_with_a_new_one(prepared_demo, tm
         train_vits.main(base + ["--resume", "auto", "--batch_size", "2"], clock=clock_for(fake))
 
 
+@pytest.mark.timeout(300)  # the real script in subprocesses
 def test_ctrl_c_saves_a_checkpoint_that_resumes(prepared_demo, tmp_path):
     """The real script, a real signal: SIGINT after training has started, then --resume auto."""
     command = [sys.executable, str(REPO / "train_vits.py"),
