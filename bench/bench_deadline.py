@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -33,7 +34,14 @@ sys.path.insert(0, str(REPO))
 from bench.machine import describe  # noqa: E402
 
 BUSY = "while True: pass"
-BATCH_SIZE = 8  # --batch_size
+
+
+@dataclass
+class Settings:
+    target_hours: float
+    val_samples: int
+    batch_size: int
+    slow_clip_s: float
 
 
 def prepare(data_dir: Path, max_samples: int) -> None:
@@ -44,11 +52,11 @@ def prepare(data_dir: Path, max_samples: int) -> None:
     subprocess.run(command, check=True, capture_output=True)
 
 
-def train_command(data_dir: Path, work: Path, target_hours: float, val_samples: int, slow_clip_s: float = 0.0) -> list[str]:
+def train_command(data_dir: Path, work: Path, settings: Settings, slow_clip_s: float = 0.0) -> list[str]:
     flags = ["--data_dir", str(data_dir), "--checkpoint_dir", str(work / "checkpoints"), "--output_dir",
              str(work / "final_model"), "--model_name", "scratch:tiny", "--discriminator_width", "0.0625",
-             "--learning_rate", "2e-3", "--gradient_accumulation_steps", "1", "--target_hours", str(target_hours),
-             "--val_samples", str(val_samples), "--log_every_seconds", "10", "--batch_size", str(BATCH_SIZE)]
+             "--learning_rate", "2e-3", "--gradient_accumulation_steps", "1", "--target_hours", str(settings.target_hours),
+             "--val_samples", str(settings.val_samples), "--log_every_seconds", "10", "--batch_size", str(settings.batch_size)]
     if slow_clip_s:  # this script as the launcher: it slows the final evaluation down, then runs train_vits
         return [sys.executable, __file__, "--child_slow_clip_s", str(slow_clip_s), "--", *flags]
     return [sys.executable, str(REPO / "train_vits.py"), *flags]
@@ -85,22 +93,23 @@ def run_end(work: Path) -> dict:
             "eval_s": [round(r["seconds"], 1) for r in evals]}
 
 
-def case_resumed(data_dir: Path, work: Path, target_hours: float, val_samples: int) -> dict:
-    command = train_command(data_dir, work, target_hours, val_samples)
-    first = launch_until_exit(command, work / "run.log", lambda p: p.send_signal(signal.SIGINT), target_hours * 1800)
+def case_resumed(data_dir: Path, work: Path, settings: Settings) -> dict:
+    command = train_command(data_dir, work, settings)
+    first = launch_until_exit(command, work / "run.log", lambda p: p.send_signal(signal.SIGINT),
+                              settings.target_hours * 1800)
     second = launch_until_exit(command + ["--resume", "auto"], work / "run.log")
     return {"wall_s": first + second, "first_s": first, **run_end(work)}
 
 
-def case_busy(data_dir: Path, work: Path, target_hours: float, val_samples: int) -> dict:
+def case_busy(data_dir: Path, work: Path, settings: Settings) -> dict:
     busy: list[subprocess.Popen] = []
 
     def load_up(_process) -> None:
         busy.extend(subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(2))
 
     try:
-        wall = launch_until_exit(train_command(data_dir, work, target_hours, val_samples), work / "run.log", load_up,
-                                 target_hours * 1800)
+        wall = launch_until_exit(train_command(data_dir, work, settings), work / "run.log", load_up,
+                                 settings.target_hours * 1800)
     finally:
         for process in busy:
             process.kill()
@@ -108,8 +117,8 @@ def case_busy(data_dir: Path, work: Path, target_hours: float, val_samples: int)
     return {"wall_s": wall, **run_end(work)}
 
 
-def case_slow_eval(data_dir: Path, work: Path, target_hours: float, val_samples: int, slow_clip_s: float) -> dict:
-    wall = launch_until_exit(train_command(data_dir, work, target_hours, val_samples, slow_clip_s), work / "run.log")
+def case_slow_eval(data_dir: Path, work: Path, settings: Settings) -> dict:
+    wall = launch_until_exit(train_command(data_dir, work, settings, settings.slow_clip_s), work / "run.log")
     return {"wall_s": wall, **run_end(work)}
 
 
@@ -159,18 +168,13 @@ def main() -> None:
     data_dir = Path(options.data_dir) if options.data_dir else work / "data"
     if not (data_dir / "metadata.csv").is_file():
         prepare(data_dir, options.max_samples)
-    global BATCH_SIZE
-    BATCH_SIZE = options.batch_size
+    settings = Settings(options.target_hours, options.val_samples, options.batch_size, options.slow_clip_s)
     target_s = options.target_hours * 3600
     for case in options.cases:
         folder = work / case
         folder.mkdir(parents=True, exist_ok=True)
-        if case == "resumed":
-            result = case_resumed(data_dir, folder, options.target_hours, options.val_samples)
-        elif case == "busy":
-            result = case_busy(data_dir, folder, options.target_hours, options.val_samples)
-        else:
-            result = case_slow_eval(data_dir, folder, options.target_hours, options.val_samples, options.slow_clip_s)
+        cases = {"resumed": case_resumed, "busy": case_busy, "slow-eval": case_slow_eval}
+        result = cases[case](data_dir, folder, settings)
         over = 100 * (result["wall_s"] - target_s) / target_s
         print(f"{case:9s} budget {target_s:.1f}s: launch to exit {result['wall_s']:.1f}s ({over:+.2f}%, "
               f"{'within' if over <= 1.0 else 'OVER'} 1%); run's own account {result['time_used_s']:.1f}s; "
