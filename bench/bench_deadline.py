@@ -145,6 +145,18 @@ def child_slow_final_evaluation(slow_clip_s: float, argv: list[str]) -> int:
     return run_script(lambda: train_vits.main(argv))
 
 
+def describe_case(case: str, result: dict, target_s: float) -> str:
+    """One line: launch to exit against the budget, the run's own account, how its final evaluation went."""
+    over = 100 * (result["wall_s"] - target_s) / target_s
+    line = f"{case:9s} budget {target_s:.1f}s: launch to exit {result['wall_s']:.1f}s ({over:+.2f}%, " \
+           f"{'within' if over <= 1.0 else 'OVER'} 1%)"
+    if not result["steps"]:
+        return f"{line}; {result['stop']}"
+    line += (f"; run's own account {result['time_used_s']:.1f}s; {result['steps']} steps, stop {result['stop']}; "
+             f"final evaluation {result['final_eval']}; evaluations took {result['eval_s']} s")
+    return line + (f"; first process {result['first_s']:.1f}s" if "first_s" in result else "")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target_hours", type=float, default=0.06)
@@ -175,12 +187,7 @@ def main() -> None:
         folder.mkdir(parents=True, exist_ok=True)
         cases = {"resumed": case_resumed, "busy": case_busy, "slow-eval": case_slow_eval}
         result = cases[case](data_dir, folder, settings)
-        over = 100 * (result["wall_s"] - target_s) / target_s
-        print(f"{case:9s} budget {target_s:.1f}s: launch to exit {result['wall_s']:.1f}s ({over:+.2f}%, "
-              f"{'within' if over <= 1.0 else 'OVER'} 1%); run's own account {result['time_used_s']:.1f}s; "
-              f"{result['steps']} steps, stop {result['stop']}; final evaluation {result['final_eval']}; "
-              f"evaluations took {result['eval_s']} s" + (f"; first process {result['first_s']:.1f}s"
-                                                           if "first_s" in result else ""), flush=True)
+        print(describe_case(case, result, target_s), flush=True)
     print(f"work folder: {work}")
 
 
