@@ -253,6 +253,7 @@ def load_round_data(config: FeedbackConfig, round_: recipe.Run, base: Path) -> R
     prepared = prepare_corrections(config, round_.folder, base, round_.logger) if round_.dist.is_main else None
     corrections_dir, prepare_report = round_.dist.broadcast(prepared)  # the others wait for the main one's
     loaded = generator.load_generator(model_source.resolve_model(str(base)), [], 16_000)
+    round_.stop.check()  # loading a model takes seconds: a stop asked for meanwhile is honoured here
     model, tokenizer = generator.ready_for_training(loaded.model), loaded.tokenizer
     features = recipe.features_for(model, round_.device)
     hop, rate = features.config.hop_length, features.config.sample_rate
@@ -279,6 +280,7 @@ def build_trainer(config: FeedbackConfig, round_: recipe.Run, data: RoundData, b
     round_.logger.info(choice.description)
     data.model.to(round_.device)
     discriminator = choice.discriminator.to(round_.device)
+    round_.stop.check()
     return recipe.train_step(config, round_, data.model, discriminator, data.features), choice.warmup_steps, frozen_parts
 
 

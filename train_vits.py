@@ -175,6 +175,7 @@ def build_model(config: TrainConfig, run: recipe.Run) -> Model:
     session.seed_everything(config.seed)  # before any weights are made (a resume restores its own state later)
     texts = session.corpus_texts(Path(config.data_dir))
     loaded = session.build_generator(config.model_name, run.payload, texts, 16_000)
+    run.stop.check()  # loading a model takes seconds: a stop asked for meanwhile is honoured before the data
     session.check_vocabulary(loaded.tokenizer, texts)
     frozen_parts = generator.freeze(loaded.model, config.freeze)
     features = recipe.features_for(loaded.model, run.device)
@@ -225,6 +226,7 @@ def build_loop(config: TrainConfig, run: recipe.Run, model: Model, data: Data, s
     run.logger.info(choice.description)
     loaded.model.to(run.device)
     discriminator = choice.discriminator.to(run.device)
+    run.stop.check()  # and once the discriminator is built and both are on the device
     step = recipe.train_step(config, run, loaded.model, discriminator, features)
     evaluator = evaluation.Evaluator(
         session.held_out(data.val, data.train, config.val_samples, run.logger), features, run.device,

@@ -76,10 +76,10 @@ def inject(fault: str, n: int) -> None:
 
         real_score, scores = evaluation.Evaluator.score_clips, iter(range(1000, 0, -1))
 
-        def improving(self, model, stop=None):
-            per_clip, losses = real_score(self, model, stop)
+        def improving(self, model, stop=None, limit=None):
+            per_clip, losses, cut = real_score(self, model, stop, limit)
             value = float(next(scores))
-            return {name: evaluation.ClipScore(value, 1.0, 0.0, False) for name in per_clip}, losses
+            return {name: evaluation.ClipScore(value, 1.0, 0.0, False) for name in per_clip}, losses, cut
         evaluation.Evaluator.score_clips = improving
     elif fault == "slow-stop":
         import time

@@ -14,6 +14,7 @@ from tests.conftest import REPO
 
 # script -> its smallest setting; "{data}" is a prepared demo folder (the session's shared one).
 SMOKE = {
+    "bench_deadline.py": ["--smoke", "--data_dir", "{data}", "--work_dir", "{data}/../bench_deadline_smoke"],
     "bench_export.py": ["--size", "tiny", "--repeats", "1"],
     "bench_finetune.py": ["--smoke"],
     "bench_gpu.py": ["--smoke", "--json", "{data}/bench_gpu.json"],  # on CPU: a tiny model, one step a figure
@@ -33,6 +34,7 @@ def test_every_bench_script_has_a_smoke_setting():
     assert scripts == set(SMOKE), f"give each bench script a smallest setting here: {sorted(scripts ^ set(SMOKE))}"
 
 
+@pytest.mark.timeout(300)  # the real script in subprocesses
 @pytest.mark.parametrize("script", sorted(SMOKE))
 def test_bench_script_runs(script, prepared_demo, tmp_path):
     args = [a.replace("{data}", str(prepared_demo)) for a in SMOKE[script]]

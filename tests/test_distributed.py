@@ -73,6 +73,7 @@ def one_step(data_dir: str, rank: int, world_size: int, out: str, port: int) -> 
         torch.distributed.destroy_process_group()
 
 
+@pytest.mark.timeout(600)  # the real script in subprocesses
 def test_two_processes_hold_identical_weights_equal_to_one_process_on_both_batches(prepared_demo, tmp_path):
     port = free_port()
     context = mp.get_context("spawn")
@@ -97,6 +98,7 @@ def torchrun(argv: list[str]) -> subprocess.CompletedProcess:
                            str(REPO / "train_vits.py"), *argv], capture_output=True, text=True, timeout=600, env=env)
 
 
+@pytest.mark.timeout(600)  # the real script in subprocesses
 def test_the_script_under_torchrun_runs_end_to_end_and_resumes(prepared_demo, tmp_path):
     common = ["--target_hours", "1", "--val_every", "2", "--log_every_seconds", "0.001"]
     first = torchrun(args(prepared_demo, tmp_path, "--max_epochs", "1", *common))

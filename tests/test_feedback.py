@@ -247,6 +247,7 @@ def test_replay_sample_is_seeded_and_sized():
     assert len(replay_sample(ids, 4, 2.0, seed=1)) == 8 and len(replay_sample(ids[:5], 4, 2.0, seed=1)) == 5
 
 
+@pytest.mark.timeout(400)  # the real script in subprocesses
 def test_a_round_killed_while_making_its_version_leaves_the_voice_and_the_next_round_starts_cleanly(
         prepared_demo, base_run, tmp_path, timed_work, capsys):
     import signal

@@ -140,6 +140,7 @@ def test_sigterm_mid_window_keeps_the_last_completed_step_and_resumes_identicall
     assert_same_losses(uninterrupted, losses_by_step(tmp_path))
 
 
+@pytest.mark.timeout(300)  # the real script in subprocesses
 def test_a_second_signal_exits_at_once(prepared_demo, tmp_path):
     """The first SIGTERM asks for a checkpoint, which here hangs (injected); the second ends the process
     there and then, with the same status."""
@@ -164,6 +165,7 @@ def crash(fault: str, n: int, recipe_args: list[str]) -> subprocess.CompletedPro
                            *recipe_args], capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.timeout(400)  # the real script in subprocesses
 def test_killed_while_writing_a_checkpoint_the_previous_one_resumes(prepared_demo, tmp_path, timed_work):
     fake, _ = timed_work
     killed = crash("checkpoint-write", 3, args(prepared_demo, tmp_path, *COMMON))
@@ -177,6 +179,7 @@ def test_killed_while_writing_a_checkpoint_the_previous_one_resumes(prepared_dem
     assert final_model_is_finite(tmp_path)
 
 
+@pytest.mark.timeout(400)  # the real script in subprocesses
 def test_killed_between_the_renames_of_a_best_model_export_the_previous_one_comes_back(prepared_demo, tmp_path,
                                                                                        timed_work):
     fake, _ = timed_work

@@ -102,10 +102,10 @@ def test_best_model_follows_the_evaluation_measure(prepared_demo, tmp_path, time
     scores = iter([7.0, 5.0, 6.0, 4.0, 4.5, 8.0, 9.0, 9.5, 9.7, 9.9])
     real_score = evaluation.Evaluator.score_clips
 
-    def scripted(self, model, stop=None):
-        per_clip, losses = real_score(self, model, stop)
+    def scripted(self, model, stop=None, limit=None):
+        per_clip, losses, cut = real_score(self, model, stop, limit)
         value = next(scores)
-        return {name: ClipScore(value, 1.0, 0.0, False) for name in per_clip}, losses
+        return {name: ClipScore(value, 1.0, 0.0, False) for name in per_clip}, losses, cut
 
     monkeypatch.setattr(evaluation.Evaluator, "score_clips", scripted)
     fake, _ = timed_work
@@ -132,6 +132,7 @@ def test_an_earlier_run_is_never_silently_mixed_with_a_new_one(prepared_demo, tm
         train_vits.main(base + ["--resume", "auto", "--batch_size", "2"], clock=clock_for(fake))
 
 
+@pytest.mark.timeout(300)  # the real script in subprocesses
 def test_ctrl_c_saves_a_checkpoint_that_resumes(prepared_demo, tmp_path):
     """The real script, a real signal: SIGINT after training has started, then --resume auto."""
     command = [sys.executable, str(REPO / "train_vits.py"),

@@ -19,7 +19,13 @@ Synthesis is bounded (finetune/vits/inference.py): each clip at most MAX_LENGTH_
 recording, so a broken model is scored, as broken, in about the time a good one takes; its length ratio
 is still the full length it asked for. Synthesis is seeded and runs inside a forked RNG, so successive
 evaluations are comparable and the training's random state is left as it was. A stop request (Ctrl-C,
-SIGTERM) is honoured between groups of clips.
+SIGTERM) is honoured between groups of clips and between test sentences.
+
+An evaluation may be given a time limit (finetune/system/time_limit.py): before each group of clips and
+each test sentence it asks whether one more, at the slowest so far (or the last evaluation's), still
+ends in time; if not, it stops there. A cut-short evaluation is scored on the clips done, says so
+(`cut_short`, `clips_scored` of `clips_planned`), and is never eligible as the best model (a mean over
+fewer clips is not comparable with one over all of them). One that scored no clip at all was skipped.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from finetune.data.examples import Example, collate
 from finetune.data.features import Features
 from finetune.vits.inference import ceiling_for_text, duration_draws, fork_rng, speak
 from finetune.system.interrupt import StopRequest
+from finetune.system.time_limit import PieceCosts, TimeLimit
 from finetune.vits.losses import LossWeights
 from finetune.reporting.measures import TimingRule, duration_error, length_ratio, mcd_dtw
 from finetune.vits.objective import generator_forward, generator_losses, real_segments
@@ -75,6 +82,18 @@ class EvalResult:
     samples: list[str] = field(default_factory=list)  # WAV files written
     extra: dict[str, float] = field(default_factory=dict)  # further named scores (feedback rounds)
     chosen_as: str = ""  # why it became best_model, when it did (finetune/reporting/selection.py)
+    clips_planned: int = 0  # held-out clips the evaluation was to score
+    cut_short: str = ""  # why it stopped before the last clip or test sentence ("" when it did them all)
+    sentences_planned: int = 0
+
+    @property
+    def clips_scored(self) -> int:
+        return len(self.per_clip)
+
+    @property
+    def skipped(self) -> bool:
+        """Not a single clip fitted in the time it had."""
+        return not self.per_clip
 
     def summary(self) -> dict:
         return {"step": self.step, "mcd_db": round(self.mcd_db, 4), "length_ratio": round(self.length_ratio, 4),
@@ -82,6 +101,9 @@ class EvalResult:
                 **({"naturalness": round(self.naturalness, 4)} if self.naturalness is not None else {}),
                 "duration_error": round(self.duration_error, 4), "eligible": self.eligible,
                 **({"ineligible_reason": self.ineligible_reason} if not self.eligible else {}),
+                "clips_scored": self.clips_scored, "clips_planned": self.clips_planned,
+                "sentences_written": len(self.samples), "sentences_planned": self.sentences_planned,
+                **({"cut_short": self.cut_short} if self.cut_short else {}),
                 "seconds": round(self.seconds, 2), **{f"val_{k}": round(v, 4) for k, v in self.val_losses.items()},
                 **{k: round(v, 4) for k, v in self.extra.items()}}
 
@@ -92,14 +114,18 @@ class EvalResult:
 
 
 def judge(step: int, scores: dict[str, ClipScore], val_losses: dict[str, float], seconds: float,
-          rule: TimingRule) -> EvalResult:
-    """Per-clip scores -> one evaluation: means, median length ratio, and eligibility by the timing rule."""
+          rule: TimingRule, planned: int | None = None) -> EvalResult:
+    """Per-clip scores -> one evaluation: means, median length ratio, and eligibility by the timing rule
+    (and only when every one of the `planned` clips was scored)."""
+    planned = len(scores) if planned is None else planned
     mcd = float(np.mean([s.mcd_db for s in scores.values()])) if scores else float("nan")
     ratio = float(np.median([s.length_ratio for s in scores.values()])) if scores else float("nan")
     error = float(np.mean([s.duration_error for s in scores.values()])) if scores else float("nan")
     natural = [s.naturalness for s in scores.values() if s.naturalness is not None]
     reason = ""
-    if not np.isfinite(mcd):
+    if len(scores) < planned:
+        reason = f"cut short by the deadline after {len(scores)} of {planned} clips (a partial score is not compared)"
+    elif not np.isfinite(mcd):
         reason = "the synthesised speech is not finite"
     elif not rule.accepts(ratio):
         digits = next((d for d in range(2, 7) if not rule.accepts(round(ratio, d))), 6)  # never "0.80 is outside 0.80-"
@@ -107,7 +133,7 @@ def judge(step: int, scores: dict[str, ClipScore], val_losses: dict[str, float],
     return EvalResult(step=step, mcd_db=mcd, per_clip=scores, val_losses=val_losses, seconds=seconds,
                       length_ratio=ratio, length_ratio_spread=draw_spread(scores), duration_error=error,
                       eligible=not reason, ineligible_reason=reason,
-                      naturalness=float(np.mean(natural)) if natural else None)
+                      naturalness=float(np.mean(natural)) if natural else None, clips_planned=planned)
 
 
 def draw_spread(scores: dict[str, ClipScore]) -> float:
@@ -122,6 +148,14 @@ def draw_spread(scores: dict[str, ClipScore]) -> float:
     return float(np.std(medians[np.isfinite(medians)])) if np.isfinite(medians).sum() > 1 else float("inf")
 
 
+def describe_cut(result: EvalResult) -> str:
+    """What a cut-short evaluation left out ("" for a whole one)."""
+    if not result.cut_short:
+        return ""
+    return (f"; cut short by {result.cut_short}: {result.clips_scored} of {result.clips_planned} clips, "
+            f"{len(result.samples)} of {result.sentences_planned} test sentences")
+
+
 def describe_timing(result: EvalResult) -> str:
     verdict = "" if result.eligible else f" (not eligible as best: {result.ineligible_reason})"
     spread = f" (±{result.length_ratio_spread:.2f} a draw)" if result.length_ratio_spread else ""
@@ -134,7 +168,7 @@ class Evaluator:
     @staticmethod
     def describe(result: EvalResult) -> str:
         natural = f", naturalness {result.naturalness:.2f}" if result.naturalness is not None else ""
-        return f"MCD {result.mcd_db:.3f} dB{natural}, {describe_timing(result)}"
+        return f"MCD {result.mcd_db:.3f} dB{natural}, {describe_timing(result)}{describe_cut(result)}"
 
     def __init__(self, examples: list[Example], features: Features, device: torch.device, sample_rate: int,
                  samples_dir: Path | None, test_sentences: list[tuple[str, np.ndarray]], seed: int = 0,
@@ -146,45 +180,95 @@ class Evaluator:
         self.duration_draws = duration_draws  # noise draws per clip for its expected length
         self.naturalness = naturalness  # a finetune.reporting.naturalness.Naturalness, or None (off)
         self.example_mels: tuple[str, np.ndarray, np.ndarray] | None = None  # (clip id, synthesised, recorded) log-mels
+        # Seconds of the slowest group of clips and test sentence of the latest evaluation: the first
+        # estimate of the next one's (a resumed run sets them from its checkpoint).
+        self.group_s: float | None = None
+        self.sentence_s: float | None = None
 
-    def evaluate(self, model, step: int, stop: StopRequest | None = None) -> EvalResult:
+    def evaluate(self, model, step: int, stop: StopRequest | None = None, limit: TimeLimit | None = None) -> EvalResult:
         """Eval mode for the duration of the call; the caller restores training mode. A stop request
-        raises StopRequested between groups of clips."""
-        started = time.monotonic()
+        raises StopRequested between groups of clips and between test sentences; `limit` cuts it short
+        (the clips done are scored; no test sentence is written when no clip was)."""
+        limit = limit or TimeLimit.none()
+        started = limit.now()
         model.eval()
         while True:
             try:
-                scores, losses = self.score_clips(model, stop)
+                scores, losses, cut = self.score_clips(model, stop, limit)
                 break
             except torch.cuda.OutOfMemoryError:
                 if self.batch_size == 1:
                     raise
                 torch.cuda.empty_cache()
                 self.batch_size //= 2  # kept for the rest of the run
+                self.group_s = None  # a group of another size: its cost is unknown again
                 LOG.warning(f"evaluation ran out of GPU memory: scoring {self.batch_size} clips at a time from now on")
-        try:
-            samples = self.write_samples(model, step)
-        except torch.cuda.OutOfMemoryError:
-            torch.cuda.empty_cache()
-            samples = []
-            LOG.warning(f"test sentences not written at step {step}: out of GPU memory (shorten --test_sentences)")
-        result = judge(step, scores, losses, time.monotonic() - started, self.rule)
+        samples, sentences_cut = [], False
+        if scores:
+            try:
+                samples, sentences_cut = self.write_samples(model, step, stop, limit)
+            except torch.cuda.OutOfMemoryError:
+                torch.cuda.empty_cache()
+                LOG.warning(f"test sentences not written at step {step}: out of GPU memory (shorten --test_sentences)")
+        result = judge(step, scores, losses, limit.now() - started, self.rule, planned=len(self.examples))
         result.samples = samples
+        result.sentences_planned = len(self.test_sentences) if self.samples_dir is not None else 0
+        result.cut_short = "the deadline" if cut or sentences_cut or (self.examples and not scores) else ""
         return result
 
-    def score_clips(self, model, stop: StopRequest | None = None) -> tuple[dict[str, ClipScore], dict[str, float]]:
+    def prime(self, model, now) -> None:
+        """Score the first held-out clip (group) twice and synthesise the first test sentence twice, results
+        discarded: the first time pays what a process's
+        first evaluation pays once (librosa's import, its DTW's compilation, first allocations), the
+        second measures what a clip costs here and now (`group_s`, never lowered below the prior). A
+        resumed process does this before its first evaluation is limited by such estimates; `now` is the
+        run's clock. The caller restores training mode."""
+        model.eval()
+        if self.examples:
+            group = self.examples[: self.batch_size]
+            for _ in range(2):
+                started = now()
+                _, aligned = self.validation_losses(model, collate(group, self.features.config.hop_length).to(self.device), 0)
+                self.score_group(model, group, aligned, 0)
+            self.group_s = max(self.group_s or 0.0, now() - started)
+        if self.samples_dir is not None and self.test_sentences:
+            ids = self.test_sentences[0][1]
+            for _ in range(2):
+                started = now()
+                speak(model, [ids], self.device, self.seed, [min(TEST_SENTENCE_MAX_S, ceiling_for_text(len(ids)))])
+            self.sentence_s = max(self.sentence_s or 0.0, now() - started)
+
+    def expected_s(self) -> float:
+        """What a whole evaluation should cost at the latest estimates (0 when none is known yet)."""
+        groups = -(-len(self.examples) // self.batch_size)
+        sentences = len(self.test_sentences) if self.samples_dir is not None else 0
+        return groups * (self.group_s or 0.0) + sentences * (self.sentence_s or 0.0)
+
+    def score_clips(self, model, stop: StopRequest | None = None, limit: TimeLimit | None = None
+                    ) -> tuple[dict[str, ClipScore], dict[str, float], bool]:
+        """Per-clip scores and the mean validation losses of the clips scored, and whether `limit` cut
+        the clips short (a group runs only when, at the slowest group so far, it ends in time)."""
+        limit = limit or TimeLimit.none()
         scores: dict[str, ClipScore] = {}
         totals: dict[str, float] = {}
         hop = self.features.config.hop_length
+        groups, cut = PieceCosts(prior_s=self.group_s), False
         for start in range(0, len(self.examples), self.batch_size):
             if stop is not None:
                 stop.check()
+            if not groups.next_fits(limit):
+                cut = True
+                break
+            group_started = limit.now()
             group = self.examples[start : start + self.batch_size]
             losses, aligned = self.validation_losses(model, collate(group, hop).to(self.device), start)
             scores.update(self.score_group(model, group, aligned, start))
             for name, value in losses.items():
                 totals[name] = totals.get(name, 0.0) + value * len(group)
-        return scores, {k: v / max(1, len(self.examples)) for k, v in totals.items()}
+            groups.add(limit.now() - group_started)
+        if groups.seen:
+            self.group_s = max(groups.seen)
+        return scores, {k: v / max(1, len(scores)) for k, v in totals.items()}, cut
 
     def score_group(self, model, group: list[Example], aligned: list[np.ndarray], seed_offset: int) -> dict[str, ClipScore]:
         """Synthesise a group of clips from their text (each capped at MAX_LENGTH_VS_RECORDING times its
@@ -222,16 +306,27 @@ class Evaluator:
         aligned = [durations[i, : int(n)] for i, n in enumerate(batch.text_lengths)]
         return {"mel": terms.mel.item(), "kl": terms.kl.item(), "duration": terms.duration.item()}, aligned
 
-    def write_samples(self, model, step: int) -> list[str]:
+    def write_samples(self, model, step: int, stop: StopRequest | None = None, limit: TimeLimit | None = None
+                      ) -> tuple[list[str], bool]:
+        """The test sentences as WAVs, one at a time, and whether `limit` left some out (a stop request
+        raises StopRequested between two)."""
         if self.samples_dir is None or not self.test_sentences:
-            return []
+            return [], False
+        limit = limit or TimeLimit.none()
         folder = self.samples_dir / f"step_{step:06d}"
         folder.mkdir(parents=True, exist_ok=True)
-        ids = [ids for _, ids in self.test_sentences]
-        speech = speak(model, ids, self.device, self.seed, [min(TEST_SENTENCE_MAX_S, ceiling_for_text(len(t))) for t in ids])
-        paths = []
-        for (name, _), wave in zip(self.test_sentences, speech.waveforms):
+        costs, paths = PieceCosts(prior_s=self.sentence_s), []
+        for name, ids in self.test_sentences:
+            if stop is not None:
+                stop.check()
+            if not costs.next_fits(limit):
+                break
+            started = limit.now()
+            speech = speak(model, [ids], self.device, self.seed, [min(TEST_SENTENCE_MAX_S, ceiling_for_text(len(ids)))])
             path = folder / f"{name}.wav"
-            write_pcm16(path, wave, self.sample_rate)
+            write_pcm16(path, speech.waveforms[0], self.sample_rate)
             paths.append(str(path))
-        return paths
+            costs.add(limit.now() - started)
+        if costs.seen:
+            self.sentence_s = max(costs.seen)
+        return paths, len(paths) < len(self.test_sentences)

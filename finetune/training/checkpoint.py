@@ -50,6 +50,8 @@ class TrainingState:
     export_s_estimate: float = 0.0  # seconds the last model export took (kept for the final save)
     eval_s_estimate: float = 0.0  # seconds the last evaluation took
     checkpoint_s_estimate: float = 0.0  # seconds the last checkpoint took
+    eval_group_s_estimate: float = 0.0  # seconds of the slowest group of held-out clips in the last evaluation
+    eval_sentence_s_estimate: float = 0.0  # seconds of its slowest test sentence
     lr_scale: float = 1.0  # lowered each time a NaN storm sent the run back to its last good state
     rollbacks: int = 0  # times that happened
     discriminator_warmup_done: int = 0  # discriminator-only steps run (a new discriminator's warm-up)
@@ -57,6 +59,11 @@ class TrainingState:
     micro_batch: int = 0  # clips per micro-batch after fitting the batch to GPU memory (0: --batch_size as asked)
     refits: list = field(default_factory=list)  # each refit: step, from, to, accumulation, why
     refit_in_training: bool = False  # the one refit an out-of-memory error during training gets was used
+    discriminator_warmup_s: float = 0.0  # seconds the warm-up has taken so far (all processes of the run)
+    discriminator_warmup_allowed_s: float = 0.0  # its time cap, fixed when it first started (0: not started)
+    discriminator_warmup_margins: list = field(default_factory=list)  # its latest margins (the window it ends on)
+    discriminator_warmup_first: dict = field(default_factory=dict)  # its first applied step's losses (closing line)
+    discriminator_warmup_last: dict = field(default_factory=dict)  # its latest applied step's losses
 
     def to_dict(self) -> dict:
         return asdict(self)

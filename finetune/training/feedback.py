@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from finetune.system.atomic import recover, replace_dir, staging_dir, write_text_atomic
-from finetune.reporting.evaluation import EvalResult, Evaluator
+from finetune.reporting.evaluation import EvalResult, Evaluator, describe_cut
 
 HISTORY = "history.json"
 
@@ -61,7 +61,7 @@ class FeedbackEvaluator:
         eligible = "" if result.eligible else f"; not eligible: {result.ineligible_reason}"
         return (f"corrections MCD {x['corrections_mcd_db']:.3f} dB (length x{x['corrections_length_ratio']:.2f}), "
                 f"held-out originals {x['originals_mcd_db']:.3f} dB ({x['originals_change_pct']:+.1f}%, length "
-                f"x{x['originals_length_ratio']:.2f}){eligible}")
+                f"x{x['originals_length_ratio']:.2f}){eligible}{describe_cut(result)}")
 
     def __init__(self, corrections: Evaluator, originals: Evaluator, max_regression_pct: float):
         self.corrections, self.originals, self.max_regression_pct = corrections, originals, max_regression_pct
@@ -72,9 +72,10 @@ class FeedbackEvaluator:
     def example_mels(self):
         return self.corrections.example_mels
 
-    def evaluate(self, model, step: int, stop=None) -> EvalResult:
-        c = self.corrections.evaluate(model, step, stop)
-        o = self.originals.evaluate(model, step, stop)
+    def evaluate(self, model, step: int, stop=None, limit=None) -> EvalResult:
+        """Corrections, then originals, inside one time limit; cut short if either was."""
+        c = self.corrections.evaluate(model, step, stop, limit)
+        o = self.originals.evaluate(model, step, stop, limit)
         extra = {"corrections_mcd_db": c.mcd_db, "originals_mcd_db": o.mcd_db, "corrections_length_ratio": c.length_ratio,
                  "originals_length_ratio": o.length_ratio}
         baseline = self.baseline.extra["originals_mcd_db"] if self.baseline else o.mcd_db
@@ -88,7 +89,8 @@ class FeedbackEvaluator:
                                       **{f"original/{k}": v for k, v in o.per_clip.items()}},
                             val_losses=o.val_losses, seconds=c.seconds + o.seconds, length_ratio=c.length_ratio,
                             duration_error=c.duration_error, eligible=not reasons, ineligible_reason="; ".join(reasons),
-                            samples=c.samples, extra=extra)
+                            samples=c.samples, extra=extra, clips_planned=c.clips_planned + o.clips_planned,
+                            cut_short=c.cut_short or o.cut_short, sentences_planned=c.sentences_planned)
         if self.baseline is None:
             self.baseline = result
         return result

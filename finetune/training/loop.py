@@ -13,6 +13,8 @@
                and every --checkpoint_every_minutes, the plan re-estimated at each evaluation
     finish     a final evaluation (unless the last one saw these weights), the last weights' export
                (last_model), best_model copied to the output folder, and a checkpoint, all inside the budget
+               (each evaluation has a time limit that keeps what must follow it free, finetune/training/pacing.py,
+               and is cut short or skipped at it)
 
 Ctrl-C or SIGTERM (finetune/system/interrupt.py) is honoured at the next safe point, wherever the run is: the
 sampler position and random state go back to the last completed optimizer step, a checkpoint is
@@ -179,6 +181,7 @@ class TrainingLoop(Milestones, BatchFitting):
                            config.keep_checkpoints, dist.is_main)
         self.divergence = Divergence(rollbacks=state.rollbacks)
         self.last_good = LastGoodState(model, discriminator, resumed_from)
+        restore_eval_estimates(evaluator, state)
         self.last_eval: EvalResult | None = None
         self.last_eval_step = -1  # the step the last evaluation saw (known to every process)
         self.rng_by_rank: list[dict] = []
@@ -189,6 +192,7 @@ class TrainingLoop(Milestones, BatchFitting):
         self.early_stop = False
         self.final_saved = False
         self.final_source = ""  # what the output folder holds: best_model (step N) or the last weights
+        self.final_eval_skipped = False  # the final evaluation had no time for a single clip
         self.boundary: Boundary | None = None  # set while an accumulation window runs
         self.adopt_fitted_batch()  # a resumed run keeps the micro-batch its checkpoint was fitted to
 
@@ -314,9 +318,10 @@ class TrainingLoop(Milestones, BatchFitting):
 
     # ------------------------------------------------------------ when steps keep failing
 
-    def after_failure(self, outcome: StepOutcome) -> str | None:
+    def after_failure(self, outcome: StepOutcome, at: str = "") -> str | None:
         """A stop reason when training cannot go on, else None (after going back to the last good state
-        if the failures call for it)."""
+        if the failures call for it). `at` names the step for the log (default: the training step)."""
+        at = at or f"step {self.state.step}"
         result = outcome.result
         if result.update_failed and not outcome.first_update:
             self.refit_during_training(result.reason, rewind=False)  # once; the torn update is rolled back below
@@ -338,11 +343,12 @@ class TrainingLoop(Milestones, BatchFitting):
             return "diverged"
         self.state.lr_scale *= self.divergence.policy.lr_factor
         self.state.rollbacks = self.divergence.rollbacks
-        what = (f"{result.reason} at step {self.state.step}" if result.update_failed else
-                f"{result.reason} in {self.divergence.policy.max_in_row} steps in a row (step {self.state.step})")
+        what = (f"{result.reason} at {at}" if result.update_failed else
+                f"{result.reason} in {self.divergence.policy.max_in_row} steps in a row ({at})")
         self.logger.warning(f"warning: {what}: went back to {where}; learning rate now x{self.state.lr_scale:g} "
                             "of the schedule")
-        self.run_log.event("rollback", step=self.state.step, to=where, lr_scale=self.state.lr_scale, reason=result.reason)
+        self.run_log.event("rollback", step=self.state.step, at=at, to=where, lr_scale=self.state.lr_scale,
+                           reason=result.reason)
         return None
 
     @property
@@ -372,17 +378,24 @@ class TrainingLoop(Milestones, BatchFitting):
         try:
             if not self.fit_batch():  # first: a run that cannot fit one clip stops before any work
                 return self.result("out_of_memory", checkpoint=self.last_checkpoint)
+            self.on_main(self.measure_report)
+            fresh = self.plan is None and self.state.discriminator_warmup_done == 0 \
+                and not self.state.discriminator_warmup_finished
+            if not fresh:  # a resumed process: no baseline evaluation to pay the first one's costs
+                self.on_main(self.prime_evaluation)
+            self.costs.report_s, self.costs.eval_s = self.dist.broadcast((self.costs.report_s, self.costs.eval_s))
+            reason = None
             if self.plan is None:
-                if self.state.discriminator_warmup_done == 0 and not self.state.discriminator_warmup_finished:
+                if fresh:
                     self.baseline()
-                self.warm_up_discriminator()
-                if self.state.step >= self.benchmark_steps:  # resumed after its benchmark, before its plan
+                reason = self.warm_up_discriminator()
+                if reason is None and self.state.step >= self.benchmark_steps:  # resumed after its benchmark
                     self.replan()
                     self.write_plan()
             else:
                 self.replan()
                 self.write_plan()
-            reason = self.train_until_stop()
+            reason = reason or self.train_until_stop()
             if reason == "interrupted":
                 raise StopRequested(self.stop.signal_name or "SIGINT")
             if reason != "out_of_memory":
@@ -393,10 +406,11 @@ class TrainingLoop(Milestones, BatchFitting):
         finally:
             self.run_log.close()
 
-    def warm_up_discriminator(self) -> None:
+    def warm_up_discriminator(self) -> str | None:
+        """A new discriminator's warm-up (finetune/training/warmup.py); a stop reason if it failed for good."""
         from finetune.training.warmup import warm_up
 
-        warm_up(self)
+        return warm_up(self)
 
     def train_until_stop(self) -> str:
         while True:
@@ -432,7 +446,7 @@ class TrainingLoop(Milestones, BatchFitting):
         """Final evaluation (unless the last one saw these weights), the last weights' export, best_model
         copied to the output folder (the voice an app loads), and a checkpoint."""
         if self.last_eval_step != self.state.step:
-            self.evaluate()
+            self.evaluate(final=True)
         saved = self.on_main(self.save_final)
         self.final_saved = self.dist.broadcast(saved)
         self.checkpoint(end_of_epoch=self.sampler.state.position == 0)
@@ -483,12 +497,29 @@ class TrainingLoop(Milestones, BatchFitting):
                 "fp16_overflow_skips": self.step.overflow_skips, "oom_skips": self.step.oom_skips,
                 "rollbacks": self.state.rollbacks, "save_failures": self.saver.failures,
                 "discriminator_warmup_steps": self.state.discriminator_warmup_done, **self.batch_fit_summary(),
+                "last_evaluation": self.last_eval_summary(), "final_evaluation_skipped": self.final_eval_skipped,
                 **peak_memory(self.device)}
+
+    def last_eval_summary(self) -> dict | None:
+        """The last evaluation's step and how much of it was done (a final one may be cut short)."""
+        if self.last_eval is None:
+            return None
+        result = self.last_eval
+        return {"step": result.step, "mcd_db": round(result.mcd_db, 4), "clips_scored": result.clips_scored,
+                "clips_planned": result.clips_planned, "cut_short": result.cut_short or None}
 
     def result(self, reason: str, checkpoint: Path | None) -> LoopResult:
         return LoopResult(stop_reason=reason, state=self.state, plan=self.plan, last_eval=self.last_eval,
                           last_lr=self.last_lr, data_wait_s=self.feed.wait_s, train_s=self.train_s,
                           checkpoint=checkpoint, save_failures=self.saver.failures, final_saved=self.final_saved)
+
+
+def restore_eval_estimates(evaluator, state: TrainingState) -> None:
+    """A resumed run's evaluator starts from what its checkpoint's last evaluation cost, piece by piece
+    (its first evaluation is then limited from its first clip on; feedback evaluators keep their own)."""
+    if hasattr(evaluator, "group_s"):
+        evaluator.group_s = state.eval_group_s_estimate or evaluator.group_s
+        evaluator.sentence_s = state.eval_sentence_s_estimate or evaluator.sentence_s
 
 
 def run_with_signals(loop: TrainingLoop) -> LoopResult:

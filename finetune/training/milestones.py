@@ -20,14 +20,16 @@ from finetune.system.interrupt import StopRequested
 class Milestones:
     """Evaluation, export, checkpoint and plan for TrainingLoop (which holds the state they use)."""
 
-    def evaluate(self) -> EvalResult | None:
-        """Evaluate on the main process; every process then shares its verdicts (best model, early
-        stopping, what it cost) and its stop, if one came during it."""
-        result = self.on_main(self._evaluate)
+    def evaluate(self, final: bool = False) -> EvalResult | None:
+        """Evaluate on the main process, inside its time limit (the final one leaves room for the final
+        save only; one inside the run for the final save as well); every process then shares its verdicts
+        (best model, early stopping, what it cost) and its stop, if one came during it."""
+        result = self.on_main(lambda: self._evaluate(final))
         shared = self.dist.broadcast({"early_stop": self.early_stop, "eval_s": self.costs.eval_s,
-                                      "export_s": self.costs.export_s, "last_eval_step": self.last_eval_step,
-                                      "best": self.best_fields()})
+                                      "export_s": self.costs.export_s, "report_s": self.costs.report_s,
+                                      "last_eval_step": self.last_eval_step, "best": self.best_fields()})
         self.early_stop, self.costs.eval_s, self.costs.export_s = shared["early_stop"], shared["eval_s"], shared["export_s"]
+        self.costs.report_s = shared["report_s"]
         self.last_eval_step = shared["last_eval_step"]
         for name, value in shared["best"].items():
             setattr(self.state, name, value)
@@ -56,13 +58,18 @@ class Milestones:
             raise StopRequested(self.stop.signal_name or "SIGTERM")
         return result
 
-    def _evaluate(self) -> EvalResult:
-        """The main process's part of an evaluation: score, keep the best model (finetune/reporting/selection.py), log."""
+    def _evaluate(self, final: bool) -> EvalResult:
+        """The main process's part of an evaluation: score (cut short at its time limit), keep the best
+        model (finetune/reporting/selection.py; never a partial score), log."""
         started = self.budget.clock.now()
-        result = self.evaluator.evaluate(self.model, self.state.step, self.stop)
+        result = self.evaluator.evaluate(self.model, self.state.step, self.stop, self.pacer.evaluation_limit(final))
         train_mode(self.model, self.frozen_parts)
+        if result.skipped:
+            self.report_skipped(result, final)
+            return result
         candidate = standing(result.eligible, result.length_ratio, result.mcd_db, self.evaluator.rule.max_length_ratio)
-        improved, export_s = better(candidate, self.kept_standing()), 0.0
+        partial = result.clips_scored < result.clips_planned  # a mean over fewer clips is not comparable
+        improved, export_s = not partial and better(candidate, self.kept_standing()), 0.0
         if improved:
             result.chosen_as = chosen_as(candidate, result.length_ratio, result.ineligible_reason)
             improved = self.export(self.paths.best_dir, {"eval.json": {**result.summary(), "chosen_as": result.chosen_as,
@@ -76,11 +83,15 @@ class Milestones:
         patience = self.config.early_stopping_patience
         self.early_stop = bool(patience and self.state.evals_since_best >= patience)
         self.last_eval, self.last_eval_step = result, result.step
+        scored = self.budget.clock.now()
         self.run_log.evaluation(result, self.evaluator.describe(result), improved, self.best_note(improved),
                                 self.state.best_score, getattr(self.evaluator, "example_mels", None))
+        self.costs.report_s = self.budget.clock.now() - scored
         # What an evaluation costs the budget: scoring, logging and the report; a best model's export apart.
-        self.costs.eval_s = self.budget.clock.now() - started - export_s
-        self.run_log.eval_s += self.costs.eval_s
+        # One cut short cost less than a whole one will: the estimate only grows from it.
+        spent = self.budget.clock.now() - started - export_s
+        self.costs.eval_s = max(self.costs.eval_s, spent) if result.cut_short else spent
+        self.run_log.eval_s += spent
         return result
 
     def best_note(self, improved: bool) -> str:
@@ -93,6 +104,43 @@ class Milestones:
             return "no model kept yet (no finite score)"
         return (f"best {self.state.best_score:.3f} at step {self.state.best_step}"
                 + (", a fallback: none within the timing rule yet" if fallback else ""))
+
+    def report_skipped(self, result: EvalResult, final: bool) -> None:
+        """An evaluation that had no time for a single clip: said, counted, and otherwise without effect."""
+        which = "final evaluation" if final else f"evaluation at step {result.step}"
+        self.final_eval_skipped = final
+        kept = self.pacer.after_evaluation_s(final) + self.budget.safety_s
+        clip = getattr(self.evaluator, "group_s", None)
+        self.logger.warning(f"warning: {which} skipped: {max(0.0, self.budget.left_s()):.1f}s were left, "
+                            f"{kept:.1f}s of them kept for what follows (the final save"
+                            f"{'' if final else ' with its evaluation'}, the safety margin)"
+                            + (f", and a clip takes about {clip:.1f}s" if clip else "")
+                            + ": the deadline comes first")
+        self.run_log.event("eval_skipped", step=result.step, final=final, time_left_s=round(self.budget.left_s(), 2),
+                           clips_planned=result.clips_planned)
+
+    def prime_evaluation(self) -> None:
+        """A process that does not start with the baseline evaluation (a resumed one) pays the first
+        evaluation's one-time costs now and measures what a clip costs on this machine now, so that its
+        first evaluation, often the final one, is neither a surprise nor planned at an older, faster
+        machine's cost."""
+        prime = getattr(self.evaluator, "prime", None)
+        if prime is None:
+            return
+        started, before = self.budget.clock.now(), self.evaluator.expected_s()
+        prime(self.model, self.budget.clock.now)
+        train_mode(self.model, self.frozen_parts)
+        # The last evaluation's cost with its clips and sentences re-priced at what they cost now.
+        self.costs.eval_s = max(self.costs.eval_s, self.costs.eval_s + self.evaluator.expected_s() - before)
+        self.logger.info(f"evaluation primed in {self.budget.clock.now() - started:.1f}s: a whole one is expected to "
+                         f"take {self.costs.eval_s:.1f}s")
+
+    def measure_report(self) -> None:
+        """Write report.html once before anything is timed: its imports (matplotlib) are paid here, in
+        every process, and what it costs is known before the first evaluation is limited by it."""
+        started = self.budget.clock.now()
+        self.run_log.write_report()
+        self.costs.report_s = max(self.costs.report_s, self.budget.clock.now() - started)
 
     def export(self, folder: Path, extra_json: dict) -> bool:
         saved = self.saver.export(folder, {**extra_json, **self.card_file(folder, extra_json.get("eval.json"))})
@@ -129,6 +177,8 @@ class Milestones:
         self.state.update_s_estimate = self.timer.update_s
         self.state.export_s_estimate, self.state.eval_s_estimate = self.costs.export_s, self.costs.eval_s
         self.state.checkpoint_s_estimate = self.costs.checkpoint_s
+        self.state.eval_group_s_estimate = getattr(self.evaluator, "group_s", None) or 0.0
+        self.state.eval_sentence_s_estimate = getattr(self.evaluator, "sentence_s", None) or 0.0
         epoch = self.state.epoch if end_of_epoch else self.state.epoch + 1
         path = self.saver.checkpoint(self.paths.run_dir, checkpoint_name(epoch, self.state.step, end_of_epoch),
                                      self.checkpoint_payload)

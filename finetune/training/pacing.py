@@ -14,12 +14,17 @@ start one that cannot finish). So:
     a step is the last when its window was cut short, or when after it (its update, and the evaluation
                        or checkpoint due after it) not even one more micro-batch would fit; the last
                        step runs at the learning-rate floor and skips what would be due after it
+    an evaluation      runs until its time limit (evaluation_limit): what must come after it (the final
+                       save; for the final one, the exports and the last checkpoint) is kept free, so one
+                       that runs slower than the last (a cold resumed process, a machine that got busy)
+                       is cut short rather than pushing the run past its deadline
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from finetune.system.time_limit import TimeLimit
 from finetune.training.budget import Budget, Plan, StepTimer, learning_rate, make_plan
 
 
@@ -33,14 +38,19 @@ class Costs:
     checkpoint_s: float = 0.0
     after_loop_s: float = 0.0  # what the caller does after the loop returns (kept out of the plan)
     checkpoints: bool = True  # False: the run writes none (feedback rounds)
+    report_s: float = 0.0  # writing report.html (after each evaluation, and at the end)
 
     @property
     def final_s(self) -> float:
         """The final evaluation (which may export a best model), the last weights' export, best_model's
-        copy into the output folder (a file copy: at most an export), the last checkpoint, and whatever
-        the caller needs after."""
+        copy into the output folder (a file copy: at most an export), the last checkpoint, the closing
+        report, and whatever the caller needs after."""
+        return self.eval_s + self.after_final_eval_s
+
+    @property
+    def after_final_eval_s(self) -> float:
         checkpoint = self.checkpoint_s if self.checkpoints else 0.0
-        return self.eval_s + 3 * self.export_s + checkpoint + self.after_loop_s
+        return 3 * self.export_s + checkpoint + self.report_s + self.after_loop_s
 
 
 class Pacer:
@@ -81,6 +91,21 @@ class Pacer:
         if self.plan is not None and self.plan.limited_by == "max_epochs" and step >= self.plan.total_steps:
             return True
         return not self.room_for(self.timer.update_s + after_s + self.one_more_step_s)
+
+    def evaluation_limit(self, final: bool) -> TimeLimit:
+        """Until when an evaluation's scoring and test sentences may run. After them come its report
+        and, if it is the best so far, an export; then the final save (the final evaluation: its own
+        exports, the last checkpoint and the closing report). Those are kept free, slowed down as much
+        as training has lately, with the safety margin."""
+        now = self.budget.clock.now()
+        return TimeLimit(self.budget.clock.now, now + self.budget.left_s() - self.budget.safety_s
+                         - self.after_evaluation_s(final))
+
+    def after_evaluation_s(self, final: bool) -> float:
+        """Seconds kept free after an evaluation's scoring (see evaluation_limit)."""
+        costs = self.costs
+        after = costs.report_s + (costs.after_final_eval_s if final else costs.export_s + costs.final_s)
+        return after * self.timer.micro_batches.slowdown
 
     def learning_rate(self, step: int, last: bool) -> float:
         """The cosine spans the plan; the last step is at the floor wherever it falls."""

@@ -8,7 +8,9 @@ goes back to the last good state (weights, discriminator, both optimizers) and l
 by `lr_factor`; after `max_rollbacks` such returns it stops, with the last good weights kept.
 
 The last good state is the newest checkpoint this run wrote or resumed from; before there is one, a copy
-in host RAM of the weights the run started with (optimizers then start empty, as they did).
+in host RAM of the weights the run started with (optimizers then start empty, as they did). A phase that
+changes what "good" means (the end of a new discriminator's warm-up) takes it again: a checkpoint, or a
+new copy in RAM (`retake`) where none could be written.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class LastGoodState:
     def __init__(self, model: torch.nn.Module, discriminator: torch.nn.Module, checkpoint: Path | None):
         self.checkpoint = checkpoint
         self.snapshot = None if checkpoint else self._copy(model, discriminator)
+        self.what = "the weights the run started with"  # what the RAM copy holds
 
     @staticmethod
     def _copy(model, discriminator) -> dict:
@@ -74,8 +77,13 @@ class LastGoodState:
         """A checkpoint was written: it is the last good state from now on (the RAM copy is freed)."""
         self.checkpoint, self.snapshot = checkpoint, None
 
+    def retake(self, model: torch.nn.Module, discriminator: torch.nn.Module) -> None:
+        """The weights as they are now become the last good state (in RAM; optimizers restart empty)."""
+        self.checkpoint, self.snapshot = None, self._copy(model, discriminator)
+        self.what = "the weights at the end of the discriminator warm-up"
+
     def describe(self) -> str:
-        return f"checkpoint {self.checkpoint.name}" if self.checkpoint else "the weights the run started with"
+        return f"checkpoint {self.checkpoint.name}" if self.checkpoint else self.what
 
     def restore(self, model, discriminator, train_step) -> int | None:
         """Put the last good weights (and optimizer states, from a checkpoint) back; returns its step."""

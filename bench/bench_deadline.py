@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+"""Does a run end inside its budget when the phases after training are slower than planned?
+
+Three runs of train_vits.py on the demo corpus (scratch:tiny, the demo's settings), each timed from
+launch to exit against --target_hours:
+
+    resumed    SIGINT half-way through the budget, then --resume auto: the resumed process has measured
+               nothing yet (its first evaluation is its final one, cold)
+    busy       two busy processes (`while True: pass`) start half-way through and run to the end
+    slow-eval  the final evaluation is slowed on purpose: each held-out clip takes --slow_clip_s more
+               (an injected sleep) than in the evaluations before it
+
+A run is within 1% when launch-to-exit (summed over both processes for the resumed run) is at most
+1.01 x the budget. The run's own account (time_used_s in metrics.jsonl) is printed beside it.
+
+    .venv/bin/python bench/bench_deadline.py                      # all three, 0.06 h each
+    .venv/bin/python bench/bench_deadline.py --smoke              # one short slow-eval run (CI smoke test)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from bench.machine import describe  # noqa: E402
+
+BUSY = "while True: pass"
+
+
+@dataclass
+class Settings:
+    target_hours: float
+    val_samples: int
+    batch_size: int
+    slow_clip_s: float
+
+
+def prepare(data_dir: Path, max_samples: int) -> None:
+    command = [sys.executable, str(REPO / "prepare_data.py"), "--input_dir", str(REPO / "demo" / "corpus"),
+               "--data_dir", str(data_dir), "--model_name", "scratch:tiny", "--val_fraction", "0.05"]
+    if max_samples:
+        command += ["--max_samples", str(max_samples)]
+    subprocess.run(command, check=True, capture_output=True)
+
+
+def train_command(data_dir: Path, work: Path, settings: Settings, slow_clip_s: float = 0.0) -> list[str]:
+    flags = ["--data_dir", str(data_dir), "--checkpoint_dir", str(work / "checkpoints"), "--output_dir",
+             str(work / "final_model"), "--model_name", "scratch:tiny", "--discriminator_width", "0.0625",
+             "--learning_rate", "2e-3", "--gradient_accumulation_steps", "1", "--target_hours", str(settings.target_hours),
+             "--val_samples", str(settings.val_samples), "--log_every_seconds", "10", "--batch_size", str(settings.batch_size)]
+    if slow_clip_s:  # this script as the launcher: it slows the final evaluation down, then runs train_vits
+        return [sys.executable, __file__, "--child_slow_clip_s", str(slow_clip_s), "--", *flags]
+    return [sys.executable, str(REPO / "train_vits.py"), *flags]
+
+
+def launch_until_exit(command: list[str], log: Path, at_half=None, half_s: float = 0.0) -> float:
+    """Seconds from launch to exit; `at_half(process)` is called `half_s` after launch."""
+    started = time.perf_counter()
+    with open(log, "a", encoding="utf-8") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        if at_half is not None:
+            while process.poll() is None and time.perf_counter() - started < half_s:
+                time.sleep(0.1)
+            if process.poll() is None:
+                at_half(process)
+        process.wait()
+    return time.perf_counter() - started
+
+
+def run_end(work: Path) -> dict:
+    records = [json.loads(line) for line in (work / "checkpoints" / "metrics.jsonl").read_text().splitlines()]
+    end = next((r for r in reversed(records) if r["kind"] == "end"), None)
+    if end is None:  # it stopped before training (a budget too small for this machine): see run.log
+        log = (work / "checkpoints" / "train.log").read_text().strip().splitlines()
+        return {"stop": f"no training ({log[-1] if log else 'no log'})", "steps": 0, "time_used_s": float("nan"),
+                "final_eval": "none", "eval_s": []}
+    evals = [r for r in records if r["kind"] == "eval"]
+    skipped = [r for r in records if r["kind"] == "eval_skipped"]
+    final = evals[-1] if evals else {}
+    return {"stop": end["stop_reason"], "steps": end["steps"], "time_used_s": end["time_used_s"],
+            "final_eval": ("skipped" if skipped and skipped[-1].get("final") else
+                           f"{final.get('clips_scored')}/{final.get('clips_planned')} clips"
+                           + (", cut short" if final.get("cut_short") else "")),
+            "eval_s": [round(r["seconds"], 1) for r in evals]}
+
+
+def case_resumed(data_dir: Path, work: Path, settings: Settings) -> dict:
+    command = train_command(data_dir, work, settings)
+    first = launch_until_exit(command, work / "run.log", lambda p: p.send_signal(signal.SIGINT),
+                              settings.target_hours * 1800)
+    second = launch_until_exit(command + ["--resume", "auto"], work / "run.log")
+    return {"wall_s": first + second, "first_s": first, **run_end(work)}
+
+
+def case_busy(data_dir: Path, work: Path, settings: Settings) -> dict:
+    busy: list[subprocess.Popen] = []
+
+    def load_up(_process) -> None:
+        busy.extend(subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(2))
+
+    try:
+        wall = launch_until_exit(train_command(data_dir, work, settings), work / "run.log", load_up,
+                                 settings.target_hours * 1800)
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
+    return {"wall_s": wall, **run_end(work)}
+
+
+def case_slow_eval(data_dir: Path, work: Path, settings: Settings) -> dict:
+    wall = launch_until_exit(train_command(data_dir, work, settings, settings.slow_clip_s), work / "run.log")
+    return {"wall_s": wall, **run_end(work)}
+
+
+def child_slow_final_evaluation(slow_clip_s: float, argv: list[str]) -> int:
+    """train_vits.main with its final evaluation slowed: each group of clips sleeps `slow_clip_s` a clip."""
+    import train_vits
+    from finetune.cli import run_script
+    from finetune.reporting import evaluation
+    from finetune.training.loop import TrainingLoop
+
+    final = {"on": False}
+    real_finish, real_score = TrainingLoop.finish, evaluation.Evaluator.score_group
+
+    def finish(self):
+        final["on"] = True
+        return real_finish(self)
+
+    def score_group(self, model, group, *a, **k):
+        if final["on"]:
+            time.sleep(slow_clip_s * len(group))
+        return real_score(self, model, group, *a, **k)
+
+    TrainingLoop.finish, evaluation.Evaluator.score_group = finish, score_group
+    return run_script(lambda: train_vits.main(argv))
+
+
+def describe_case(case: str, result: dict, target_s: float) -> str:
+    """One line: launch to exit against the budget, the run's own account, how its final evaluation went."""
+    over = 100 * (result["wall_s"] - target_s) / target_s
+    line = f"{case:9s} budget {target_s:.1f}s: launch to exit {result['wall_s']:.1f}s ({over:+.2f}%, " \
+           f"{'within' if over <= 1.0 else 'OVER'} 1%)"
+    if not result["steps"]:
+        return f"{line}; {result['stop']}"
+    line += (f"; run's own account {result['time_used_s']:.1f}s; {result['steps']} steps, stop {result['stop']}; "
+             f"final evaluation {result['final_eval']}; evaluations took {result['eval_s']} s")
+    return line + (f"; first process {result['first_s']:.1f}s" if "first_s" in result else "")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target_hours", type=float, default=0.06)
+    parser.add_argument("--cases", nargs="*", default=["resumed", "busy", "slow-eval"])
+    parser.add_argument("--val_samples", type=int, default=16)
+    parser.add_argument("--slow_clip_s", type=float, default=1.0, help="extra seconds a clip in the final evaluation")
+    parser.add_argument("--max_samples", type=int, default=0, help="prepare only the first N demo clips (0: all)")
+    parser.add_argument("--smoke", action="store_true", help="one short slow-eval run on 40 clips")
+    parser.add_argument("--data_dir", default=None, help="an already prepared corpus (default: the demo, prepared here)")
+    parser.add_argument("--batch_size", type=int, default=8, help="clips per micro-batch (train_vits.py's default: 8)")
+    parser.add_argument("--work_dir", default=None)
+    parser.add_argument("--child_slow_clip_s", type=float, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
+    options = parser.parse_args()
+    if options.child_slow_clip_s:
+        sys.exit(child_slow_final_evaluation(options.child_slow_clip_s, options.rest))
+    if options.smoke:
+        options.target_hours, options.cases, options.val_samples, options.max_samples = 0.012, ["slow-eval"], 2, 40
+    print(f"machine: {describe()}")
+    work = Path(options.work_dir or tempfile.mkdtemp(prefix="bench_deadline_"))
+    data_dir = Path(options.data_dir) if options.data_dir else work / "data"
+    if not (data_dir / "metadata.csv").is_file():
+        prepare(data_dir, options.max_samples)
+    settings = Settings(options.target_hours, options.val_samples, options.batch_size, options.slow_clip_s)
+    target_s = options.target_hours * 3600
+    for case in options.cases:
+        folder = work / case
+        folder.mkdir(parents=True, exist_ok=True)
+        cases = {"resumed": case_resumed, "busy": case_busy, "slow-eval": case_slow_eval}
+        result = cases[case](data_dir, folder, settings)
+        print(describe_case(case, result, target_s), flush=True)
+    print(f"work folder: {work}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,494 @@
+"""The phases around training steps, each bounded and each recoverable: evaluations and test sentences
+inside the time left (a resumed process whose final evaluation is far slower than the last one still
+ends inside its budget), the micro-batch deadline, the timing rule inside the loop, the discriminator
+warm-up (how it ends, its checkpoints, its rollbacks, the last good state after it), a stop request while
+the model is built or test sentences are synthesised, and weights that are not finite never written.
+
+Time is a fake clock (tests/conftest.py timed_work) that moves only when work "takes" time; nothing sleeps.
+"""
+
+import json
+import os
+import signal
+
+import numpy as np
+import pytest
+import torch
+
+import train_vits
+from finetune.data import corpus
+from finetune.reporting import evaluation
+from finetune.reporting.evaluation import ClipScore
+from finetune.training import recovery, session, step
+from finetune.training.checkpoint import list_checkpoints, load_checkpoint
+from tests.conftest import clock_for
+from tests.test_reliability import final_model_is_finite, nan_losses_from, resume, sigterm_on_call
+from tests.test_train import args, metrics
+
+
+def slow_clips(monkeypatch, fake, seconds_per_clip: dict):
+    """Each group of held-out clips takes seconds_per_clip["s"] of fake time (changeable mid-run)."""
+    real = evaluation.Evaluator.score_group
+
+    def timed(self, model, group, *a, **k):
+        fake.t += seconds_per_clip["s"] * len(group)
+        return real(self, model, group, *a, **k)
+
+    monkeypatch.setattr(evaluation.Evaluator, "score_group", timed)
+
+
+def log_of(run_dir) -> str:
+    return (run_dir / "checkpoints" / "train.log").read_text()
+
+
+# ---------------------------------------------------------------- the time limit, alone
+
+
+def test_a_piece_runs_only_when_the_slowest_so_far_still_ends_in_time():
+    from finetune.system.time_limit import PieceCosts, TimeLimit
+
+    now = {"t": 0.0}
+    limit = TimeLimit(lambda: now["t"], ends_at=10.0)
+    unknown = PieceCosts()
+    assert unknown.next_fits(limit)  # nothing measured: the first piece runs while time is left
+    costs = PieceCosts(prior_s=4.0)
+    assert costs.next_fits(limit)
+    costs.add(3.0)
+    costs.add(6.0)
+    now["t"] = 4.5
+    assert not costs.next_fits(limit)  # 6 s (the slowest) would end at 10.5
+    now["t"] = 4.0
+    assert costs.next_fits(limit)
+    now["t"] = 10.0
+    assert not unknown.next_fits(limit)
+
+
+def test_an_evaluation_is_cut_short_between_clips_and_scored_on_the_clips_done(prepared_demo, tmp_path, monkeypatch):
+    from finetune.data.corpus import load_examples
+    from finetune.data.features import FeatureConfig, Features
+    from finetune.system.time_limit import TimeLimit
+    from tests.conftest import FakeClock, tiny_generator
+
+    loaded = tiny_generator(prepared_demo)
+    examples, _ = load_examples(prepared_demo, "metadata.csv", loaded.tokenizer, hop=256, sample_rate=16000,
+                                max_samples=5)
+    fake = FakeClock()
+    slow_clips(monkeypatch, fake, {"s": 2.0})
+    sentences = [(f"sentence_{i:02d}", examples[i].token_ids) for i in range(3)]
+    evaluator = evaluation.Evaluator(examples, Features(FeatureConfig()), torch.device("cpu"), 16000, tmp_path,
+                                     sentences, batch_size=1)
+    whole = evaluator.evaluate(loaded.model, 0, limit=TimeLimit(fake.now, ends_at=1000.0))
+    assert whole.clips_scored == 5 and not whole.cut_short and whole.eligible == (whole.ineligible_reason == "")
+    assert evaluator.group_s == 2.0  # the slowest group: the next evaluation's first estimate
+
+    fake.t = 0.0
+    cut = evaluator.evaluate(loaded.model, 1, limit=TimeLimit(fake.now, ends_at=7.0))  # 3 clips of 2 s fit, not 4
+    assert cut.clips_scored == 3 and cut.clips_planned == 5 and cut.cut_short == "the deadline"
+    assert not cut.eligible and "after 3 of 5 clips" in cut.ineligible_reason
+    assert cut.mcd_db == pytest.approx(np.mean([whole.per_clip[e.item_id].mcd_db for e in examples[:3]]))
+    assert "cut short by the deadline: 3 of 5 clips" in evaluator.describe(cut)
+    assert cut.summary()["clips_scored"] == 3 and cut.summary()["cut_short"] == "the deadline"
+
+    fake.t = 0.0
+    skipped = evaluator.evaluate(loaded.model, 2, limit=TimeLimit(fake.now, ends_at=1.0))  # not even one clip
+    assert skipped.skipped and skipped.samples == [] and skipped.cut_short == "the deadline"
+
+
+def test_the_final_evaluation_keeps_the_final_save_free_and_one_inside_the_run_the_final_evaluation_too():
+    from finetune.training.budget import Budget, StepTimer
+    from finetune.training.pacing import Costs, Pacer
+    from tests.conftest import FakeClock, clock_for
+
+    fake = FakeClock()
+    fake.t = 50.0
+    budget = Budget(100.0, clock_for(fake), used_before_s=10.0, safety_s=1.0)  # 40 s left
+    costs = Costs(eval_s=8.0, export_s=2.0, checkpoint_s=3.0, report_s=0.5)
+    pacer = Pacer(budget, StepTimer(1), costs, 1, 1800.0, 0, 0, 1e-3, 0.1)
+    # Final: its report, then three exports (best model, last weights, best_model's copy), the checkpoint
+    # and the closing report (0.5 + 6 + 3 + 0.5).
+    assert pacer.evaluation_limit(final=True).left_s() == pytest.approx(40 - 1 - 10.0)
+    # Inside the run: its report and the best model's export, then the whole final save (with its evaluation).
+    assert pacer.evaluation_limit(final=False).left_s() == pytest.approx(40 - 1 - (0.5 + 2 + 8.0 + 9.5))
+
+
+# ---------------------------------------------------------------- evaluations inside the time left
+
+
+def test_a_resumed_process_measures_its_evaluations_before_the_final_one_and_ends_inside_the_budget(
+        prepared_demo, tmp_path, timed_work, monkeypatch):
+    """The first process measures cheap evaluations (0.5 s a clip); in the resumed one a clip takes 8 s
+    (a cold process, a busy machine) and its first evaluation is the final one. It primes the
+    evaluation first (two clips), plans with what it measured, and ends inside its budget."""
+    fake, _ = timed_work
+    per_clip = {"s": 0.5}
+    slow_clips(monkeypatch, fake, per_clip)
+    target_s = 100.0
+    common = args(prepared_demo, tmp_path, "--target_hours", str(target_s / 3600), "--max_samples", "12",
+                  "--val_samples", "4", "--val_every", "100")
+
+    def stop_at_4(loop):
+        if loop.state.step == 4:
+            loop.stop.request("SIGINT")
+
+    assert train_vits.main(common, clock=clock_for(fake), step_callback=stop_at_4) == 130
+    per_clip["s"] = 8.0
+    fake.t = 0.0
+    assert train_vits.main(common + ["--resume", "auto"], clock=clock_for(fake)) == 0
+    end = metrics(tmp_path, "end")[-1]  # the resumed process's
+    assert end["stop_reason"] == "deadline" and target_s - 10 < end["time_used_s"] <= target_s, end
+    # Two clips of 8 s; the last evaluation's 3 s (1 s + 4 clips of 0.5 s) re-priced: 1 s + 4 clips of 8 s.
+    assert "evaluation primed in 16.0s: a whole one is expected to take 33.0s" in log_of(tmp_path)
+    final = metrics(tmp_path, "eval")[-1]
+    assert final["step"] == end["steps"] and final["clips_scored"] == 4
+
+
+def test_a_final_evaluation_slower_than_planned_is_cut_short_inside_the_budget(prepared_demo, tmp_path, timed_work,
+                                                                               monkeypatch):
+    """The final evaluation's clips take 2 s each against 0.5 s in every evaluation before it (8 s where
+    2 were planned): it is scored on the clips that fit, says so, is not kept as best, and the run ends
+    inside its budget (a phase can overrun its limit by one clip's misestimate, which the safety margin
+    absorbs)."""
+    from finetune.training.loop import TrainingLoop
+
+    fake, _ = timed_work
+    per_clip = {"s": 0.5}
+    slow_clips(monkeypatch, fake, per_clip)
+    real_finish = TrainingLoop.finish
+
+    def slow_final(loop):
+        per_clip["s"] = 2.0
+        return real_finish(loop)
+
+    monkeypatch.setattr(TrainingLoop, "finish", slow_final)
+    target_s = 60.0
+    assert train_vits.main(args(prepared_demo, tmp_path, "--target_hours", str(target_s / 3600), "--max_samples", "12",
+                                "--val_samples", "4", "--val_every", "100"), clock=clock_for(fake)) == 0
+    end = metrics(tmp_path, "end")[0]
+    assert end["stop_reason"] == "deadline" and end["time_used_s"] <= target_s, end
+    final = metrics(tmp_path, "eval")[-1]
+    assert final["step"] == end["steps"] and final["cut_short"] == "the deadline"
+    assert 0 < final["clips_scored"] < final["clips_planned"] == 4
+    assert not final["eligible"] and not final["best"]
+    assert f"cut short by the deadline: {final['clips_scored']} of 4 clips" in log_of(tmp_path)
+    assert end["last_evaluation"]["cut_short"] == "the deadline"
+
+
+def test_a_final_evaluation_with_no_time_for_one_clip_is_skipped_and_said(prepared_demo, tmp_path, timed_work,
+                                                                         monkeypatch):
+    """The machine stalls after step 7 until only the final save's time (and 0.2 s) is left: the final
+    evaluation, whose clips took 0.5 s, has no time for one; it is skipped with a warning and an
+    `eval_skipped` record, and the final model is still written inside the budget."""
+    fake, _ = timed_work
+    slow_clips(monkeypatch, fake, {"s": 0.5})
+
+    def stall_after_7(loop):
+        if loop.state.step == 7:
+            fake.t += loop.budget.left_s() - (loop.costs.after_final_eval_s + loop.budget.safety_s + 0.2)
+
+    target_s = 200.0
+    code = train_vits.main(args(prepared_demo, tmp_path, "--target_hours", str(target_s / 3600), "--max_samples", "12",
+                                "--val_every", "4"), clock=clock_for(fake), step_callback=stall_after_7)
+    assert code == 0
+    end = metrics(tmp_path, "end")[0]
+    assert end["steps"] == 7 and end["time_used_s"] <= target_s and end["final_evaluation_skipped"]
+    skipped = metrics(tmp_path, "eval_skipped")
+    assert len(skipped) == 1 and skipped[0]["final"] and skipped[0]["step"] == 7
+    assert "warning: final evaluation skipped" in log_of(tmp_path)
+    assert final_model_is_finite(tmp_path)
+
+
+def test_test_sentences_stop_at_the_time_limit(prepared_demo, tmp_path, timed_work, monkeypatch):
+    """Test sentences take 1 s each, then 2.5 s in the final evaluation (10 s where 4 were planned): it
+    writes those that fit, is marked cut short, and the run ends inside its budget."""
+    from finetune.training.loop import TrainingLoop
+
+    fake, _ = timed_work
+    real_speak, real_finish, real_write = evaluation.speak, TrainingLoop.finish, evaluation.Evaluator.write_samples
+    per_sentence = {"s": 1.0, "writing": False}
+
+    def timed_speak(*a, **k):
+        fake.t += per_sentence["s"] if per_sentence["writing"] else 0.0  # test sentences only, not clips
+        return real_speak(*a, **k)
+
+    def write_samples(*a, **k):
+        per_sentence["writing"] = True
+        try:
+            return real_write(*a, **k)
+        finally:
+            per_sentence["writing"] = False
+
+    def slow_final(loop):
+        per_sentence["s"] = 2.5
+        return real_finish(loop)
+
+    sentences = tmp_path / "sentences.txt"
+    sentences.write_text("ez baş im û tu\nav zelal e û sar\nsibê em diçin mal\nher kes dikare bixwîne\n", encoding="utf-8")
+    monkeypatch.setattr(evaluation, "speak", timed_speak)
+    monkeypatch.setattr(evaluation.Evaluator, "write_samples", write_samples)
+    monkeypatch.setattr(TrainingLoop, "finish", slow_final)
+    target_s = 60.0
+    code = train_vits.main(args(prepared_demo, tmp_path, "--target_hours", str(target_s / 3600), "--max_samples", "12",
+                                "--test_sentences", str(sentences), "--val_every", "100"), clock=clock_for(fake))
+    assert code == 0
+    end = metrics(tmp_path, "end")[0]
+    assert end["time_used_s"] <= target_s, end
+    records = metrics(tmp_path, "eval")
+    assert records[0]["sentences_written"] == records[0]["sentences_planned"] == 4
+    final = records[-1]
+    assert final["step"] == end["steps"] and final["cut_short"] == "the deadline"
+    assert final["clips_scored"] == final["clips_planned"] and 0 < final["sentences_written"] < 4
+    written = sorted((tmp_path / "checkpoints" / "samples" / f"step_{end['steps']:06d}").glob("*.wav"))
+    assert len(written) == final["sentences_written"]
+
+
+# ---------------------------------------------------------------- the training loop's own rules
+
+
+def test_the_micro_batch_deadline_cuts_the_last_window_short(prepared_demo, tmp_path, timed_work):
+    """Windows of 4 micro-batches (12 s each): at some budgets the last window is cut after 1-3
+    micro-batches rather than leaving its time unused or overrunning; every run ends inside its budget,
+    on a step at the learning-rate floor."""
+    fake, _ = timed_work
+    cut_short = []
+    for target_s in (64.0, 67.0, 70.0, 73.0):  # 3 s apart: a window's 12 s leave different remainders
+        run_dir = tmp_path / str(int(target_s))
+        fake.t = 0.0
+        code = train_vits.main(args(prepared_demo, run_dir, "--target_hours", str(target_s / 3600), "--max_samples", "12",
+                                    "--gradient_accumulation_steps", "4", "--batch_size", "2", "--benchmark_samples", "8"),
+                               clock=clock_for(fake))
+        assert code == 0
+        end = metrics(run_dir, "end")[0]
+        assert end["stop_reason"] == "deadline" and end["time_used_s"] <= target_s, (target_s, end)
+        assert end["last_lr"] == pytest.approx(2e-3 * 0.1)
+        last = metrics(run_dir, "train")[-1]
+        assert last["step"] == end["steps"]
+        if last["micro_batches"] < 4:
+            cut_short.append(target_s)
+            assert f"| {last['micro_batches']} of 4 micro-batches" in log_of(run_dir)
+    assert cut_short, "no budget cut a window short"
+
+
+def test_a_better_score_outside_the_timing_rule_is_never_written_as_best(prepared_demo, tmp_path, timed_work,
+                                                                          monkeypatch):
+    scripted = iter([(7.0, 1.0), (2.0, 1.6), (6.0, 1.1), (1.0, 0.5), (5.0, 0.9), (9.0, 1.0), (9.0, 1.0), (9.0, 1.0)])
+    real_score = evaluation.Evaluator.score_clips
+
+    def scores(self, model, stop=None, limit=None):
+        per_clip, losses, cut = real_score(self, model, stop, limit)
+        mcd, ratio = next(scripted)
+        return {name: ClipScore(mcd, ratio, 0.0, False) for name in per_clip}, losses, cut
+
+    monkeypatch.setattr(evaluation.Evaluator, "score_clips", scores)
+    fake, _ = timed_work
+    assert train_vits.main(args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "4", "--val_every", "2",
+                                "--max_samples", "12"), clock=clock_for(fake)) == 0
+    evals = metrics(tmp_path, "eval")
+    assert [r["best"] for r in evals[:5]] == [True, False, True, False, True]
+    assert "length ratio 1.60 is outside 0.80-1.25" in evals[1]["ineligible_reason"]
+    saved = json.loads((tmp_path / "checkpoints" / "best_model" / "eval.json").read_text())
+    assert saved["mcd_db"] == 5.0 and saved["length_ratio"] == 0.9
+
+
+# ---------------------------------------------------------------- the discriminator warm-up
+
+
+@pytest.fixture(scope="module")
+def pretrained(prepared_demo, tmp_path_factory):
+    """A saved tiny generator: a pretrained starting point with no discriminator (so one is warmed up)."""
+    from finetune.vits.generator import export_model
+    from tests.conftest import tiny_generator
+
+    loaded = tiny_generator(prepared_demo)
+    folder = tmp_path_factory.mktemp("pretrained")
+    export_model(loaded.model, loaded.tokenizer, folder)
+    return folder
+
+
+def warm_up_args(prepared_demo, run_dir, pretrained, *extra) -> list[str]:
+    base = args(prepared_demo, run_dir, "--max_samples", "12", *extra)
+    base[base.index("--model_name") + 1] = str(pretrained)
+    return base
+
+
+def test_the_warm_up_ends_by_margin(prepared_demo, tmp_path, timed_work, pretrained):
+    fake, _ = timed_work
+    assert train_vits.main(warm_up_args(prepared_demo, tmp_path, pretrained, "--target_hours", "1", "--max_epochs", "1",
+                                        "--discriminator_warmup_steps", "100", "--discriminator_warmup_margin", "-100"),
+                           clock=clock_for(fake)) == 0
+    record = metrics(tmp_path, "discriminator_warmup")[0]
+    assert record["ended_by"] == "separating real from generated" and record["steps"] == 20  # the margin's window
+
+
+def test_the_warm_up_ends_by_its_time_cap(prepared_demo, tmp_path, timed_work, pretrained):
+    """At most --discriminator_warmup_share (20%) of the time left when it starts: of about 77 s, 15 s,
+    5 steps of 3 s (checkpoints at epoch ends apart)."""
+    fake, _ = timed_work
+    target_s = 80.0
+    assert train_vits.main(warm_up_args(prepared_demo, tmp_path, pretrained, "--target_hours", str(target_s / 3600),
+                                        "--discriminator_warmup_steps", "1000", "--discriminator_warmup_margin", "0.99",
+                                        "--max_epochs", "3"), clock=clock_for(fake)) == 0
+    record = metrics(tmp_path, "discriminator_warmup")[0]
+    assert record["ended_by"].startswith("the budget") and 3 <= record["steps"] <= 5
+    assert metrics(tmp_path, "end")[0]["time_used_s"] <= target_s
+
+
+def test_the_warm_up_writes_checkpoints_and_a_resume_continues_it_where_it_was(prepared_demo, tmp_path, timed_work,
+                                                                                pretrained, monkeypatch):
+    """--checkpoint_every_minutes 0.1 (6 s: every 2 warm-up steps of 3 s, besides those at epoch ends,
+    every 3 steps). Killed as warm-up step 9 starts (simulated: nothing more is written), the run has the
+    periodic checkpoint of step 8; the resume continues the warm-up there and trains on to the same
+    losses as a run never stopped."""
+    fake, _ = timed_work
+    common = ["--target_hours", "1", "--max_epochs", "6", "--discriminator_warmup_steps", "12",
+              "--discriminator_warmup_margin", "0.99", "--checkpoint_every_minutes", "0.1"]
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    assert train_vits.main(warm_up_args(prepared_demo, whole, pretrained, *common), clock=clock_for(fake)) == 0
+
+    from finetune.training import warmup
+
+    real_one_step = warmup.one_step
+
+    class Killed(Exception):
+        pass
+
+    def killed_at_9(loop, pacer):
+        if loop.state.discriminator_warmup_done == 8:
+            raise Killed()  # as a SIGKILL would: nothing more is written
+        return real_one_step(loop, pacer)
+
+    monkeypatch.setattr(warmup, "one_step", killed_at_9)
+    fake.t = 0.0
+    with pytest.raises(Killed):
+        train_vits.main(warm_up_args(prepared_demo, parts, pretrained, *common), clock=clock_for(fake))
+    monkeypatch.setattr(warmup, "one_step", real_one_step)
+    pointer = json.loads((parts / "checkpoints" / "latest_checkpoint.json").read_text())
+    latest = load_checkpoint(parts / "checkpoints" / pointer["path"])
+    assert "_step_" in pointer["path"]  # a periodic checkpoint, not an epoch end's
+    assert latest["state"]["discriminator_warmup_done"] == 8 and not latest["state"]["discriminator_warmup_finished"]
+    assert resume(parts, fake) == 0
+    assert "discriminator warm-up: alone" in log_of(parts) and "(resumed at step 8)" in log_of(parts)
+    assert metrics(parts, "discriminator_warmup")[0]["steps"] == 12
+    from tests.test_train import losses_by_step
+
+    expected, got = losses_by_step(whole), losses_by_step(parts)
+    assert sorted(expected) == sorted(got) and expected
+    for number, values in expected.items():
+        for name, value in values.items():
+            assert got[number][name] == pytest.approx(value, rel=1e-5, abs=1e-7), (number, name)
+
+
+def test_a_failed_warm_up_update_goes_back_to_the_last_good_state(prepared_demo, tmp_path, timed_work, pretrained,
+                                                                  monkeypatch):
+    fake, _ = timed_work
+    real = step.TrainStep._step_optimizers
+    calls = {"n": 0}
+
+    def out_of_memory_on_the_third(self, losses, generator=True):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            self.optimizer_d.step()  # half an update, then out of memory
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(self, losses, generator)
+
+    monkeypatch.setattr(step.TrainStep, "_step_optimizers", out_of_memory_on_the_third)
+    assert train_vits.main(warm_up_args(prepared_demo, tmp_path, pretrained, "--target_hours", "1", "--max_epochs", "1",
+                                        "--discriminator_warmup_steps", "6", "--discriminator_warmup_margin", "0.99"),
+                           clock=clock_for(fake)) == 0
+    log = log_of(tmp_path)
+    assert ("out of memory inside the optimizer update (the weights may be partly updated) at discriminator warm-up "
+            "step 3: went back to the weights the run started with") in log
+    rollback = metrics(tmp_path, "rollback")[0]
+    assert rollback["at"] == "discriminator warm-up step 3" and metrics(tmp_path, "end")[0]["rollbacks"] == 1
+
+
+def test_after_the_warm_up_a_rollback_keeps_the_warmed_discriminator(prepared_demo, tmp_path, timed_work, pretrained,
+                                                                     monkeypatch):
+    """The warm-up's end is a checkpoint: a NaN storm in the first training steps goes back to it (the
+    warmed discriminator, the warm-up done), not to the random discriminator the run started with."""
+    from finetune.training import loop as loop_module
+
+    policy = recovery.DivergencePolicy(max_in_row=3, max_rollbacks=2, lr_factor=0.5)
+    monkeypatch.setattr(loop_module, "Divergence", lambda rollbacks=0: recovery.Divergence(policy, rollbacks))
+    fake, _ = timed_work
+    nan_losses_from(5, 7, monkeypatch)  # 4 warm-up micro-batches, then the first 3 training steps
+    assert train_vits.main(warm_up_args(prepared_demo, tmp_path, pretrained, "--target_hours", "1", "--max_epochs", "3",
+                                        "--discriminator_warmup_steps", "4", "--discriminator_warmup_margin", "0.99",
+                                        "--keep_checkpoints", "10"), clock=clock_for(fake)) == 0
+    rollback = metrics(tmp_path, "rollback")[0]
+    assert rollback["step"] == 3 and rollback["to"].startswith("checkpoint ")
+    went_back_to = load_checkpoint(tmp_path / "checkpoints" / rollback["to"].split()[1])
+    assert went_back_to["state"]["discriminator_warmup_finished"] and went_back_to["state"]["discriminator_warmup_done"] == 4
+    assert final_model_is_finite(tmp_path)
+
+
+# ---------------------------------------------------------------- stop requests while building and synthesising
+
+
+def test_sigterm_while_the_model_is_built_stops_before_loading_the_data(prepared_demo, tmp_path, timed_work,
+                                                                         monkeypatch, capsys):
+    fake, _ = timed_work
+    loads = {"n": 0}
+    real_load = corpus.load_example
+
+    def counted(*a, **k):
+        loads["n"] += 1
+        return real_load(*a, **k)
+
+    monkeypatch.setattr(corpus, "load_example", counted)
+    monkeypatch.setattr(session, "build_generator", sigterm_on_call(1, session.build_generator))
+    assert train_vits.main(args(prepared_demo, tmp_path, "--target_hours", "1"), clock=clock_for(fake)) == 143
+    assert loads["n"] == 0 and "before training started: nothing was trained" in capsys.readouterr().err
+    assert not list_checkpoints(tmp_path / "checkpoints")
+
+
+def test_sigterm_during_test_sentences_stops_between_two(prepared_demo, tmp_path, timed_work, monkeypatch):
+    """A real SIGTERM during the baseline's first test sentence: the second is never synthesised, and the
+    starting state is saved."""
+    fake, _ = timed_work
+    real_speak = evaluation.speak
+    calls = {"n": 0}
+
+    def speak(*a, **k):
+        calls["n"] += 1
+        return real_speak(*a, **k)
+
+    monkeypatch.setattr(evaluation, "speak", sigterm_on_call(3, speak))  # clips 1-2 (--val_samples 2), sentence 1
+    assert train_vits.main(args(prepared_demo, tmp_path, "--target_hours", "1"), clock=clock_for(fake)) == 143
+    assert calls["n"] == 3
+    written = list((tmp_path / "checkpoints" / "samples").glob("step_000000/*.wav"))
+    assert [p.name for p in written] == ["sentence_01.wav"]
+    latest = json.loads((tmp_path / "checkpoints" / "latest_checkpoint.json").read_text())
+    assert latest["step"] == 0
+
+
+# ---------------------------------------------------------------- weights that are not finite
+
+
+def test_weights_that_are_not_finite_are_never_written(prepared_demo, tmp_path, timed_work, monkeypatch):
+    """A weight turns NaN after step 4 (as a bad update would leave it): no checkpoint or export is written
+    from it; the NaN steps that follow send the run back to its last good checkpoint, and every file on
+    disk holds finite weights."""
+    from finetune.training import loop as loop_module
+
+    policy = recovery.DivergencePolicy(max_in_row=3, max_rollbacks=2, lr_factor=0.5)
+    monkeypatch.setattr(loop_module, "Divergence", lambda rollbacks=0: recovery.Divergence(policy, rollbacks))
+    fake, _ = timed_work
+
+    def poison_at_4(loop):
+        if loop.state.step == 4 and not loop.state.rollbacks:
+            with torch.no_grad():
+                next(loop.model.decoder.parameters()).fill_(float("nan"))
+
+    code = train_vits.main(args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "3",
+                                "--gradient_accumulation_steps", "2", "--val_every", "3"),
+                           clock=clock_for(fake), step_callback=poison_at_4)
+    assert code == 0
+    assert "the weights are not finite numbers" in log_of(tmp_path)
+    for path in list_checkpoints(tmp_path / "checkpoints"):
+        payload = load_checkpoint(path)
+        assert all(torch.isfinite(v).all() for v in payload["model"].values() if v.is_floating_point()), path.name
+    assert final_model_is_finite(tmp_path)
+    from transformers import VitsModel
+
+    best = VitsModel.from_pretrained(str(tmp_path / "checkpoints" / "best_model"))
+    assert all(torch.isfinite(p).all() for p in best.parameters())
