@@ -16,6 +16,15 @@
    length, and a fine-tune that learned B's tempo at about 1.
 5. The same fine-tune with transformers' own duration training path (`--compare_old_loss`), the
    flow order this tool replaced (finetune/vits/duration.py).
+6. `--precision fp16 [bf16]`: the same fine-tune again under CPU autocast (fp32 is always run as the
+   reference), for the same number of steps: give `--max_epochs` (the discriminator warm-up's epochs
+   count too) and `--discriminator_warmup_steps` (the warm-up then ends by that cap in every run, not by
+   its margin, which differs between runs). Reported per run: MCD and length ratio against B, the steps
+   fp16's gradient scaler skipped, and the time per training step (CPU fp16 is slow: numerics only).
+
+    .venv/bin/python bench/bench_finetune.py --work_dir W --reuse --precision fp16 bf16 --max_epochs 3 \
+        --max_samples 80 --discriminator_warmup_steps 10 --finetune_hours 1.5 --no-compare_old_loss
+    .venv/bin/python bench/bench_finetune.py --smoke          # the whole pipeline with tiny budgets
 """
 
 from __future__ import annotations
@@ -50,11 +59,12 @@ def run(command: list[str], label: str, log: Path) -> float:
     return time.perf_counter() - started
 
 
-def train(data_dir: Path, run_dir: Path, model: str, hours: float, lr: float, old_loss: bool = False) -> float:
+def train(data_dir: Path, run_dir: Path, model: str, hours: float, lr: float, old_loss: bool = False,
+          extra: list[str] = ()) -> float:
     argv = ["--data_dir", str(data_dir), "--checkpoint_dir", str(run_dir / "checkpoints"), "--output_dir",
             str(run_dir / "final_model"), "--model_name", model, "--target_hours", str(hours),
             "--discriminator_width", "0.0625", "--learning_rate", str(lr), "--gradient_accumulation_steps", "1",
-            "--log_every_seconds", "60", "--val_samples", "16"]
+            "--log_every_seconds", "60", "--val_samples", "16", *extra]
     code = (OLD_LOSS_PATCH if old_loss else "") + "import sys, train_vits; sys.exit(train_vits.main(sys.argv[1:]))"
     return run([sys.executable, "-c", code, *argv], f"training {run_dir.name}", run_dir.with_suffix(".log"))
 
@@ -78,10 +88,34 @@ def make_voice_b(source: Path, out: Path, stretch: float, semitones: float) -> N
         sf.write(out / "wavs" / path.name, slower, rate, subtype="PCM_16")
 
 
-def prepare(source: Path, data_dir: Path, model: str) -> None:
+def prepare(source: Path, data_dir: Path, model: str, max_samples: int = 0) -> None:
     run([sys.executable, str(REPO / "prepare_data.py"), "--input_dir", str(source), "--data_dir", str(data_dir),
-         "--model_name", model, "--val_fraction", "0.05", "--num_workers", "2"], f"preparing {data_dir.name}",
-        data_dir.with_suffix(".log"))
+         "--model_name", model, "--val_fraction", "0.05", "--num_workers", "2", "--max_samples", str(max_samples)],
+        f"preparing {data_dir.name}", data_dir.with_suffix(".log"))
+
+
+def fine_tune_flags(args, precision: str) -> list[str]:
+    """train_vits.py flags every fine-tune shares (step caps, subset), plus the precision's own."""
+    flags = ["--max_epochs", str(args.max_epochs), "--max_samples", str(args.max_samples),
+             "--val_samples", str(args.val_samples), "--device", "cpu"]
+    if args.discriminator_warmup_steps:  # an unreachable margin: every run's warm-up ends by the same cap
+        flags += ["--discriminator_warmup_steps", str(args.discriminator_warmup_steps),
+                  "--discriminator_warmup_margin", "1e9"]
+    if args.val_every:
+        flags += ["--val_every", str(args.val_every)]
+    return flags + {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"]}[precision]
+
+
+def run_figures(run_dir: Path) -> dict:
+    """From the run's own end record: steps, fp16 skipped steps, seconds per training step (the step
+    profile's sections summed: data, forward, backward, optimizer; the warm-up's steps are not in it)."""
+    records = [json.loads(line) for line in (run_dir / "checkpoints" / "metrics.jsonl").read_text().splitlines()]
+    end = next(r for r in reversed(records) if r.get("kind") == "end")
+    steps = int(end["steps"])
+    return {"steps": steps, "warmup_steps": end.get("discriminator_warmup_steps", 0),
+            "skipped_fp16": end.get("fp16_overflow_skips", 0), "nonfinite_skips": end.get("nonfinite_skips", 0),
+            "step_s": sum(end.get("profile_s", {}).values()) / max(1, steps), "time_used_s": end["time_used_s"],
+            "budget_s": end["budget_s"], "loss_scale": end.get("loss_scale_generator")}
 
 
 def score(model_dir: Path, data_dir: Path) -> dict:
@@ -122,38 +156,85 @@ def main() -> None:
     parser.add_argument("--work_dir", default=None, help="keep everything here (default: a temporary folder)")
     parser.add_argument("--reuse", action="store_true", help="with --work_dir: keep voice A and B's data from an "
                                                              "earlier run there and redo only the fine-tunes")
+    parser.add_argument("--precision", nargs="*", default=[], choices=["fp16", "bf16"],
+                        help="also fine-tune under these (CPU autocast); fp32 is always the reference")
+    parser.add_argument("--max_epochs", type=int, default=0, help="fine-tunes stop after N epochs (warm-up "
+                        "included): the same steps for every precision (0: budget-driven)")
+    parser.add_argument("--max_samples", type=int, default=0, help="fine-tune on the first N clips of B (0: all)")
+    parser.add_argument("--discriminator_warmup_steps", type=int, default=0,
+                        help="end every fine-tune's warm-up after exactly N steps (0: by its margin, as users run)")
+    parser.add_argument("--val_samples", type=int, default=16, help="held-out clips per in-run evaluation")
+    parser.add_argument("--val_every", type=int, default=0, help="in-run evaluations every N steps (0: planned)")
+    parser.add_argument("--smoke", action="store_true", help="the whole pipeline on 40 clips with tiny budgets "
+                                                             "(seconds of training: figures mean nothing)")
     args = parser.parse_args()
+    if args.smoke:
+        smoke(args)
     print(f"machine: {describe()}", flush=True)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_finetune_"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"work folder: {work}", flush=True)
+    voice_a = make_voice_a(args, work)
+    rows, figures = {"voice A (before)": voice_a}, {}
+    for label, run_dir, old, precision in fine_tunes(args):
+        run_dir = work / run_dir
+        shutil.rmtree(run_dir, ignore_errors=True)
+        seconds = train(work / "data_b", run_dir, str(voice_a), args.finetune_hours, args.finetune_lr, old,
+                        fine_tune_flags(args, precision))
+        best = run_dir / "checkpoints" / "best_model"
+        rows[f"{label}: best_model"] = best if (best / "config.json").is_file() else None
+        rows[f"{label}: final_model"] = run_dir / "final_model"
+        figures[label] = {"precision": precision, "seconds": round(seconds, 1), **run_figures(run_dir)}
+        print(f"{label}: {seconds:.0f}s; {json.dumps(figures[label])}", flush=True)
+    results = score_all(args, work, rows)
+    print_precision_table(results, figures)
+    (work / "results.json").write_text(json.dumps({"scores": results, "runs": figures}, indent=2))
 
+
+def smoke(args) -> None:
+    """Tiny budgets for the smoke test: voice A from 40 clips in 2 epochs; fine-tunes on 8 clips (one
+    micro-batch an epoch): 1 warm-up step, 2 training steps."""
+    args.smoke_samples = 40
+    args.pretrain_hours, args.finetune_hours = 0.1, 0.1  # room for start-up and evaluations; the epoch caps end them
+    args.max_epochs, args.max_samples, args.discriminator_warmup_steps = 3, 8, 1
+    args.val_samples, args.val_every = 2, 1000
+    args.compare_old_loss = False
+    args.precision = args.precision or ["fp16"]
+
+
+def make_voice_a(args, work: Path) -> Path:
+    """Voice A pretrained from scratch on the demo corpus, and B's data made from it (or both reused)."""
     voice_a = work / "voice_a" / "checkpoints" / "best_model"
+    samples = getattr(args, "smoke_samples", 0)
     if args.reuse and (voice_a / "config.json").is_file():
         print(f"reusing voice A ({voice_a}) from an earlier run in {work}", flush=True)
     else:
-        prepare(REPO / "demo" / "corpus", work / "data_a", "scratch:tiny")
-        seconds = train(work / "data_a", work / "voice_a", "scratch:tiny", args.pretrain_hours, args.pretrain_lr)
-        if not (voice_a / "config.json").is_file():
-            voice_a = work / "voice_a" / "final_model"
-        print(f"voice A pretrained in {seconds:.0f}s -> {voice_a}", flush=True)
+        prepare(REPO / "demo" / "corpus", work / "data_a", "scratch:tiny", samples)
+        extra = ["--max_epochs", "2", "--val_samples", "2", "--discriminator_warmup_steps", "0"] if samples else []
+        seconds = train(work / "data_a", work / "voice_a", "scratch:tiny", args.pretrain_hours, args.pretrain_lr,
+                        extra=extra)
+        print(f"voice A pretrained in {seconds:.0f}s", flush=True)
+    if not (voice_a / "config.json").is_file():  # no evaluation was within the timing rule: the last weights
+        voice_a = work / "voice_a" / "final_model"
+    print(f"voice A: {voice_a}", flush=True)
     if not (args.reuse and (work / "data_b" / "metadata.csv").is_file()):
         shutil.rmtree(work / "corpus_b", ignore_errors=True)
         shutil.rmtree(work / "data_b", ignore_errors=True)
         make_voice_b(work / "data_a", work / "corpus_b", args.stretch, args.semitones)
         prepare(work / "corpus_b", work / "data_b", str(voice_a))
+    return voice_a
 
-    rows = {"voice A (before)": voice_a}
-    runs = [("fine-tuned on B", False)] + ([("fine-tuned on B, old duration loss", True)] if args.compare_old_loss else [])
-    for label, old in runs:
-        run_dir = work / ("finetune_old" if old else "finetune")
-        shutil.rmtree(run_dir, ignore_errors=True)
-        seconds = train(work / "data_b", run_dir, str(voice_a), args.finetune_hours, args.finetune_lr, old)
-        best = run_dir / "checkpoints" / "best_model"
-        rows[f"{label}: best_model"] = best if (best / "config.json").is_file() else None
-        rows[f"{label}: final_model"] = run_dir / "final_model"
-        print(f"{label}: {seconds:.0f}s", flush=True)
 
+def fine_tunes(args) -> list[tuple[str, str, bool, str]]:
+    """(label, run folder, old duration loss, precision) of each fine-tune to run."""
+    runs = [("fine-tuned on B", "finetune", False, "fp32")]
+    runs += [(f"fine-tuned on B, {p}", f"finetune_{p}", False, p) for p in args.precision]
+    if args.compare_old_loss:
+        runs.append(("fine-tuned on B, old duration loss", "finetune_old", True, "fp32"))
+    return runs
+
+
+def score_all(args, work: Path, rows: dict) -> dict:
     lower = -12 * np.log2(args.stretch) + args.semitones
     print(f"\nB is voice A {args.stretch}x slower and {-lower:.1f} semitones lower; held-out clips of each")
     print("| model | MCD vs B (dB) | length vs B | duration error vs B | MCD vs A (dB) | length vs A |")
@@ -167,7 +248,26 @@ def main() -> None:
         results[label] = {"b": on_b, "a": on_a}
         print(f"| {label} | {on_b['mcd_db']:.2f} | {on_b['stock_length_ratio']:.2f} | {on_b['duration_error']:.2f} | "
               f"{on_a['mcd_db']:.2f} | {on_a['stock_length_ratio']:.2f} |", flush=True)
-    (work / "results.json").write_text(json.dumps(results, indent=2))
+    return results
+
+
+def print_precision_table(results: dict, figures: dict) -> None:
+    """Each precision's final model against fp32's: MCD and length ratio vs B, skipped steps, step time."""
+    reference = results.get("fine-tuned on B: final_model")
+    if not reference or len(figures) < 2:
+        return
+    print("\n| fine-tune (final_model) | steps (+ warm-up) | MCD vs B (dB) | vs fp32 | length vs B | vs fp32 | "
+          "fp16 skipped steps | s / step | time used / budget (s) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for label, run in figures.items():
+        scores = results.get(f"{label}: final_model")
+        if scores is None or run["precision"] == "fp32" and label != "fine-tuned on B":
+            continue
+        mcd, ratio = scores["b"]["mcd_db"], scores["b"]["stock_length_ratio"]
+        print(f"| {label} ({run['precision']}) | {run['steps']} (+{run['warmup_steps']}) | {mcd:.2f} | "
+              f"{100 * (mcd / reference['b']['mcd_db'] - 1):+.1f}% | {ratio:.3f} | "
+              f"{ratio - reference['b']['stock_length_ratio']:+.3f} | {run['skipped_fp16']} | {run['step_s']:.2f} | "
+              f"{run['time_used_s']:.0f} / {run['budget_s']:.0f} |", flush=True)
 
 
 if __name__ == "__main__":

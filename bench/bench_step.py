@@ -31,7 +31,7 @@ from finetune.vits.discriminator import Discriminator, DiscriminatorConfig, para
 from finetune.data.features import FeatureConfig, Features  # noqa: E402
 from finetune.vits.generator import hop_length, ready_for_training, scratch_generator  # noqa: E402
 from finetune.vits.losses import LossWeights  # noqa: E402
-from finetune.training.step import StepSettings, TrainStep, resolve_precision  # noqa: E402
+from finetune.training.step import StepSettings, TrainStep, Window, resolve_precision  # noqa: E402
 
 PHASES = ("data to device", "generator forward", "alignment", "discriminator fwd+bwd", "generator loss+bwd",
           "optimizer steps")
@@ -90,11 +90,11 @@ def timed_step(step: TrainStep, host_batch, device, sync, pin: bool) -> dict[str
         lap("generator forward")
     times["generator forward"] -= alignment.seconds
     times["alignment"] = alignment.seconds
-    d_loss, real_features = step.discriminator_backward(real_audio, out.audio, True, 1.0)
+    d_loss, _, real_features = step.discriminator_backward(real_audio, out.audio, True, 1.0)
     lap("discriminator fwd+bwd")
-    g_losses = step.generator_backward(out, mel_real, real_features, True, 1.0)
+    g_losses = step.generator_backward(out, mel_real, real_features, 1.0)
     lap("generator loss+bwd")
-    step.apply({"generator": g_losses.total.detach(), "discriminator": d_loss.detach()})
+    step.apply(Window(totals={"generator": g_losses.total.detach(), "discriminator": d_loss.detach()}, used=1, planned=1))
     lap("optimizer steps")
     return times
 

@@ -25,7 +25,7 @@ from finetune.training.budget import Budget
 from finetune.training.distributed import Distributed
 from finetune.training.loop import LoopConfig, TrainingLoop
 from finetune.training.session import pick_device
-from finetune.training.step import Precision, StepSettings, TrainStep, resolve_precision
+from finetune.training.step import Precision, StepSettings, TrainStep, precision_warning, resolve_precision
 from finetune.vits.generator import hop_length
 from finetune.vits.losses import LossWeights
 
@@ -52,8 +52,11 @@ def open_run(folder: Path, logger, flags: TrainingFlags, budget: Budget, dist: D
     """The run's metrics, on the device its flags ask for (each process of a torchrun launch on the GPU of
     its local rank); `logger` is setup_logging's for the folder, opened first so that resuming can warn."""
     device = pick_device(flags.device, dist.local_rank if dist.active else None)
+    precision = resolve_precision(device, flags.fp16, flags.bf16)
+    if warning := precision_warning(device, precision):
+        logger.warning(warning)  # CPU fp16/bf16: slow, for checking numerics
     return Run(folder, logger, Metrics(folder / "metrics.jsonl", enabled=dist.is_main), budget, device,
-               resolve_precision(device, flags.fp16, flags.bf16), dist, stop, payload, resume_path)
+               precision, dist, stop, payload, resume_path)
 
 
 def features_for(model, device: torch.device) -> Features:

@@ -24,8 +24,9 @@ class TrainingFlags:
     discriminator_learning_rate: float = flag(0.0, "peak learning rate of the discriminator (0: same as --learning_rate)")
     lr_floor_ratio: float = flag(0.1, "learning rate at the end of the cosine, as a fraction of the peak")
     warmup_steps: int = flag(500, "linear warmup in optimizer steps (shortened to 10%% of a short plan)")
-    fp16: bool | None = flag(None, "fp16 mixed precision (default: on with CUDA, off on CPU)")
-    bf16: bool = flag(False, "bf16 autocast instead of fp16 (CUDA with bf16 support)")
+    fp16: bool | None = flag(None, "fp16 mixed precision (default: on with CUDA, off on CPU, where it is slow and "
+                                   "meant for checking numerics)")
+    bf16: bool = flag(False, "bf16 autocast instead of fp16 (CUDA with bf16 support; on CPU for checking numerics)")
     benchmark_samples: int = flag(200, "clips of real training steps timed at the start to plan the run")
     seed: int = flag(1234, "random seed (sampler order, segments, initial weights of new parts)")
     val_every: int = flag(0, "evaluate every N optimizer steps (0: planned, about 20 evaluations a run)")

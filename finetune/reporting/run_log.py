@@ -18,6 +18,9 @@ from finetune.reporting.logs import Metrics, ProgressDisplay, memory_text, progr
 from finetune.reporting.tracking import Tracker
 
 
+SCALER_FIGURES = ("loss_scale_generator", "loss_scale_discriminator", "fp16_overflow_skips")  # fp16 runs only
+
+
 class RunLog:
     def __init__(self, logger, metrics: Metrics, tracker: Tracker, profile: StepProfile, run_dir: Path, device,
                  is_main: bool = True, report_title: str = "", max_length_ratio: float = 1.25, sample_rate: int = 16000,
@@ -58,7 +61,8 @@ class RunLog:
             self.metrics.write("train", step=step, epoch=round(fields["epoch"], 4), lr=fields["lr"],
                                samples_per_s=round(fields["samples_per_s"], 2),
                                time_used_s=round(scalars["time_used_s"], 2), micro_batches=used,
-                               **{k: round(v, 5) for k, v in losses.items()})
+                               **{k: round(v, 5) for k, v in losses.items()},
+                               **{k: scalars[k] for k in SCALER_FIGURES if k in scalars})
 
     # ------------------------------------------------------------ evaluations
 

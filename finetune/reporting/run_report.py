@@ -2,8 +2,8 @@
 the end (atomically, beside metrics.jsonl).
 
 It shows, from the run's own files: the loss terms, MCD and timing per evaluation (with the timing
-rule's band), the learning rate, the budget used against the plan, where step time went, the latest
-generated-vs-recorded mel spectrogram, the best model's score per held-out clip, and players for the
+rule's band), the learning rate, fp16's loss scale and skipped steps, the budget used against the plan,
+where step time went, the latest generated-vs-recorded mel spectrogram, the best model's score per held-out clip, and players for the
 test sentences of the latest and the best evaluation. Plots are PNG files in RUN_DIR/report/.
 """
 
@@ -49,6 +49,7 @@ def draw(run_dir: Path, records: list[dict], max_length_ratio: float) -> list[tu
         curves(folder / "learning_rate.png", "Learning rate", "optimizer step", "lr",
                {"generator": _series(records, "train", "lr")})
         made += [("losses.png", "Loss terms"), ("learning_rate.png", "Learning rate")]
+        made += _loss_scale(folder, records)
     if any(r.get("kind") == "eval" for r in records):
         curves(folder / "mcd.png", "Held-out MCD-DTW (lower is better)", "optimizer step", "dB",
                {"MCD": _series(records, "eval", "mcd_db")})
@@ -70,6 +71,18 @@ def draw(run_dir: Path, records: list[dict], max_length_ratio: float) -> list[tu
     if (folder / "mel_latest.png").is_file():
         made.append(("mel_latest.png", "Latest evaluation: a held-out sentence, synthesised and recorded"))
     return made
+
+
+def _loss_scale(folder: Path, records: list[dict]) -> list[tuple[str, str]]:
+    """fp16 runs: the gradient scalers' scales (halved at each overflow, doubled after 2000 clean steps)."""
+    scales = {name: _series(records, "train", f"loss_scale_{name}") for name in ("generator", "discriminator")}
+    if not scales["generator"][0]:
+        return []
+    curves(folder / "loss_scale.png", "fp16 loss scale (halved when gradients overflow; that step is skipped)",
+           "optimizer step", "scale", scales, log_y=True)
+    skipped = _series(records, "train", "fp16_overflow_skips")[1]
+    return [("loss_scale.png", f"fp16 loss scale; {int(skipped[-1]) if skipped else 0} steps skipped on overflow "
+                               "by the last logged step")]
 
 
 def _budget(folder: Path, records: list[dict]) -> list[tuple[str, str]]:

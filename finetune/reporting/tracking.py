@@ -5,8 +5,9 @@ when the `tensorboard` package is installed, and nothing more otherwise; naming 
 installed is an error that says what to install. Only the main process of a data-parallel run writes.
 
 What is written: every loss term, both learning rates, both gradient norms, samples/s and memory, each
-step; each evaluation's MCD, length ratio, duration error and validation losses, the test sentences as
-audio, and a generated-vs-recorded mel image; the step profile's shares at the end.
+step (under fp16 also the gradient scalers' loss scales and the steps they skipped on overflow); each
+evaluation's MCD, length ratio, duration error and validation losses, the test sentences as audio, and a
+generated-vs-recorded mel image; the step profile's shares at the end.
 """
 
 from __future__ import annotations

@@ -313,7 +313,7 @@ class TrainingLoop(Milestones, BatchFitting):
         scalars = {"lr": lr, "discriminator_lr": lr * ratio, "samples_per_s": samples_per_s,
                    "grad_norm_generator": result.grad_norm_generator,
                    "grad_norm_discriminator": result.grad_norm_discriminator,
-                   "time_used_s": self.budget.used_s(), "micro_batches": used}
+                   "time_used_s": self.budget.used_s(), "micro_batches": used, **self.step.scaler_figures()}
         self.run_log.step(self.budget.clock.now(), fields, used, self.config.gradient_accumulation_steps, losses, scalars)
 
     # ------------------------------------------------------------ when steps keep failing
@@ -496,6 +496,7 @@ class TrainingLoop(Milestones, BatchFitting):
                 "budget_s": self.budget.target_s, "nonfinite_skips": self.step.nonfinite_skips,
                 "fp16_overflow_skips": self.step.overflow_skips, "oom_skips": self.step.oom_skips,
                 "rollbacks": self.state.rollbacks, "save_failures": self.saver.failures,
+                "precision": self.step.precision.name, **self.step.scaler_figures(),
                 "discriminator_warmup_steps": self.state.discriminator_warmup_done, **self.batch_fit_summary(),
                 "last_evaluation": self.last_eval_summary(), "final_evaluation_skipped": self.final_eval_skipped,
                 **peak_memory(self.device)}

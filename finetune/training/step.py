@@ -56,17 +56,25 @@ class Precision:
         return self.autocast_dtype == torch.float16
 
 
+CPU_HALF_WARNING = ("{name} on the CPU is slow (autocast's CPU kernels for half precision are not fast ones) and "
+                    "meant for checking numerics before a GPU run; leave out --fp16/--bf16 for CPU training in fp32")
+
+
 def resolve_precision(device: torch.device, fp16: bool | None, bf16: bool) -> Precision:
-    """fp16 is the default on CUDA; CPU runs fp32. Asking for fp16/bf16 without CUDA is an error."""
-    if device.type != "cuda":
-        if fp16 or bf16:
-            raise ValueError("--fp16/--bf16 need a CUDA device; on the CPU training runs in fp32")
-        return Precision("fp32", None)
+    """fp16 is the default on CUDA; the CPU defaults to fp32 and runs fp16 or bf16 only when asked (for
+    checking numerics: fp16 has the same range and rounding on any device). `warning` says so."""
     if bf16:
         return Precision("bf16", torch.bfloat16)
-    if fp16 is False:
-        return Precision("fp32", None)
-    return Precision("fp16", torch.float16)
+    if fp16 or (fp16 is None and device.type == "cuda"):
+        return Precision("fp16", torch.float16)
+    return Precision("fp32", None)
+
+
+def precision_warning(device: torch.device, precision: Precision) -> str:
+    """The one line to log when half precision runs on the CPU; empty otherwise."""
+    if device.type == "cpu" and precision.autocast_dtype is not None:
+        return CPU_HALF_WARNING.format(name=precision.name)
+    return ""
 
 
 @contextlib.contextmanager
@@ -154,6 +162,15 @@ class TrainStep:
         if self.precision.autocast_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.precision.autocast_dtype)
+
+    def scaler_figures(self) -> dict[str, float]:
+        """The fp16 gradient scalers' scales and the steps they skipped (empty without fp16). A scale that
+        keeps falling means gradients overflow fp16 again and again: the step is not learning."""
+        if not self.precision.uses_scaler:
+            return {}
+        return {"loss_scale_generator": float(self.scaler_g.get_scale()),
+                "loss_scale_discriminator": float(self.scaler_d.get_scale()),
+                "fp16_overflow_skips": self.overflow_skips}
 
     def set_learning_rates(self, generator_lr: float, discriminator_lr: float) -> None:
         for group in self.optimizer_g.param_groups:

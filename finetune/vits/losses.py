@@ -1,4 +1,5 @@
-"""VITS losses as small pure functions of tensors, all computed in fp32.
+"""VITS losses as small pure functions of tensors, all computed in fp32 (autocast off inside each, see
+finetune/vits/fp32_islands.py).
 
 Default weights are the original VITS ones (jaywalnut310/vits, configs/ljs_base.json `c_mel` 45 and
 `c_kl` 1.0; train.py adds the adversarial, feature-matching and duration terms with weight 1).
@@ -9,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from finetune.vits.fp32_islands import in_fp32
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,7 @@ def _fp32(*tensors: torch.Tensor) -> list[torch.Tensor]:
     return [t.float() for t in tensors]
 
 
+@in_fp32
 def kl_loss(z_p: torch.Tensor, logs_q: torch.Tensor, m_p: torch.Tensor, logs_p: torch.Tensor,
             mask: torch.Tensor) -> torch.Tensor:
     """KL(q || p) per the VITS single-sample estimate: summed over channels, averaged over valid frames.
@@ -37,12 +41,14 @@ def kl_loss(z_p: torch.Tensor, logs_q: torch.Tensor, m_p: torch.Tensor, logs_p: 
     return torch.sum(kl * mask) / torch.sum(mask)
 
 
+@in_fp32
 def mel_loss(mel_generated: torch.Tensor, mel_real: torch.Tensor) -> torch.Tensor:
     """Mean absolute difference of log-mels [batch, n_mels, frames]."""
     generated, real = _fp32(mel_generated, mel_real)
     return torch.nn.functional.l1_loss(generated, real)
 
 
+@in_fp32
 def deterministic_duration_loss(log_duration_predicted: torch.Tensor, durations: torch.Tensor,
                                 mask: torch.Tensor) -> torch.Tensor:
     """Squared error of log durations. log_duration_predicted, durations, mask: [batch, 1, tokens]."""
@@ -51,6 +57,7 @@ def deterministic_duration_loss(log_duration_predicted: torch.Tensor, durations:
     return torch.sum((predicted - target) ** 2) / torch.sum(mask)
 
 
+@in_fp32
 def discriminator_loss(real_scores: list[torch.Tensor], fake_scores: list[torch.Tensor]) -> torch.Tensor:
     """Least squares: real scores pushed to 1, generated ones to 0, summed over sub-discriminators."""
     total = torch.zeros((), device=real_scores[0].device)
@@ -60,6 +67,7 @@ def discriminator_loss(real_scores: list[torch.Tensor], fake_scores: list[torch.
     return total
 
 
+@in_fp32
 def generator_adversarial_loss(fake_scores: list[torch.Tensor]) -> torch.Tensor:
     """Least squares: generated scores pushed to 1, summed over sub-discriminators."""
     total = torch.zeros((), device=fake_scores[0].device)
@@ -68,6 +76,7 @@ def generator_adversarial_loss(fake_scores: list[torch.Tensor]) -> torch.Tensor:
     return total
 
 
+@in_fp32
 def feature_matching_loss(real_features: list[list[torch.Tensor]], fake_features: list[list[torch.Tensor]]) -> torch.Tensor:
     """L1 between every discriminator layer's features for real and generated audio (x2, as in VITS).
     Real features are constants here: the generator must move towards them, not move them."""

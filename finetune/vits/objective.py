@@ -9,7 +9,8 @@
     discriminator on real and generated segments -> adversarial and feature-matching losses
 
 Under fp16/bf16 autocast the encoders, decoder and discriminator run in low precision; the flow, the
-duration predictor (whose spline flows are fragile), alignment, features and losses run in fp32.
+duration predictor (whose spline flows are fragile), alignment, features and losses run in fp32
+(finetune/vits/fp32_islands.py says why each).
 Note: transformers names the prior's log standard deviation `prior_log_variances`; it is used as a
 log std (`exp` of it scales the noise), and so it is here.
 """
@@ -24,14 +25,10 @@ from transformers import VitsModel
 from finetune.vits import losses
 from finetune.vits.alignment import maximum_path, prior_log_likelihood
 from finetune.vits.duration import stochastic_duration_nll
+from finetune.vits.fp32_islands import fp32
 from finetune.system.profile import section
 from finetune.data.examples import Batch
 from finetune.data.features import Features
-
-
-def fp32(device: torch.device):
-    """A block in which autocast is off: the code inside sees fp32 unless given something else."""
-    return torch.autocast(device_type=device.type, enabled=False)
 
 
 def sequence_mask(lengths: torch.Tensor, max_length: int) -> torch.Tensor:
