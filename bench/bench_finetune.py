@@ -206,7 +206,7 @@ def make_voice_a(args, work: Path) -> Path:
     """Voice A pretrained from scratch on the demo corpus, and B's data made from it (or both reused)."""
     voice_a = work / "voice_a" / "checkpoints" / "best_model"
     samples = getattr(args, "smoke_samples", 0)
-    if args.reuse and (voice_a / "config.json").is_file():
+    if args.reuse and any((v / "config.json").is_file() for v in (voice_a, work / "voice_a" / "final_model")):
         print(f"reusing voice A ({voice_a}) from an earlier run in {work}", flush=True)
     else:
         prepare(REPO / "demo" / "corpus", work / "data_a", "scratch:tiny", samples)

@@ -8,6 +8,11 @@ The train step cut down: TrainStep's own parts, called one by one with a device 
 
     .venv/bin/python bench/bench_step.py                                   # tiny model, CPU
     .venv/bin/python bench/bench_step.py --size mms --batch_size 8 --discriminator_width 1 --precision fp16
+    .venv/bin/python bench/bench_step.py --compile discriminator decoder   # torch.compile, checked against eager
+    .venv/bin/python bench/bench_step.py --smoke                           # seconds: the smoke test's setting
+
+Also timed: a discriminator warm-up step both ways, the full generator forward under no_grad (as the
+warm-up ran before) and the segments alone (posterior encoder -> random segment -> decoder, as it runs now).
 """
 
 from __future__ import annotations
@@ -37,12 +42,13 @@ PHASES = ("data to device", "generator forward", "alignment", "discriminator fwd
           "optimizer steps")
 
 
-def prepare_demo(folder: Path, val_fraction: float = 0.0) -> Path:
+def prepare_demo(folder: Path, val_fraction: float = 0.0, max_samples: int = 0) -> Path:
     """The demo corpus prepared for a scratch model; no held-out clips unless asked (a step needs none)."""
     import prepare_data
 
     assert prepare_data.main(["--input_dir", str(REPO / "demo" / "corpus"), "--data_dir", str(folder),
-                              "--model_name", "scratch", "--num_workers", "2", "--val_fraction", str(val_fraction)]) == 0
+                              "--model_name", "scratch", "--num_workers", "2", "--val_fraction", str(val_fraction),
+                              "--max_samples", str(max_samples)]) == 0
     return folder
 
 
@@ -99,6 +105,39 @@ def timed_step(step: TrainStep, host_batch, device, sync, pin: bool) -> dict[str
     return times
 
 
+def warm_up_step(step: TrainStep, host_batch, device, sync, full: bool) -> float:
+    """Seconds of one discriminator-only micro-batch: with the whole generator forward (no_grad), as the
+    warm-up ran before, or with only the segments the discriminator sees, as it runs now."""
+    sync()
+    started = time.perf_counter()
+    batch = host_batch.to(device)
+    if full:
+        with torch.no_grad():
+            out, real_audio, _ = step.forward(batch)
+        generated = out.audio
+    else:
+        generated, real_audio = step.forward_segments(batch)
+    step.discriminator_backward(real_audio, generated, False, 1.0)
+    step.zero_grad()
+    sync()
+    return time.perf_counter() - started
+
+
+def compile_parts(model, discriminator, parts: list[str], sample_audio: torch.Tensor, sample_z: torch.Tensor) -> dict:
+    """torch.compile the named parts in place; each compiled part is checked against eager on one input
+    (largest absolute difference). Compilation itself happens at the first calls (the burn-in)."""
+    differences = {}
+    if "discriminator" in parts:
+        eager = discriminator(sample_audio)[0][0].detach()
+        discriminator.forward = torch.compile(discriminator.forward)
+        differences["discriminator"] = float((discriminator(sample_audio)[0][0].detach() - eager).abs().max())
+    if "decoder" in parts:
+        eager = model.decoder(sample_z).detach()
+        model.decoder.forward = torch.compile(model.decoder.forward)
+        differences["decoder"] = float((model.decoder(sample_z).detach() - eager).abs().max())
+    return differences
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--size", default="tiny", choices=["tiny", "small", "mms"])
@@ -108,14 +147,20 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--burn_in", type=int, default=3)
     parser.add_argument("--data_dir", default=None, help="a prepared folder (default: prepare the demo corpus)")
+    parser.add_argument("--compile", nargs="*", default=[], choices=["discriminator", "decoder"],
+                        help="torch.compile these parts (checked against eager first)")
+    parser.add_argument("--smoke", action="store_true", help="2 clips a batch, 1 step after 1 burn-in: seconds")
     args = parser.parse_args()
+    if args.smoke:
+        args.batch_size, args.steps, args.burn_in = 2, 1, 1
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     fp16 = {"fp32": False, "fp16": True, "bf16": None}[args.precision]
     precision = resolve_precision(device, fp16, bf16=args.precision == "bf16")
     tmp = tempfile.TemporaryDirectory()
-    data_dir = Path(args.data_dir) if args.data_dir else prepare_demo(Path(tmp.name) / "data")
+    data_dir = Path(args.data_dir) if args.data_dir else prepare_demo(Path(tmp.name) / "data",
+                                                                      max_samples=8 if args.smoke else 0)
 
     torch.manual_seed(0)
     texts = [line.split("|", 1)[1] for line in (data_dir / "metadata.csv").read_text(encoding="utf-8").splitlines()]
@@ -130,11 +175,21 @@ def main() -> None:
     batches = [collate(examples[i:i + args.batch_size], hop) for i in range(0, len(examples) - args.batch_size, args.batch_size)]
     batches = [b.pin_memory() for b in batches] if pin else batches
 
-    records = []
+    differences = {}
+    if args.compile:
+        sample = batches[0].to(device)
+        sample_z = torch.randn(args.batch_size, model.config.flow_size, 32, device=device)
+        differences = compile_parts(model, discriminator, args.compile, sample.audio[:, None, :8192], sample_z)
+    records, first_s = [], []
     for index in range(args.burn_in + args.steps):
         times = timed_step(step, batches[index % len(batches)], device, sync, pin)
         if index >= args.burn_in:
             records.append(times)
+        else:
+            first_s.append(sum(times.values()))
+    warm_up = {name: statistics.mean(warm_up_step(step, batches[i % len(batches)], device, sync, full)
+                                     for i in range(max(1, args.steps // 2)))
+               for name, full in (("whole generator forward (before)", True), ("segments only (now)", False))}
 
     total = statistics.mean(sum(r.values()) for r in records)
     print(f"machine: {describe()}")
@@ -146,6 +201,11 @@ def main() -> None:
         ms = 1000 * statistics.mean(r[phase] for r in records)
         print(f"{phase:<24} {ms:>9.1f} {100 * ms / (1000 * total):>6.1f}%")
     print(f"{'step':<24} {1000 * total:>9.1f} {100.0:>6.1f}%   ({args.batch_size / total:.1f} samples/s)")
+    if args.compile:
+        print(f"compiled: {', '.join(args.compile)}; largest difference from eager {differences}; burn-in steps "
+              f"(compilation included) {', '.join(f'{s:.1f}s' for s in first_s)}")
+    for name, seconds in warm_up.items():
+        print(f"discriminator warm-up micro-batch, {name:<34} {1000 * seconds:>9.1f} ms")
     if device.type == "cuda":
         print(f"peak VRAM {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
 

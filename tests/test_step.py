@@ -171,6 +171,27 @@ def test_a_discriminator_warm_up_step_moves_the_discriminator_and_leaves_the_gen
     assert any(not torch.equal(value, discriminator_before[key]) for key, value in step.discriminator.state_dict().items())
 
 
+def test_a_discriminator_warm_up_step_runs_only_what_the_discriminator_needs(prepared_demo, monkeypatch):
+    """No text encoder, flow, duration predictor or alignment search: only posterior encoder and decoder,
+    without gradients (their results would be thrown away)."""
+    import finetune.vits.objective as objective
+
+    loaded = tiny_generator(prepared_demo)
+    model, batch = loaded.model.train(), demo_batch(prepared_demo, loaded.tokenizer)
+    step = make_step(model)
+    ran = []
+    for name in ("text_encoder", "flow", "duration_predictor", "posterior_encoder", "decoder"):
+        getattr(model, name).register_forward_hook(lambda module, args, out, name=name: ran.append(
+            (name, torch.is_grad_enabled())))
+
+    def no_alignment(*args, **kwargs):
+        raise AssertionError("the warm-up ran the alignment search")
+
+    monkeypatch.setattr(objective, "maximum_path", no_alignment)
+    assert step.run([batch], generator=False).applied
+    assert ran == [("posterior_encoder", False), ("decoder", False)]
+
+
 def test_a_clip_shorter_than_a_segment_reads_as_silence_past_its_end_precomputed_or_not(prepared_demo):
     from finetune.data.corpus import load_examples, precompute_features
     from finetune.data.examples import collate

@@ -4,9 +4,10 @@ For each micro-batch of an accumulation window:
   1. generator forward (objective.generator_forward);
   2. discriminator loss on real audio and the *detached* generated audio, backward into the
      discriminator only;
-  3. generator loss with the discriminator frozen (requires_grad off), backward into the generator only
-     (left out in a new discriminator's warm-up, where the generator runs without gradients and does
-     not change).
+  3. generator loss with the discriminator frozen (requires_grad off), backward into the generator only.
+In a new discriminator's warm-up, the discriminator trains alone: step 1 is cut down to what it needs
+(posterior encoder -> random segment -> decoder, no gradients: no text encoder, flow, alignment search
+or duration loss) and step 3 is left out; the generator does not change.
 Micro-batches come one at a time (accumulate_window): the loop may end a window early at the deadline
 or an epoch's end, and the gradients are then rescaled to the mean over the micro-batches used. A CUDA
 out-of-memory error inside a window drops that window (counted, logged with the batch shape and the
@@ -39,7 +40,8 @@ from finetune.training.distributed import Distributed
 from finetune.vits.discriminator import Discriminator
 from finetune.data.features import Features
 from finetune.vits.losses import LossWeights, discriminator_loss
-from finetune.vits.objective import GeneratorLosses, generator_forward, generator_losses, real_segments
+from finetune.vits.objective import (GeneratorLosses, generated_segments, generator_forward, generator_losses,
+                                     real_segments, slice_segments)
 from finetune.system.profile import section
 
 ADAM_BETAS = (0.8, 0.99)  # original VITS
@@ -191,18 +193,34 @@ class TrainStep:
             return self._accumulate(batch, scale, generator)
 
     def _accumulate(self, batch: Batch, scale: float, generator: bool) -> dict[str, torch.Tensor]:
-        with section("generator_forward"), torch.set_grad_enabled(generator):
+        if not generator:
+            return self._accumulate_discriminator(batch, scale)
+        with section("generator_forward"):
             out, real_audio, mel_real = self.forward(batch)
         with section("discriminator"):
-            d_loss, margin, real_features = self.discriminator_backward(real_audio, out.audio, generator, scale)
-        terms = {}
-        if generator:
-            with section("generator_backward"):
-                g_losses = self.generator_backward(out, mel_real, real_features, scale)
-            terms = {k: v.detach() for k, v in g_losses.terms().items()}
-        terms["discriminator"] = d_loss.detach()
-        terms["margin"] = margin.detach()
-        return terms
+            d_loss, margin, real_features = self.discriminator_backward(real_audio, out.audio, True, scale)
+        with section("generator_backward"):
+            g_losses = self.generator_backward(out, mel_real, real_features, scale)
+        terms = {k: v.detach() for k, v in g_losses.terms().items()}
+        return {**terms, "discriminator": d_loss.detach(), "margin": margin.detach()}
+
+    def _accumulate_discriminator(self, batch: Batch, scale: float) -> dict[str, torch.Tensor]:
+        """The warm-up's micro-batch: only the generated segments the discriminator sees (posterior
+        encoder -> random segment -> decoder, no gradients), then its loss and backward."""
+        with section("generator_forward"):
+            generated, real_audio = self.forward_segments(batch)
+        with section("discriminator"):
+            d_loss, margin, _ = self.discriminator_backward(real_audio, generated, False, scale)
+        return {"discriminator": d_loss.detach(), "margin": margin.detach()}
+
+    def forward_segments(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Generated and real audio segments [batch, 1, samples], for the discriminator alone. The
+        generator's module itself, not its data-parallel wrapper: it takes no gradient here."""
+        with self.autocast():
+            generated, starts = generated_segments(self.model, batch, self.features, self.settings.segment_frames)
+        hop = self.features.config.hop_length
+        real_audio = slice_segments(batch.audio.unsqueeze(1), starts * hop, self.settings.segment_frames * hop)
+        return generated, real_audio
 
     def forward(self, batch: Batch):
         """Generator forward plus the matching real segments: (GeneratorForward, real audio, real log-mel)."""

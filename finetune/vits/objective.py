@@ -115,6 +115,18 @@ def generator_forward(model: VitsModel, batch: Batch, features: Features, segmen
                             durations=durations)
 
 
+@torch.no_grad()
+def generated_segments(model: VitsModel, batch: Batch, features: Features, segment_frames: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a discriminator training alone needs of the generator: random segments decoded from the
+    posterior sample, ([batch, 1, segment_samples] audio, [batch] first frames). No text encoder, flow,
+    alignment search or duration loss (their results would be thrown away), no gradients."""
+    linear = batch.linear if batch.linear is not None else features.linear(batch.audio)
+    frame_mask = sequence_mask(batch.frame_lengths, linear.shape[-1]).unsqueeze(1)  # [batch, 1, frames]
+    z, _, _ = model.posterior_encoder(linear, frame_mask)
+    starts = pick_segment_starts(batch.frame_lengths, segment_frames)
+    return model.decoder(slice_segments(z, starts, segment_frames)), starts
+
+
 def real_segments(batch: Batch, features: Features, starts: torch.Tensor, segment_frames: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The real audio [batch, 1, samples] and log-mel [batch, n_mels, frames] matching the generated segments."""
     hop = features.config.hop_length
