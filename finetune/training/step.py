@@ -58,13 +58,13 @@ class Precision:
         return self.autocast_dtype == torch.float16
 
 
-CPU_HALF_WARNING = ("{name} on the CPU is slow (autocast's CPU kernels for half precision are not fast ones) and "
-                    "meant for checking numerics before a GPU run; leave out --fp16/--bf16 for CPU training in fp32")
+CPU_HALF_WARNING = ("{name} on the CPU is meant for checking numerics before a GPU run, and slow (fp16 convolutions "
+                    "have no fast kernels on most CPUs); leave out --fp16/--bf16 to train on the CPU in fp32")
 
 
 def resolve_precision(device: torch.device, fp16: bool | None, bf16: bool) -> Precision:
     """fp16 is the default on CUDA; the CPU defaults to fp32 and runs fp16 or bf16 only when asked (for
-    checking numerics: fp16 has the same range and rounding on any device). `warning` says so."""
+    checking numerics: fp16 has the same range and rounding on any device); precision_warning says so."""
     if bf16:
         return Precision("bf16", torch.bfloat16)
     if fp16 or (fp16 is None and device.type == "cuda"):
