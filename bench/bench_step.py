@@ -187,6 +187,8 @@ def main() -> None:
             records.append(times)
         else:
             first_s.append(sum(times.values()))
+        if args.compile:  # compilation can take minutes: show that it moves
+            print(f"step {index + 1}: {sum(times.values()):.1f}s", flush=True)
     warm_up = {name: statistics.mean(warm_up_step(step, batches[i % len(batches)], device, sync, full)
                                      for i in range(max(1, args.steps // 2)))
                for name, full in (("whole generator forward (before)", True), ("segments only (now)", False))}
