@@ -266,8 +266,7 @@ class Evaluator:
             for name, value in losses.items():
                 totals[name] = totals.get(name, 0.0) + value * len(group)
             groups.add(limit.now() - group_started)
-        if groups.seen:
-            self.group_s = max(groups.seen)
+            self.group_s = max(groups.seen)  # as it goes: a stop mid-evaluation still leaves the estimate
         return scores, {k: v / max(1, len(scores)) for k, v in totals.items()}, cut
 
     def score_group(self, model, group: list[Example], aligned: list[np.ndarray], seed_offset: int) -> dict[str, ClipScore]:
@@ -327,6 +326,5 @@ class Evaluator:
             write_pcm16(path, speech.waveforms[0], self.sample_rate)
             paths.append(str(path))
             costs.add(limit.now() - started)
-        if costs.seen:
             self.sentence_s = max(costs.seen)
         return paths, len(paths) < len(self.test_sentences)
