@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from finetune.data.audio import write_pcm16
+from finetune.system.disk import OPTIONAL, is_write_failure
 from finetune.data.examples import Example, collate
 from finetune.data.features import Features
 from finetune.vits.inference import ceiling_for_text, fork_rng, speak
@@ -186,12 +187,18 @@ class Evaluator:
         if self.samples_dir is None or not self.test_sentences:
             return []
         folder = self.samples_dir / f"step_{step:06d}"
-        folder.mkdir(parents=True, exist_ok=True)
         ids = [ids for _, ids in self.test_sentences]
         speech = speak(model, ids, self.device, self.seed, [min(TEST_SENTENCE_MAX_S, ceiling_for_text(len(t))) for t in ids])
         paths = []
         for (name, _), wave in zip(self.test_sentences, speech.waveforms):
             path = folder / f"{name}.wav"
-            write_pcm16(path, wave, self.sample_rate)
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                write_pcm16(path, wave, self.sample_rate)
+            except Exception as error:  # soundfile's LibsndfileError on a full disk; anything else surfaces
+                if not is_write_failure(error):
+                    raise
+                OPTIONAL.failed("test-sentence samples", folder, error, LOG.warning)
+                break
             paths.append(str(path))
         return paths

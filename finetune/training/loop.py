@@ -351,6 +351,7 @@ class TrainingLoop(Milestones):
     def run(self) -> LoopResult:
         self.run_log.open_display(self.plan.total_steps if self.plan else 0, self.state.step, self.config.log_every_seconds)
         try:
+            self.check_room()
             if self.plan is None:
                 if self.state.discriminator_warmup_done == 0 and not self.state.discriminator_warmup_finished:
                     self.baseline()
@@ -411,9 +412,10 @@ class TrainingLoop(Milestones):
         """Final evaluation (unless the last one saw these weights), export and checkpoint."""
         if self.last_eval_step != self.state.step:
             self.evaluate()
-        saved = self.on_main(lambda: self.export(self.paths.output_dir, {"training_summary.json": self.summary("finished")}))
+        saved = self.on_main(lambda: self.export(self.paths.output_dir, {"training_summary.json": self.summary("finished")},
+                                                 final=True))
         self.final_saved = self.dist.broadcast(saved)
-        self.checkpoint(end_of_epoch=self.sampler.state.position == 0)
+        self.checkpoint(end_of_epoch=self.sampler.state.position == 0, final=True)
 
     def stop_cleanly(self) -> LoopResult:
         """After a stop request: back to the last completed step if it came mid-window, then a checkpoint."""
@@ -423,7 +425,7 @@ class TrainingLoop(Milestones):
             self.feed.restart()
             self.boundary = None
         train_mode(self.model, self.frozen_parts)
-        path = self.checkpoint(end_of_epoch=False)
+        path = self.checkpoint(end_of_epoch=False, final=True)
         return self.result("interrupted", checkpoint=path)
 
     def summary(self, reason: str) -> dict:
