@@ -32,6 +32,12 @@ class LogFileHandler(logging.FileHandler):
         OPTIONAL.failed("train.log lines", Path(self.baseFilename).parent, error,
                         lambda line: print(line, file=sys.stderr, flush=True))
 
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError:  # the lines still buffered had no room; they were said on the console
+            self.stream = None
+
 
 def setup_logging(run_dir: Path, name: str = "finetune", rank: int = 0) -> logging.Logger:
     """Messages to stdout and to run_dir/train.log (appending, so a resumed run continues the file). In a
