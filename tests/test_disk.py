@@ -24,7 +24,7 @@ from finetune.training.checkpoint import list_checkpoints, load_checkpoint
 from tests.conftest import REPO, clock_for
 from tests.test_train import args, metrics
 
-COMMON = ["--target_hours", "1", "--max_epochs", "3", "--val_every", "3"]
+COMMON = ["--target_hours", "1", "--max_samples", "8", "--max_epochs", "4", "--val_every", "4"]  # 2 steps an epoch
 
 
 def mount_tmpfs(folder: Path, size_mb: float) -> None:
