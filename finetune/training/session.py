@@ -83,7 +83,8 @@ def load_weights(module: torch.nn.Module, state: dict, what: str) -> None:
     """load_state_dict, refusing a wrongly shaped weight in one line that names it and both shapes."""
     wrong = shape_mismatches(module, state)
     if wrong:
-        raise CheckpointError(f"the checkpoint's {what} has {len(wrong)} weights of the wrong shape "
+        count = f"{len(wrong)} weight{'s' if len(wrong) > 1 else ''}"
+        raise CheckpointError(f"the checkpoint's {what} has {count} of the wrong shape "
                               f"({'; '.join(wrong[:3])}{'; ...' if len(wrong) > 3 else ''}): it was not written by "
                               "this run's model, or it is damaged; resume another with --resume PATH, or start a new run "
                               "in another --checkpoint_dir")

@@ -102,7 +102,8 @@ def load_complete_model(folder: Path, name: str) -> VitsModel:
     mismatched = [f"{key}: {tuple(saved)} in the folder, {tuple(expected)} in this model"
                   for key, saved, expected in sorted(info.get("mismatched_keys") or [], key=lambda m: m[0])]
     if mismatched:
-        raise ModelSourceError(f"{name}: {len(mismatched)} weights have the wrong shape for its config.json "
+        count = f"{len(mismatched)} weight{'s have' if len(mismatched) > 1 else ' has'}"
+        raise ModelSourceError(f"{name}: {count} the wrong shape for its config.json "
                                f"({'; '.join(mismatched[:3])}{'; ...' if len(mismatched) > 3 else ''}): the weights and "
                                "config.json come from different models; download or export the folder again")
     missing = info.get("missing_keys") or []
