@@ -109,7 +109,7 @@ def load_complete_model(folder: Path, name: str) -> VitsModel:
     missing = info.get("missing_keys") or []
     if missing:
         names = sorted(str(k) for k in missing)
-        raise ModelSourceError(f"{name}: {len(names)} weights are missing in the saved model "
+        raise ModelSourceError(f"{name}: {len(names)} weights are missing from the saved model "
                                f"({', '.join(names[:6])}{', ...' if len(names) > 6 else ''}); the folder is incomplete or "
                                "not a VITS model: download or export it again")
     return model
