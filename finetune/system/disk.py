@@ -41,6 +41,19 @@ def is_write_failure(error: BaseException) -> bool:
     return False
 
 
+def detached(error: BaseException) -> BaseException:
+    """The error without its traceback, then a garbage collection. A failed torch.save leaves its file
+    open in the frames the traceback holds: the temporary file is already unlinked, but its blocks stay
+    taken until that handle closes (measured on tmpfs: 0.0 MB free after the failure, and a retry after
+    deleting an older checkpoint failed again). Keep this, never the raised object, past the except."""
+    import gc
+
+    error.__context__ = error.__cause__ = None
+    error = error.with_traceback(None)
+    gc.collect()
+    return error
+
+
 def free_bytes(path: str | Path) -> int:
     """Bytes free for this process on the file system that holds `path` (or would, once created)."""
     path = Path(path).absolute()

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from finetune.system.disk import (FREE_SPACE_FIX, DiskTooSmall, describe_failure, free_bytes, is_write_failure,
-                                   looks_full, mb)
+from finetune.system.disk import (FREE_SPACE_FIX, DiskTooSmall, describe_failure, detached, free_bytes,
+                                   is_write_failure, looks_full, mb)
 from finetune.training.checkpoint import list_checkpoints, newest_first, save_checkpoint
 from finetune.vits.generator import export_model
 from finetune.training.pacing import Costs
@@ -131,7 +131,8 @@ class Saver:
             except Exception as error:  # only failed writes are handled; anything else is a bug and surfaces
                 if not is_write_failure(error):
                     raise
-                failure = error
+                failure = error.with_traceback(None)
+            failure = detached(failure)  # frees the failed file's blocks (see detached)
             if not (final and looks_full(failure, target.parent, needed) and self._free_one(target, freed)):
                 break
         self.failures += 1
