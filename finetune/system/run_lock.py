@@ -113,3 +113,12 @@ class RunLock:
         self.handle.close()
         self.handle = None
         _HELD.pop(self.path.resolve(), None)
+
+
+def hold_for_launch(folder: str | Path, flag: str = "--checkpoint_dir") -> RunLock | None:
+    """A recipe's lock on its folder, taken right after its flags are read (before torch is imported, so a
+    second run is refused within seconds). Under torchrun only rank 0 takes it: the other ranks are part of
+    its run."""
+    if os.environ.get("RANK", "0") != "0":
+        return None
+    return RunLock(Path(folder), flag).acquire()
