@@ -133,7 +133,7 @@ class Saver:
                     raise
                 failure = error.with_traceback(None)
             failure = detached(failure)  # frees the failed file's blocks (see detached)
-            if not (final and looks_full(failure, target.parent, needed) and self._free_one(target, freed)):
+            if not (final and looks_full(failure, target.parent, needed) and self._free_one(target, needed, freed)):
                 break
         self.failures += 1
         freed_note = f"; freed {', '.join(freed)}" if freed else ""
@@ -141,12 +141,13 @@ class Saver:
                           f"{freed_note}; {self._kept_note()}, {kept}. {FREE_SPACE_FIX[0].upper()}{FREE_SPACE_FIX[1:]}")
         return None
 
-    def _free_one(self, target: Path, freed: list[str]) -> bool:
-        """Delete the oldest checkpoint on the target's disk, never the newest; False when none is left to delete."""
+    def _free_one(self, target: Path, needed: int, freed: list[str]) -> bool:
+        """Delete the oldest checkpoint on the target's disk, never the newest; False when none is left to
+        delete, or when deleting all of them would still not make room for `needed` bytes (then they stay)."""
         if self.run_dir is None or not self.run_dir.is_dir() or not same_disk(self.run_dir, target.parent):
             return False
         candidates = newest_first(self.run_dir)[1:]
-        if not candidates:
+        if not candidates or free_bytes(target.parent) + sum(p.stat().st_size for p in candidates) < needed:
             return False
         oldest = candidates[-1]
         size = oldest.stat().st_size
