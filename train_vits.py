@@ -288,8 +288,13 @@ def write_args(run: recipe.Run, config: TrainConfig, precomputed: bool) -> None:
     resolved = {"device": str(run.device), "precision": run.precision.name, "precompute_mels": precomputed,
                 "num_workers": workers(config, run), "resumed_from": str(run.resume_path) if run.resume_path else None,
                 "processes": run.dist.world_size}
-    atomic.write_text_atomic(run.folder / "training_args.json",
-                             json.dumps({**config_to_dict(config), "resolved": resolved}, indent=2) + "\n")
+    try:
+        atomic.write_text_atomic(run.folder / "training_args.json",
+                                 json.dumps({**config_to_dict(config), "resolved": resolved}, indent=2) + "\n")
+    except OSError as error:  # a full disk: the exported models carry these settings too
+        from finetune.system.disk import OPTIONAL
+
+        OPTIONAL.failed("training_args.json", run.folder, error, run.logger.warning)
 
 
 def report_end(config: TrainConfig, run: recipe.Run, trainer, result) -> int:
