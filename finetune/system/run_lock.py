@@ -85,9 +85,12 @@ class RunLock:
         self.previous = read_holder(self.path)
         handle.seek(0)
         handle.truncate()
-        handle.write(json.dumps(asdict(Holder.this_process())) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+        try:
+            handle.write(json.dumps(asdict(Holder.this_process())) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        except OSError:
+            pass  # a full disk: the lock holds all the same; a second run is refused without our name
         self.handle = handle
         _HELD[key] = self
         atexit.register(self.release)
