@@ -113,7 +113,10 @@ class RunLock:
         if self.handle is None:
             return
         self.path.unlink(missing_ok=True)  # before unlocking: a waiting process then retries on a new file
-        self.handle.close()
+        try:
+            self.handle.close()
+        except OSError:
+            pass  # its name could not be written (a full disk); the lock goes with the file all the same
         self.handle = None
         _HELD.pop(self.path.resolve(), None)
 
