@@ -31,6 +31,7 @@ from pathlib import Path
 
 from finetune.cli import config_to_dict, flag, lazy_modules, parse_config, run_script
 from finetune.settings import TrainingFlags
+from finetune.system.run_lock import hold_for_launch
 
 # The parts below need torch and transformers: they load on first use, once the flags are parsed (--help stays fast).
 (atomic, audio, budgeting, checkpoints, corpus, distributed, evaluation, feedback, generator, interrupt, logs, loop,
@@ -99,6 +100,16 @@ class FeedbackError(Exception):
 
 def main(argv: list[str] | None = None, clock=None) -> int:
     config = parse_config(FeedbackConfig, argv, __doc__)
+    lock = hold_for_launch(config.output_dir, "--output_dir")  # one round (or rollback) per voices folder at a time
+    try:
+        return act(config, clock)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def act(config: "FeedbackConfig", clock) -> int:
+    """Roll back, review, or run a round, in the voices folder this process holds."""
     versions = feedback.Versions(Path(config.output_dir))
     if (config.rollback or config.review) and distributed.launched_by_torchrun():
         raise FeedbackError("--rollback and --review run as one process: start them without torchrun")

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from finetune.cli import ConfigError, config_to_dict, flag, given_flags, lazy_modules, parse_config, run_script
 from finetune.settings import TrainingFlags
+from finetune.system.run_lock import hold_for_launch
 
 # The parts below need torch and transformers: they load on first use, once the flags are parsed (--help stays fast).
 (atomic, budgeting, checkpoints, corpus, distributed, evaluation, generator, hub_upload, interrupt, logs, loop, measures,
@@ -99,15 +100,20 @@ RESUME_MAY_CHANGE = ("target_hours", "data_dir", "output_dir", "device", "fp16",
 
 def main(argv: list[str] | None = None, clock=None, step_callback=None) -> int:
     config = parse_config(TrainConfig, argv, __doc__)
+    lock = hold_for_launch(config.checkpoint_dir)  # one run per folder: a second is refused here, in seconds
     stop = interrupt.StopRequest()
-    with stop.installed():  # from the start: Ctrl-C while loading stops within seconds too
-        try:
-            return train(config, given_flags(TrainConfig, argv), clock or budgeting.Clock(), step_callback, stop)
-        except interrupt.StopRequested as request:
-            resumed = "the checkpoints in --checkpoint_dir are as they were; " if config.resume != "none" else ""
-            print(f"interrupted ({request.signal_name}) before training started: nothing was trained; {resumed}"
-                  "run the command again to start", file=sys.stderr)
-            return stop.exit_status
+    try:
+        with stop.installed():  # from the start: Ctrl-C while loading stops within seconds too
+            try:
+                return train(config, given_flags(TrainConfig, argv), clock or budgeting.Clock(), step_callback, stop)
+            except interrupt.StopRequested as request:
+                resumed = "the checkpoints in --checkpoint_dir are as they were; " if config.resume != "none" else ""
+                print(f"interrupted ({request.signal_name}) before training started: nothing was trained; {resumed}"
+                      "run the command again to start", file=sys.stderr)
+                return stop.exit_status
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def train(config: TrainConfig, given: set[str], clock, step_callback, stop) -> int:
@@ -137,7 +143,10 @@ def open_run(config: TrainConfig, given: set[str], clock, stop) -> tuple[recipe.
     dist = distributed.from_environment(config.device)
     folder, output = Path(config.checkpoint_dir), Path(config.output_dir)
     folder.mkdir(parents=True, exist_ok=True)
+    lock = distributed.lock_run_folder(folder, dist)  # main() holds it already; under torchrun rank 0 does
     logger = logs.setup_logging(folder, rank=dist.rank)
+    if lock is not None and lock.took_over():
+        logger.info(lock.took_over())
     if dist.is_main:
         for note in atomic.recover(folder) + atomic.recover(output.parent, only=output.name):
             logger.info(f"{note} (left by a process that was killed while saving)")
@@ -207,6 +216,9 @@ def load_data(config: TrainConfig, run: recipe.Run, model: Model) -> Data:
         if (data_dir / "metadata_val.csv").is_file() else None
     if not train.examples:
         raise ConfigError([f"no usable training clips in {data_dir}/metadata.csv ({dict(train.report.skipped)})"])
+    for name, part in (("metadata.csv", train), ("metadata_val.csv", val)):
+        if part is not None and part.report.skipped:  # each clip left out named, with its reason
+            run.logger.warning("warning: " + part.report.describe(f"{data_dir / name}"))
     buckets = sampler.BucketSampler(train.lengths(hop), config.batch_size, config.seed, run.dist.rank, run.dist.world_size)
     padding = sampler.padding_fraction(buckets.epoch_batches(0), train.lengths(hop))
     skipped = dict(train.report.skipped)
@@ -214,7 +226,9 @@ def load_data(config: TrainConfig, run: recipe.Run, model: Model) -> Data:
                     f"{train.ram_bytes / 2**30:.2f} GiB in RAM; {buckets.batches_per_epoch} batches an epoch, padding "
                     f"{100 * padding:.1f}% of frames" + (f"; skipped {skipped}" if skipped else ""))
     run.metrics.write("data", clips=len(train.examples), hours=round(train.hours(rate), 4), load_s=round(train.load_s, 3),
-                      ram_bytes=train.ram_bytes, precomputed=precompute, padding_fraction=round(padding, 4), skipped=skipped)
+                      ram_bytes=train.ram_bytes, precomputed=precompute, padding_fraction=round(padding, 4), skipped=skipped,
+                      skipped_clips=train.report.examples_skipped, val_skipped=dict(val.report.skipped) if val else {},
+                      val_skipped_clips=val.report.examples_skipped if val else [])
     return Data(train, val, buckets, precompute)
 
 
@@ -298,8 +312,13 @@ def write_args(run: recipe.Run, config: TrainConfig, precomputed: bool) -> None:
     resolved = {"device": str(run.device), "precision": run.precision.name, "precompute_mels": precomputed,
                 "num_workers": workers(config, run), "resumed_from": str(run.resume_path) if run.resume_path else None,
                 "processes": run.dist.world_size}
-    atomic.write_text_atomic(run.folder / "training_args.json",
-                             json.dumps({**config_to_dict(config), "resolved": resolved}, indent=2) + "\n")
+    try:
+        atomic.write_text_atomic(run.folder / "training_args.json",
+                                 json.dumps({**config_to_dict(config), "resolved": resolved}, indent=2) + "\n")
+    except OSError as error:  # a full disk: the exported models carry these settings too
+        from finetune.system.disk import OPTIONAL
+
+        OPTIONAL.failed("training_args.json", run.folder, error, run.logger.warning)
 
 
 def report_end(config: TrainConfig, run: recipe.Run, trainer, result) -> int:

@@ -141,8 +141,10 @@ def run_script(main, extra_errors: tuple[type[Exception], ...] = ()) -> int:
         from finetune.data.corpus import CorpusError
         from finetune.system.model_source import ModelSourceError
         from finetune.training.checkpoint import CheckpointError
+        from finetune.system.disk import DiskTooSmall
+        from finetune.system.run_lock import FolderBusy
 
-        if not isinstance(error, (ModelSourceError, CorpusError, CheckpointError)):
+        if not isinstance(error, (ModelSourceError, CorpusError, CheckpointError, DiskTooSmall, FolderBusy)):
             raise
         print(f"error: {error}", file=sys.stderr)
         return 1

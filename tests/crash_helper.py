@@ -6,6 +6,9 @@ it must happen in a process of its own):
 FAULT, at its N-th occasion (several may be given, comma-separated):
     checkpoint-write   the process is killed half way through writing a checkpoint's temporary file
     export-swap        killed between the two renames of a model folder swap (old set aside, new not in)
+    export-staging     killed with a model folder fully built under its staging name, before any rename
+    export-after-swap  killed after a model folder swap, before the old folder set aside is deleted
+    pointer-update     killed after a checkpoint is renamed into place, before latest_checkpoint.json names it
     accept-version     killed after a feedback round copied its new version, before current/ and the history
     improving-scores   not a fault: every evaluation scores better than the last (so each exports best_model)
     slow-stop          after a stop request, saving hangs for a minute (says "saving slowly" on stderr first)
@@ -64,6 +67,26 @@ def inject(fault: str, n: int) -> None:
                 os.replace(target, target.with_name(f".{target.name}.old-{os.getpid()}"))
             die()
         generator.replace_dir = on_nth(n, generator.replace_dir, half_swapped)
+    elif fault == "export-staging":
+        generator.replace_dir = on_nth(n, generator.replace_dir, lambda built, target: die())
+    elif fault == "export-after-swap":
+        def swapped_not_cleaned(built, target):
+            if target.exists():
+                os.replace(target, target.with_name(f".{target.name}.old-{os.getpid()}"))
+            os.replace(built, target)
+            die()
+        generator.replace_dir = on_nth(n, generator.replace_dir, swapped_not_cleaned)
+    elif fault == "pointer-update":
+        real_text = checkpoint.write_text_atomic
+        pointer_calls = {"count": 0}
+
+        def pointer_then_die(path, text):
+            if os.path.basename(str(path)) == checkpoint.LATEST:
+                pointer_calls["count"] += 1
+                if pointer_calls["count"] == n:
+                    die()
+            return real_text(path, text)
+        checkpoint.write_text_atomic = pointer_then_die
     elif fault == "accept-version":
         real_copy = feedback.Versions._copy_model
 

@@ -1,9 +1,11 @@
 """A prepared corpus (DATA_DIR/metadata*.csv + wavs/) read into RAM as Examples.
 
 Clips are read as int16 (2 bytes a sample) and cut to a whole number of frames. A clip is left out,
-with its reason counted, when its WAV is missing or when its text has more tokens than its audio has
-frames (alignment needs at least one frame per token). A WAV at another sample rate than the model's is
-an error: preparation was run for another model.
+named with its reason and counted, when its WAV is missing, damaged after preparation (unreadable,
+emptied, overwritten) or holds no audio, or when its text has more tokens than its audio has frames
+(alignment needs at least one frame per token). When more than half the clips are missing or damaged,
+loading stops: the prepared folder itself is broken, and prepare_data.py rebuilds it. A WAV at another
+sample rate than the model's is an error: preparation was run for another model.
 
 Before reading, the RAM needed is estimated from the WAV sizes and checked against what is available
 (psutil): precomputed features (linear + mel spectrograms, float16) take about 2.3 times the audio's
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import soundfile as sf
 import torch
 
 from finetune.data.audio import read_pcm16
@@ -30,6 +33,8 @@ from finetune.system.progress import Progress
 WAV_HEADER_BYTES = 44
 EXAMPLE_OVERHEAD_BYTES = 1024  # Python objects and token ids per clip, roughly
 RAM_SHARE = 0.8  # of the available RAM the corpus may take
+MAX_DAMAGED_SHARE = 0.5  # more missing or damaged WAVs than this: the folder is broken, not a few clips
+DAMAGED = ("missing wav", "damaged wav")  # the reasons that mean the prepared files are not what was prepared
 
 
 class CorpusError(Exception):
@@ -53,7 +58,20 @@ def read_metadata(path: Path) -> list[tuple[str, str]]:
 class LoadReport:
     loaded: int = 0
     skipped: Counter = field(default_factory=Counter)  # reason -> count
-    examples_skipped: list[str] = field(default_factory=list)  # "id: reason", the first few
+    examples_skipped: list[str] = field(default_factory=list)  # "id: reason (detail)", the first 50
+
+    @property
+    def damaged(self) -> int:
+        return sum(self.skipped[reason] for reason in DAMAGED)
+
+    def describe(self, name: str) -> str:
+        """One line for the log: how many clips were left out, why, and which (the first ten)."""
+        total = sum(self.skipped.values())
+        shown = "; ".join(self.examples_skipped[:10]) + ("; ..." if total > 10 else "")
+        fix = (" (to get them back: delete the damaged WAVs and run prepare_data.py again; it writes missing ones)"
+               if self.damaged else "")
+        return (f"{name}: {total} clips left out ({', '.join(f'{n} {r}' for r, n in self.skipped.items())}): "
+                f"{shown}{fix}")
 
 
 def tokenize(tokenizer, text: str) -> np.ndarray:
@@ -80,33 +98,51 @@ def load_examples(data_dir: Path, metadata_name: str, tokenizer, hop: int, sampl
             stop.check()
         if progress is not None:
             progress.update()
-        example, reason = load_example(data_dir / "wavs" / f"{item_id}.wav", item_id, text, tokenizer, hop, sample_rate)
+        example, reason, detail = load_example(data_dir / "wavs" / f"{item_id}.wav", item_id, text, tokenizer, hop,
+                                               sample_rate)
         if example is None:
             report.skipped[reason] += 1
-            if len(report.examples_skipped) < 10:
-                report.examples_skipped.append(f"{item_id}: {reason}")
+            if len(report.examples_skipped) < 50:
+                report.examples_skipped.append(f"{item_id}: {reason}" + (f" ({detail})" if detail else ""))
             continue
         examples.append(example)
     if progress is not None:
         progress.close()
     report.loaded = len(examples)
+    check_damage(report, len(rows), path)
     return examples, report
 
 
-def load_example(wav: Path, item_id: str, text: str, tokenizer, hop: int, sample_rate: int) -> tuple[Example | None, str]:
+def check_damage(report: LoadReport, rows: int, path: Path) -> None:
+    """A few damaged clips are left out; more than half means the folder is broken: a CorpusError."""
+    if rows and report.damaged > MAX_DAMAGED_SHARE * rows:
+        raise CorpusError(f"{report.damaged} of the {rows} clips in {path} are missing or damaged "
+                          f"({'; '.join(report.examples_skipped[:3])}; ...): too few are left to train on. Prepare the "
+                          f"data again: delete {path.parent / 'wavs'} and run prepare_data.py --data_dir {path.parent} "
+                          "with the same input")
+
+
+def load_example(wav: Path, item_id: str, text: str, tokenizer, hop: int,
+                 sample_rate: int) -> tuple[Example | None, str, str]:
+    """(the example, "", "") or (None, a reason to count, a detail to name)."""
     if not wav.is_file():
-        return None, "missing wav"
-    audio, rate = read_pcm16(wav)
+        return None, "missing wav", str(wav)
+    try:
+        audio, rate = read_pcm16(wav)
+    except (sf.LibsndfileError, RuntimeError, ValueError, EOFError) as error:  # noise, an emptied or cut file
+        return None, "damaged wav", f"{wav.name} cannot be read: {str(error).strip()[:120]}"
+    if len(audio) == 0:
+        return None, "damaged wav", f"{wav.name} holds no audio"
     if rate != sample_rate:
         raise CorpusError(f"{wav} is {rate} Hz but the model runs at {sample_rate} Hz: prepare the data again "
                           f"for this model (prepare_data.py --model_name ... or --sample_rate {sample_rate})")
     token_ids = tokenize(tokenizer, text)
     frames = len(audio) // hop
     if len(token_ids) == 0:
-        return None, "no tokens"
+        return None, "no tokens", ""
     if len(token_ids) > frames:
-        return None, "more tokens than audio frames"
-    return Example(item_id, token_ids, audio[: frames * hop]), ""
+        return None, "more tokens than audio frames", f"{len(token_ids)} tokens, {frames} frames"
+    return Example(item_id, token_ids, audio[: frames * hop]), "", ""
 
 
 # ---------------------------------------------------------------- memory

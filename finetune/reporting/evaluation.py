@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from finetune.data.audio import write_pcm16
+from finetune.system.disk import OPTIONAL, is_write_failure
 from finetune.data.examples import Example, collate
 from finetune.data.features import Features
 from finetune.vits.inference import ceiling_for_text, duration_draws, fork_rng, speak
@@ -313,7 +314,6 @@ class Evaluator:
             return [], False
         limit = limit or TimeLimit.none()
         folder = self.samples_dir / f"step_{step:06d}"
-        folder.mkdir(parents=True, exist_ok=True)
         costs, paths = PieceCosts(prior_s=self.sentence_s), []
         for name, ids in self.test_sentences:
             if stop is not None:
@@ -323,7 +323,14 @@ class Evaluator:
             started = limit.now()
             speech = speak(model, [ids], self.device, self.seed, [min(TEST_SENTENCE_MAX_S, ceiling_for_text(len(ids)))])
             path = folder / f"{name}.wav"
-            write_pcm16(path, speech.waveforms[0], self.sample_rate)
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                write_pcm16(path, speech.waveforms[0], self.sample_rate)
+            except Exception as error:  # soundfile's LibsndfileError on a full disk; anything else surfaces
+                if not is_write_failure(error):
+                    raise
+                OPTIONAL.failed("test-sentence samples", folder, error, LOG.warning)
+                break
             paths.append(str(path))
             costs.add(limit.now() - started)
             self.sentence_s = max(costs.seen)

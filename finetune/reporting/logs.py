@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -16,7 +17,26 @@ import psutil
 import torch
 from tqdm import tqdm
 
+from finetune.system.disk import OPTIONAL, is_write_failure
 from finetune.system.progress import format_duration
+
+
+class LogFileHandler(logging.FileHandler):
+    """train.log that a full disk cannot turn into a traceback: logging's own handler prints one per
+    failed line to stderr. A line that cannot be written is dropped (the console still has it), said once."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        error = sys.exc_info()[1]
+        if error is None or not is_write_failure(error):
+            return super().handleError(record)
+        OPTIONAL.failed("train.log lines", Path(self.baseFilename).parent, error,
+                        lambda line: print(line, file=sys.stderr, flush=True))
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError:  # the lines still buffered had no room; they were said on the console
+            self.stream = None
 
 
 def setup_logging(run_dir: Path, name: str = "finetune", rank: int = 0) -> logging.Logger:
@@ -31,7 +51,8 @@ def setup_logging(run_dir: Path, name: str = "finetune", rank: int = 0) -> loggi
     console.setFormatter(logging.Formatter("%(message)s" if rank == 0 else f"[rank {rank}] %(message)s"))
     logger.addHandler(console)
     if rank == 0:
-        logfile = logging.FileHandler(run_dir / "train.log", encoding="utf-8")
+        OPTIONAL.warned.clear()  # a new run says each skipped kind of write again
+        logfile = LogFileHandler(run_dir / "train.log", encoding="utf-8")
         logfile.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%d %H:%M:%S"))
         logger.addHandler(logfile)
     logger.propagate = False
@@ -40,22 +61,29 @@ def setup_logging(run_dir: Path, name: str = "finetune", rank: int = 0) -> loggi
 
 class Metrics:
     """Appends JSON lines to metrics.jsonl, flushing each so a crash loses nothing written. A line that
-    cannot be written (a full disk) is skipped with one warning: the run matters more than its record."""
+    cannot be written (a full disk) is cut off again (no half line is left) and skipped, said once: the
+    run matters more than its record."""
 
     def __init__(self, path: Path, enabled: bool = True):
-        self.path, self.enabled, self.warned = path, enabled, False
+        self.path, self.enabled = path, enabled
 
     def write(self, kind: str, **values) -> None:
         if not self.enabled:
             return
+        line = json.dumps({"kind": kind, **values}, ensure_ascii=False) + "\n"
+        size = self.path.stat().st_size if self.path.is_file() else 0
         try:
             with open(self.path, "a", encoding="utf-8") as handle:
-                handle.write(json.dumps({"kind": kind, **values}, ensure_ascii=False) + "\n")
+                handle.write(line)
         except OSError as error:
-            if not self.warned:
-                self.warned = True
-                logging.getLogger("finetune").warning(f"warning: {self.path} cannot be written ({error}); "
-                                                      "metrics are skipped until it can")
+            self._cut_back(size)
+            OPTIONAL.failed("metrics.jsonl lines", self.path.parent, error, logging.getLogger("finetune").warning)
+
+    def _cut_back(self, size: int) -> None:
+        try:
+            os.truncate(self.path, size)
+        except OSError:
+            pass  # the reader skips a half line (finetune/reporting/run_report.py); nothing more can be done
 
 
 def memory_text(device: torch.device) -> str:

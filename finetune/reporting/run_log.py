@@ -11,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from finetune.system.atomic import write_text_atomic
+from finetune.system.atomic import write_atomic, write_text_atomic
+from finetune.system.disk import OPTIONAL
 from finetune.reporting.evaluation import EvalResult
 from finetune.system.profile import StepProfile
 from finetune.reporting.logs import Metrics, ProgressDisplay, memory_text, progress_line
@@ -97,15 +98,24 @@ class RunLog:
         self.tracker.image(step, "eval/mel_synthesised_vs_recorded", rgb)
         from PIL import Image
 
-        (self.run_dir / "report").mkdir(exist_ok=True)
-        Image.fromarray(rgb).save(self.run_dir / "report" / "mel_latest.png")
+        def save(tmp: str) -> None:
+            Image.fromarray(rgb).save(tmp, format="PNG")
+
+        try:
+            (self.run_dir / "report").mkdir(exist_ok=True)
+            write_atomic(self.run_dir / "report" / "mel_latest.png", save, durable=False)
+        except OSError as error:
+            OPTIONAL.failed("report pictures", self.run_dir, error, self.logger.warning)
 
     # ------------------------------------------------------------ plan, failures, the end
 
     def plan(self, plan: dict, described: str) -> None:
         if not self.is_main:
             return
-        write_text_atomic(self.run_dir / "plan.json", json.dumps(plan, indent=2) + "\n")
+        try:
+            write_text_atomic(self.run_dir / "plan.json", json.dumps(plan, indent=2) + "\n")
+        except OSError as error:
+            OPTIONAL.failed("plan.json", self.run_dir, error, self.logger.warning)
         self.metrics.write("plan", **plan)
         self.logger.info(described)
 
@@ -133,4 +143,4 @@ class RunLog:
         try:
             write_report(self.run_dir, self.report_title, self.max_length_ratio, self.best_dir)
         except OSError as error:  # a full disk must not stop training for a report
-            self.logger.warning(f"warning: report.html not written: {error}")
+            OPTIONAL.failed("report.html", self.run_dir, error, self.logger.warning)

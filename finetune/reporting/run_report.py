@@ -146,6 +146,17 @@ def _figure(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def _skipped(records: list[dict]) -> str:
+    """The clips the run left out at loading (missing or damaged WAVs, texts too long), each named."""
+    data = next((r for r in reversed(records) if r.get("kind") == "data"), None)
+    if not data or not (data.get("skipped") or data.get("val_skipped")):
+        return ""
+    counts = {**data.get("skipped", {}), **{f"held-out: {k}": v for k, v in data.get("val_skipped", {}).items()}}
+    items = "".join(f"<li>{html.escape(c)}</li>" for c in data.get("skipped_clips", []) + data.get("val_skipped_clips", []))
+    return (f"<h2>Clips left out at loading</h2><p>{html.escape(', '.join(f'{n} {r}' for r, n in counts.items()))}"
+            f"</p><ul>{items}</ul>")
+
+
 def write_report(run_dir: Path, title: str, max_length_ratio: float = 1.25, best_dir: Path | None = None) -> Path:
     """Draw the plots and write RUN_DIR/report.html (the best model in `best_dir`, by default
     RUN_DIR/best_model); returns its path."""
@@ -162,7 +173,7 @@ def write_report(run_dir: Path, title: str, max_length_ratio: float = 1.25, best
 <style>body{{font-family:sans-serif;max-width:980px;margin:2em auto;color:#222}}img{{max-width:100%}}
 figure{{margin:1em 0}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:2px 8px;text-align:right}}
 td:first-child{{text-align:left}}</style></head><body>
-<h1>{html.escape(title)}</h1>{summary}
+<h1>{html.escape(title)}</h1>{summary}{_skipped(records)}
 <h2>Figures</h2>{images}
 <h2>Best model, per held-out clip</h2>{_clip_table(best_dir or run_dir / "best_model")}
 <h2>Listen</h2>{_audio(run_dir, evals[-1]["step"] if evals else None, "Latest evaluation")}

@@ -13,9 +13,12 @@ generated-vs-recorded mel image; the step profile's shares at the end.
 from __future__ import annotations
 
 import importlib.util
+import logging
 from pathlib import Path
 
 import numpy as np
+
+from finetune.system.disk import OPTIONAL
 
 TRACKERS = ("auto", "tensorboard", "wandb", "none")
 
@@ -34,10 +37,31 @@ def check_trackers(names: list[str]) -> list[str]:
     return problems
 
 
+def quiet_writer_threads() -> None:
+    """TensorBoard writes its event file from a thread of its own; on a full disk that thread dies with
+    an OSError that Python prints as a traceback, and the next call raises it again (caught in Tracker).
+    Only that thread's write failures are silenced here; every other thread's errors print as before."""
+    import threading
+
+    previous = threading.excepthook
+    if getattr(previous, "quiet_writer_threads", False):
+        return
+
+    def hook(args) -> None:
+        if type(args.thread).__name__ == "_AsyncWriterThread" and isinstance(args.exc_value, OSError):
+            return
+        previous(args)
+
+    hook.quiet_writer_threads = True
+    threading.excepthook = hook
+
+
 class TensorBoardSink:
     def __init__(self, folder: Path):
         from torch.utils.tensorboard import SummaryWriter
 
+        quiet_writer_threads()
+        self.folder = folder
         self.writer = SummaryWriter(log_dir=str(folder))
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
@@ -75,10 +99,21 @@ class WandbSink:
 
 
 class Tracker:
-    """Fans each figure out to the trackers in use (none at all is fine)."""
+    """Fans each figure out to the trackers in use (none at all is fine). A tracker whose files cannot be
+    written (a full disk) is dropped for the rest of the run, said once; training goes on."""
 
     def __init__(self, sinks: list | None = None):
         self.sinks = sinks or []
+
+    def _each(self, call) -> None:
+        for sink in list(self.sinks):
+            try:
+                call(sink)
+            except OSError as error:
+                self.sinks.remove(sink)
+                folder = getattr(sink, "folder", Path("."))
+                OPTIONAL.failed(f"{type(sink).__name__.removesuffix('Sink')} files", folder, error,
+                                logging.getLogger("finetune").warning)
 
     @property
     def names(self) -> list[str]:
@@ -86,20 +121,16 @@ class Tracker:
 
     def scalars(self, step: int, values: dict[str, float], prefix: str = "") -> None:
         clean = {f"{prefix}{k}": float(v) for k, v in values.items() if v is not None and np.isfinite(v)}
-        for sink in self.sinks:
-            sink.scalars(step, clean)
+        self._each(lambda sink: sink.scalars(step, clean))
 
     def audio(self, step: int, name: str, wave: np.ndarray, sample_rate: int) -> None:
-        for sink in self.sinks:
-            sink.audio(step, name, wave, sample_rate)
+        self._each(lambda sink: sink.audio(step, name, wave, sample_rate))
 
     def image(self, step: int, name: str, rgb: np.ndarray) -> None:
-        for sink in self.sinks:
-            sink.image(step, name, rgb)
+        self._each(lambda sink: sink.image(step, name, rgb))
 
     def close(self) -> None:
-        for sink in self.sinks:
-            sink.close()
+        self._each(lambda sink: sink.close())
 
 
 def open_tracker(names: list[str], run_dir: Path, config: dict, is_main: bool = True) -> Tracker:
@@ -107,7 +138,10 @@ def open_tracker(names: list[str], run_dir: Path, config: dict, is_main: bool = 
         return Tracker()
     sinks = []
     if "tensorboard" in names or ("auto" in names and installed("tensorboard")):
-        sinks.append(TensorBoardSink(run_dir / "tensorboard"))
+        try:
+            sinks.append(TensorBoardSink(run_dir / "tensorboard"))
+        except OSError as error:
+            OPTIONAL.failed("TensorBoard files", run_dir, error, logging.getLogger("finetune").warning)
     if "wandb" in names:
         sinks.append(WandbSink(run_dir, config))
     return Tracker(sinks)

@@ -1,10 +1,15 @@
-"""Writes that a deadline, a crash or a full disk cannot leave half done.
+"""Writes that a deadline, a crash, a power cut or a full disk cannot leave half done.
 
-Files are written to a temporary name in the same folder, flushed, then renamed over the target (a
-rename within one filesystem is atomic). Folders are built under a temporary name and swapped in; the
-previous one is only deleted once the new one is in place. A folder swap is two renames (old aside, new
-in): a process killed between them leaves the old folder under its aside name, and `recover` (run when a
-run starts) puts it back and clears what unfinished writes left.
+Files are written to a temporary name in the same folder, flushed to the disk (fsync), then renamed over
+the target (a rename within one filesystem is atomic), and the folder itself is flushed so the rename
+survives a power cut. Folders are built under a temporary name, every file and the folder flushed, then
+swapped in; the previous one is only deleted once the new one is in place and flushed. A folder swap is
+two renames (old aside, new in). Every point a kill can land on leaves a complete folder somewhere, and
+`recover` (run when a run starts) settles it:
+
+    killed while building       the staging folder is deleted; the old folder is untouched
+    between the two renames     the old folder is put back from its aside name; the staging folder deleted
+    after the swap              the new folder is in place; the aside copy of the old one is deleted
 """
 
 from __future__ import annotations
@@ -40,12 +45,37 @@ def write_atomic(path: str | Path, write: Callable[[str], None], durable: bool =
         write(tmp)
         os.chmod(tmp, FILE_MODE)
         if durable:
-            with open(tmp, "rb") as handle:
-                os.fsync(handle.fileno())
+            fsync_file(tmp)
         os.replace(tmp, path)
+        if durable:
+            fsync_dir(path.parent)
     finally:
         if os.path.exists(tmp):
-            os.unlink(tmp)
+            os.unlink(tmp)  # a write that failed (a full disk) leaves no partial file behind
+
+
+def fsync_file(path: str | Path) -> None:
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def fsync_dir(folder: str | Path) -> None:
+    """Flush a folder's entries (a rename or a new file in it) to the disk. Costs one disk flush."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(folder: Path) -> None:
+    """Every file under `folder`, then every folder, flushed: after this a power cut cannot lose them."""
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            fsync_file(path)
+    for path in sorted((p for p in folder.rglob("*") if p.is_dir()), reverse=True):
+        fsync_dir(path)
+    fsync_dir(folder)
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
@@ -63,18 +93,22 @@ def torch_save_atomic(obj, path: str | Path) -> None:
 
 
 def replace_dir(built: Path, target: Path) -> None:
-    """Swap the fully written folder `built` in as `target`; the old target is removed afterwards.
-    Files in it get ordinary permissions (libraries writing into it may leave temporary-file modes)."""
+    """Swap the fully written folder `built` in as `target`; the old target is removed only once the new
+    one is on the disk. Files in it get ordinary permissions (libraries writing into it may leave
+    temporary-file modes)."""
     for path in built.rglob("*"):
         if path.is_file():
             os.chmod(path, FILE_MODE)
+    fsync_tree(built)
     old = None
     if target.exists():
         old = target.with_name(f".{target.name}.old-{os.getpid()}")
         if old.exists():
             shutil.rmtree(old)
         os.replace(target, old)
+        fsync_dir(target.parent)
     os.replace(built, target)
+    fsync_dir(target.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -109,6 +143,9 @@ def recover(folder: Path, only: str | None = None) -> list[str]:
         if ".old-" in path.name and path.is_dir() and not target.exists():
             os.replace(path, target)
             done.append(f"restored {target.name} from an unfinished swap")
+        elif ".old-" in path.name:
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+            done.append(f"removed {path.name}, the copy of {target.name} a finished swap had replaced")
         elif path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
             done.append(f"removed unfinished {path.name}")

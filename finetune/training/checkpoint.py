@@ -111,12 +111,17 @@ def list_checkpoints(folder: Path) -> list[Path]:
 
 
 def save_checkpoint(folder: Path, name: str, payload: dict, keep: int) -> Path:
-    """Write atomically, point latest_checkpoint.json at it, then delete all but the newest `keep`."""
+    """Write atomically and durably, point latest_checkpoint.json at it, then delete all but the newest
+    `keep`. A pointer the disk has no room for is removed rather than left naming an older checkpoint
+    (the newest file wins on resume anyway, see newest_first)."""
     path = folder / name
     torch_save_atomic({"version": CHECKPOINT_VERSION, **payload}, path)
     step = payload["state"]["step"]
-    write_text_atomic(folder / LATEST, json.dumps({"path": name, "step": step,
-                                                    "epoch": payload["state"]["epoch"]}) + "\n")
+    try:
+        write_text_atomic(folder / LATEST, json.dumps({"path": name, "step": step,
+                                                        "epoch": payload["state"]["epoch"]}) + "\n")
+    except OSError:  # a full disk (a plain write raises OSError)
+        (folder / LATEST).unlink(missing_ok=True)
     rotate(folder, keep, protect=path)
     return path
 
@@ -132,18 +137,16 @@ def rotate(folder: Path, keep: int, protect: Path) -> None:
 
 
 def newest_first(folder: Path) -> list[Path]:
-    """Checkpoints in `folder`, newest first: the one latest_checkpoint.json names, then by write time."""
-    existing = sorted(list_checkpoints(folder), key=lambda p: p.stat().st_mtime, reverse=True)
-    pointer = folder / LATEST
+    """Checkpoints in `folder`, newest first by write time; latest_checkpoint.json only breaks ties. A
+    process killed between writing a checkpoint and updating the pointer leaves the pointer naming the
+    one before: the newer file still comes first."""
+    pointer, named = folder / LATEST, None
     if pointer.is_file():
         try:
             named = folder / json.loads(pointer.read_text(encoding="utf-8"))["path"]
-        except (ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError):
             named = None  # an unreadable pointer: the files themselves decide
-        if named in existing:
-            existing.remove(named)
-            existing.insert(0, named)
-    return existing
+    return sorted(list_checkpoints(folder), key=lambda p: (p.stat().st_mtime_ns, p == named), reverse=True)
 
 
 def latest_checkpoint(folder: Path) -> Path | None:

@@ -115,3 +115,20 @@ def from_environment(device: str = "auto", timeout_s: float = 3600.0) -> Distrib
     backend = "nccl" if on_gpu else "gloo"
     torch.distributed.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     return Distributed(rank=rank, world_size=world_size, local_rank=local_rank, backend=backend)
+
+
+def lock_run_folder(folder, dist: Distributed, flag: str = "--checkpoint_dir"):
+    """The main process takes the folder's run.lock (finetune/system/run_lock.py); the other ranks are part
+    of its run. Raises FolderBusy on every process when another run holds the folder."""
+    from finetune.system.run_lock import FolderBusy, RunLock
+
+    lock, refusal = None, None
+    if dist.is_main:
+        try:
+            lock = RunLock(folder, flag).acquire()
+        except FolderBusy as error:
+            refusal = str(error)
+    refusal = dist.broadcast(refusal)
+    if refusal:
+        raise FolderBusy(refusal)
+    return lock

@@ -376,6 +376,7 @@ class TrainingLoop(Milestones, BatchFitting):
     def run(self) -> LoopResult:
         self.run_log.open_display(self.plan.total_steps if self.plan else 0, self.state.step, self.config.log_every_seconds)
         try:
+            self.check_room()  # first: a disk that cannot hold one checkpoint stops before any work
             if not self.fit_batch():  # first: a run that cannot fit one clip stops before any work
                 return self.result("out_of_memory", checkpoint=self.last_checkpoint)
             self.on_main(self.measure_report)
@@ -449,13 +450,13 @@ class TrainingLoop(Milestones, BatchFitting):
             self.evaluate(final=True)
         saved = self.on_main(self.save_final)
         self.final_saved = self.dist.broadcast(saved)
-        self.checkpoint(end_of_epoch=self.sampler.state.position == 0)
+        self.checkpoint(end_of_epoch=self.sampler.state.position == 0, final=True)
 
     def save_final(self) -> bool:
         """RUN_DIR/last_model: the last weights; OUTPUT_DIR: a copy of best_model (the last weights when
         there is none). Both carry training_summary.json, which says what OUTPUT_DIR holds."""
         summary = self.summary("finished")
-        last_saved = self.export(self.paths.last_dir, {"training_summary.json": summary})
+        last_saved = self.export(self.paths.last_dir, {"training_summary.json": summary}, final=True)
         best = self.paths.best_dir if (self.paths.best_dir / "config.json").is_file() else None
         source = best or (self.paths.last_dir if last_saved else None)
         if source is None:
@@ -485,7 +486,7 @@ class TrainingLoop(Milestones, BatchFitting):
             self.feed.restart()
             self.boundary = None
         train_mode(self.model, self.frozen_parts)
-        path = self.checkpoint(end_of_epoch=False)
+        path = self.checkpoint(end_of_epoch=False, final=True)
         return self.result("interrupted", checkpoint=path)
 
     def summary(self, reason: str) -> dict:

@@ -11,6 +11,7 @@ from typing import Callable
 
 from finetune.training.budget import Plan
 from finetune.training.checkpoint import capture_rng, checkpoint_name
+from finetune.system.disk import DiskTooSmall
 from finetune.reporting.evaluation import EvalResult
 from finetune.reporting.selection import NONE_YET, Standing, better, chosen_as, standing
 from finetune.vits.generator import train_mode
@@ -142,8 +143,8 @@ class Milestones:
         self.run_log.write_report()
         self.costs.report_s = max(self.costs.report_s, self.budget.clock.now() - started)
 
-    def export(self, folder: Path, extra_json: dict) -> bool:
-        saved = self.saver.export(folder, {**extra_json, **self.card_file(folder, extra_json.get("eval.json"))})
+    def export(self, folder: Path, extra_json: dict, final: bool = False) -> bool:
+        saved = self.saver.export(folder, {**extra_json, **self.card_file(folder, extra_json.get("eval.json"))}, final)
         self.run_log.export_s += self.costs.export_s if saved else 0.0
         return saved
 
@@ -161,17 +162,18 @@ class Milestones:
         steps = int(evaluation.get("step", self.state.step)) if evaluation else self.state.step
         return {"README.md": card_text(self.card, role or roles.get(folder, folder.name), steps, evaluation)}
 
-    def checkpoint(self, end_of_epoch: bool) -> Path | None:
-        """Every process's random state to the main process, which writes the checkpoint; all learn where."""
+    def checkpoint(self, end_of_epoch: bool, final: bool = False) -> Path | None:
+        """Every process's random state to the main process, which writes the checkpoint; all learn where.
+        A `final` one (the run's last, or on a stop request) may delete older checkpoints to find room."""
         self.rng_by_rank = self.dist.gather(capture_rng())
-        path = self._checkpoint(end_of_epoch) if self.dist.is_main else None
+        path = self._checkpoint(end_of_epoch, final) if self.dist.is_main else None
         path, self.costs.checkpoint_s = self.dist.broadcast((path, self.costs.checkpoint_s))
         if path is not None:
             self.last_checkpoint, self.last_checkpoint_at = path, self.budget.clock.now()
             self.last_good.saved(path)
         return path
 
-    def _checkpoint(self, end_of_epoch: bool) -> Path | None:
+    def _checkpoint(self, end_of_epoch: bool, final: bool = False) -> Path | None:
         self.state.time_used_s = self.budget.used_s()
         self.state.micro_batch_s_estimate = self.timer.micro_batch_s
         self.state.update_s_estimate = self.timer.update_s
@@ -181,7 +183,7 @@ class Milestones:
         self.state.eval_sentence_s_estimate = getattr(self.evaluator, "sentence_s", None) or 0.0
         epoch = self.state.epoch if end_of_epoch else self.state.epoch + 1
         path = self.saver.checkpoint(self.paths.run_dir, checkpoint_name(epoch, self.state.step, end_of_epoch),
-                                     self.checkpoint_payload)
+                                     self.checkpoint_payload, final)
         if path is not None:
             self.run_log.checkpoint_s += self.costs.checkpoint_s
         return path
@@ -193,6 +195,21 @@ class Milestones:
                 "train_step": self.step.state_dict(), "state": self.state.to_dict(),
                 "sampler": self.sampler.state_dict(), "rng": self.rng_by_rank[0], "rng_by_rank": self.rng_by_rank,
                 "plan": self.plan.to_dict() if self.plan else None, **self.checkpoint_extra}
+
+    def check_room(self) -> None:
+        """Free space against what the run will write (finetune/training/saving.py): a warning, or DiskTooSmall
+        on every process when not even one checkpoint fits."""
+        refusal, warning = None, None
+        if self.dist.is_main:
+            try:
+                warning = self.saver.check_room(self.paths.run_dir, self.paths.output_dir)
+            except DiskTooSmall as error:
+                refusal = str(error)
+        if warning:
+            self.logger.warning(warning)
+        refusal = self.dist.broadcast(refusal)
+        if refusal:
+            raise DiskTooSmall(refusal)
 
     def replan(self) -> Plan:
         eval_every = self.plan.eval_every if self.plan else self.config.val_every

@@ -18,7 +18,8 @@ from transformers import VitsConfig, VitsModel, VitsTokenizer
 
 from finetune.data.corpus import Corpus, CorpusError, read_metadata, tokenize
 from finetune.vits.discriminator import Discriminator, DiscriminatorConfig, load_discriminator, parameter_count
-from finetune.vits.generator import LoadedGenerator, load_generator, ready_for_training
+from finetune.training.checkpoint import CheckpointError
+from finetune.vits.generator import LoadedGenerator, load_generator, ready_for_training, shape_mismatches
 from finetune.system.model_source import resolve_model
 from finetune.data.text import TextNormalizer, describe_oov
 
@@ -78,10 +79,22 @@ def tokenizer_from_files(files: dict[str, str]) -> VitsTokenizer:
         return VitsTokenizer.from_pretrained(tmp)
 
 
+def load_weights(module: torch.nn.Module, state: dict, what: str) -> None:
+    """load_state_dict, refusing a wrongly shaped weight in one line that names it and both shapes."""
+    wrong = shape_mismatches(module, state)
+    if wrong:
+        count = f"{len(wrong)} weight{'s' if len(wrong) > 1 else ''}"
+        raise CheckpointError(f"the checkpoint's {what} has {count} of the wrong shape "
+                              f"({'; '.join(wrong[:3])}{'; ...' if len(wrong) > 3 else ''}): it was not written by "
+                              "this run's model, or it is damaged; resume another with --resume PATH, or start a new run "
+                              "in another --checkpoint_dir")
+    module.load_state_dict(state)
+
+
 def generator_from_checkpoint(payload: dict) -> LoadedGenerator:
     config = VitsConfig.from_dict(payload["model_config"])
     model = ready_for_training(VitsModel(config))
-    model.load_state_dict(payload["model"])
+    load_weights(model, payload["model"], "generator")
     return LoadedGenerator(model, tokenizer_from_files(payload["tokenizer_files"]), pretrained=True,
                            description=f"resumed at step {payload['state']['step']}")
 
@@ -125,7 +138,7 @@ def build_discriminator(path: str | None, width: float, periods: list[int], payl
         config = DiscriminatorConfig(periods=tuple(saved["config"]["periods"]), width=saved["config"]["width"],
                                      scales=saved["config"]["scales"])
         discriminator = Discriminator(config)
-        discriminator.load_state_dict(saved["state"])
+        load_weights(discriminator, saved["state"], "discriminator")
         warmup = int(saved["warmup_steps"])  # as the original run resolved it, not as the flag now says
         return DiscriminatorChoice(discriminator, "discriminator resumed from the checkpoint", warmup)
     if path:

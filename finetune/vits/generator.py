@@ -98,14 +98,40 @@ def load_complete_model(folder: Path, name: str) -> VitsModel:
     if config.num_speakers > 1:
         raise ModelSourceError(f"{name}: a multi-speaker VITS model ({config.num_speakers} speakers); this tool "
                                "fine-tunes single-speaker models such as MMS-TTS")
-    model, info = VitsModel.from_pretrained(str(folder), output_loading_info=True)
-    problems = {kind: info.get(kind) or [] for kind in ("missing_keys", "mismatched_keys")}
-    if any(problems.values()):
-        names = [str(k if isinstance(k, str) else k[0]) for keys in problems.values() for k in keys]
-        raise ModelSourceError(f"{name}: {len(names)} weights are missing or of the wrong shape in the saved model "
+    model, info = quiet_from_pretrained(folder)
+    mismatched = [f"{key}: {tuple(saved)} in the folder, {tuple(expected)} in this model"
+                  for key, saved, expected in sorted(info.get("mismatched_keys") or [], key=lambda m: m[0])]
+    if mismatched:
+        count = f"{len(mismatched)} weight{'s have' if len(mismatched) > 1 else ' has'}"
+        raise ModelSourceError(f"{name}: {count} the wrong shape for its config.json "
+                               f"({'; '.join(mismatched[:3])}{'; ...' if len(mismatched) > 3 else ''}): the weights and "
+                               "config.json come from different models; download or export the folder again")
+    missing = info.get("missing_keys") or []
+    if missing:
+        names = sorted(str(k) for k in missing)
+        raise ModelSourceError(f"{name}: {len(names)} weights are missing from the saved model "
                                f"({', '.join(names[:6])}{', ...' if len(names) > 6 else ''}); the folder is incomplete or "
                                "not a VITS model: download or export it again")
     return model
+
+
+def quiet_from_pretrained(folder: Path):
+    """VitsModel.from_pretrained that reports wrongly shaped weights instead of raising from inside (and
+    printing a load report first): they come back in the loading info, and are refused by the caller."""
+    level = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()
+    try:
+        return VitsModel.from_pretrained(str(folder), output_loading_info=True, ignore_mismatched_sizes=True)
+    finally:
+        transformers_logging.set_verbosity(level)
+
+
+def shape_mismatches(module: torch.nn.Module, state: dict) -> list[str]:
+    """'name: (saved shape) saved, (expected shape) expected' for each weight of `state` that `module` has
+    with another shape (load_state_dict would raise a RuntimeError listing them all, far from the user)."""
+    expected = module.state_dict()
+    return [f"{key}: {tuple(value.shape)} saved, {tuple(expected[key].shape)} expected" for key, value in state.items()
+            if key in expected and hasattr(value, "shape") and tuple(value.shape) != tuple(expected[key].shape)]
 
 
 def pretrained_generator(source: ModelSource) -> LoadedGenerator:
