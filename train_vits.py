@@ -64,7 +64,7 @@ class TrainConfig(TrainingFlags):
     report_to: list[str] = flag(["auto"], "trackers besides train.log and metrics.jsonl: auto (TensorBoard when "
                                           "installed), tensorboard, wandb, none")
     naturalness: bool | None = flag(None, "score held-out speech with DNSMOS (reported, not part of choosing best_model; "
-                                          "default: on when requirements-naturalness.txt is installed)")
+                                          "default: on with CUDA when requirements-naturalness.txt is installed, off on CPU)")
     push_to_hub: str | None = flag(None, "after the final save, upload --output_dir to this Hugging Face repository "
                                          "(needs a token: hf auth login); checked before training starts")
     hub_private: bool = flag(True, "create the --push_to_hub repository private (--no-hub_private: public)")
@@ -247,7 +247,7 @@ def build_loop(config: TrainConfig, run: recipe.Run, model: Model, data: Data, s
         features.config.sample_rate, run.folder / "samples",
         session.test_sentences(config.test_sentences, loaded.tokenizer, run.logger), seed=config.seed,
         batch_size=session.eval_batch_size(run.device), rule=measures.TimingRule(config.max_length_ratio),
-        naturalness=naturalness_for(config.naturalness, run.logger) if run.dist.is_main else None)
+        naturalness=naturalness_for(config.naturalness, run.device, run.logger) if run.dist.is_main else None)
     fingerprint = checkpoints.data_fingerprint([e.item_id for e in data.train.examples])
     resolved = config_to_dict(config)
     state, plan = checkpoints.TrainingState(), None
@@ -273,13 +273,16 @@ def build_loop(config: TrainConfig, run: recipe.Run, model: Model, data: Data, s
         card=model_card.card_facts(config.model_name, data.train.hours(features.config.sample_rate), len(data.train.examples)))
 
 
-def naturalness_for(wanted: bool | None, logger):
-    """DNSMOS when installed (or asked for); None when off. Asked for and missing: a clear error."""
+def naturalness_for(wanted: bool | None, device, logger):
+    """DNSMOS when asked for, or by default on a GPU run where it is installed (on a CPU it costs a tiny voice's
+    evaluation six times over: bench/RESULTS.md); None when off. Asked for and missing: a clear error."""
     if wanted and not naturalness.available():
         raise ConfigError([f"--naturalness: its optional extra is not installed ({naturalness.INSTALL_HINT})"])
-    if wanted is None and not naturalness.available():
+    if wanted is None and device.type == "cuda" and not naturalness.available():
         logger.info(f"naturalness (DNSMOS) not measured: {naturalness.INSTALL_HINT} to have it")
-    return naturalness.load_naturalness(wanted is not False and naturalness.available())
+    if wanted is None:
+        wanted = device.type == "cuda"
+    return naturalness.load_naturalness(wanted and naturalness.available())
 
 
 def workers(config: TrainConfig, run: recipe.Run) -> int:
