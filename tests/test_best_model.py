@@ -123,7 +123,8 @@ def test_push_to_hub_fails_before_training_when_the_hub_cannot_be_reached(prepar
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     with pytest.raises(train_vits.ConfigError, match="cannot be reached.*train without --push_to_hub"):
         train_vits.main(args(prepared_demo, tmp_path, "--push_to_hub", "me/voice"))
-    assert not (tmp_path / "checkpoints").exists()  # nothing started, nothing to lose
+    run = tmp_path / "checkpoints"  # the run lock may have made the folder; nothing was trained or written in it
+    assert not list(run.glob("*.pt")) and not (run / "best_model").exists() and not (run / "metrics.jsonl").exists()
     monkeypatch.delenv("HF_TOKEN")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))  # no stored token either
     with pytest.raises(train_vits.ConfigError, match="no Hugging Face token: run `hf auth login`"):
