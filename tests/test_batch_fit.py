@@ -147,6 +147,7 @@ def test_the_probe_reports_out_of_memory_and_leaves_everything_as_it_was(prepare
 # ---------------------------------------------------------------- whole runs
 
 
+@pytest.mark.timeout(900)  # three real runs of train_vits.py
 def test_out_of_memory_before_training_refits_4_to_2_to_1_and_a_resume_keeps_it(prepared_demo, tmp_path, timed_work,
                                                                                  decoder_out_of_memory):
     fake, _ = timed_work
@@ -190,6 +191,7 @@ def test_out_of_memory_before_training_refits_4_to_2_to_1_and_a_resume_keeps_it(
             assert got[step_number][name] == pytest.approx(value, rel=1e-5, abs=1e-7), (step_number, name)
 
 
+@pytest.mark.timeout(600)  # a real run of train_vits.py
 def test_out_of_memory_during_training_refits_once_and_the_run_finishes(prepared_demo, tmp_path, timed_work,
                                                                         decoder_out_of_memory):
     fake, _ = timed_work
@@ -208,6 +210,7 @@ def test_out_of_memory_during_training_refits_once_and_the_run_finishes(prepared
     assert plan["micro_batch"] == 2 and plan["batch_refits"][0]["to"] == 2
 
 
+@pytest.mark.timeout(300)  # a real run's start of train_vits.py
 def test_out_of_memory_even_at_one_clip_stops_before_training_with_what_to_do(prepared_demo, tmp_path, timed_work,
                                                                               decoder_out_of_memory):
     fake, _ = timed_work

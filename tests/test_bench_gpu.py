@@ -3,6 +3,7 @@ runs every part's code on the CPU with a tiny model (no figure is checked: figur
 
 import json
 
+import pytest
 import torch
 
 from bench import bench_gpu
@@ -17,6 +18,7 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_0(monkeypatch, tmp_path, 
     assert not out.exists()
 
 
+@pytest.mark.timeout(600)  # every part of the bench, tiny
 def test_smoke_runs_each_part_on_the_cpu_and_writes_its_tables_and_json(tmp_path, capsys):
     out = tmp_path / "gpu.json"
     assert bench_gpu.main(["--smoke", "--json", str(out)]) == 0
