@@ -22,7 +22,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from bench.machine import describe  # noqa: E402
 from finetune.data.corpus import load_examples  # noqa: E402
-from finetune.reporting.evaluation import MCD_SCALE, mcd_dtw, mel_cepstrum, synthesise  # noqa: E402
+from finetune.reporting.measures import MCD_SCALE, mcd_dtw, mel_cepstrum  # noqa: E402
+from finetune.vits.inference import ceiling_for_text, speak  # noqa: E402
 from finetune.data.features import FeatureConfig, Features  # noqa: E402
 from finetune.vits.generator import scratch_generator  # noqa: E402
 from finetune.training.session import corpus_texts, seed_everything  # noqa: E402
@@ -48,7 +49,8 @@ def measures(features: Features, synthesised: np.ndarray, real: np.ndarray) -> d
 def score(model, tokenizer, data_dir: Path, features: Features) -> dict[str, float]:
     examples, _ = load_examples(data_dir, "metadata_val.csv", tokenizer, 256, 16000)
     model.eval()
-    rows = [measures(features, synthesise(model, [e.token_ids], torch.device("cpu"), i)[0], e.audio)
+    rows = [measures(features, speak(model, [e.token_ids], torch.device("cpu"), i,
+                                     [ceiling_for_text(len(e.token_ids))]).waveforms[0], e.audio)
             for i, e in enumerate(examples)]
     return {k: float(np.mean([r[k] for r in rows])) for k in rows[0]} | {"clips": len(rows)}
 
