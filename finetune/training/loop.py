@@ -444,28 +444,31 @@ class TrainingLoop(Milestones, BatchFitting):
             self.checkpoint(end_of_epoch=epoch_ended)
 
     def finish(self) -> None:
-        """Final evaluation (unless the last one saw these weights), the last weights' export, best_model
-        copied to the output folder (the voice an app loads), and a checkpoint."""
+        """Final evaluation (unless the last one saw these weights), best_model copied to the output folder
+        (the voice an app loads), a checkpoint, then the last weights' export. In that order of worth: on a
+        full disk the final saves may free older checkpoints, and last_model/ (the checkpoint holds the same
+        weights) is the one left out."""
         if self.last_eval_step != self.state.step:
             self.evaluate(final=True)
         saved = self.on_main(self.save_final)
         self.final_saved = self.dist.broadcast(saved)
         self.checkpoint(end_of_epoch=self.sampler.state.position == 0, final=True)
+        self.on_main(lambda: self.export(self.paths.last_dir, {"training_summary.json": self.final_summary()}))
+
+    def final_summary(self) -> dict:
+        return {**self.summary("finished"), "final_model_holds": self.final_source}
 
     def save_final(self) -> bool:
-        """RUN_DIR/last_model: the last weights; OUTPUT_DIR: a copy of best_model (the last weights when
-        there is none). Both carry training_summary.json, which says what OUTPUT_DIR holds."""
-        summary = self.summary("finished")
-        last_saved = self.export(self.paths.last_dir, {"training_summary.json": summary}, final=True)
+        """OUTPUT_DIR: a copy of best_model, or the last weights when there is none; its
+        training_summary.json says which."""
         best = self.paths.best_dir if (self.paths.best_dir / "config.json").is_file() else None
-        source = best or (self.paths.last_dir if last_saved else None)
-        if source is None:
-            return False
         self.final_source = f"best_model (step {self.state.best_step})" if best else "the last weights (no best_model)"
-        summary = {**summary, "final_model_holds": self.final_source}
-        card = self.card_file(self.paths.output_dir, self._read_eval(source),
+        summary = {"training_summary.json": self.final_summary()}
+        if best is None:
+            return self.export(self.paths.output_dir, summary, final=True)
+        card = self.card_file(self.paths.output_dir, self._read_eval(best),
                               f"the final model of its run, a copy of {self.final_source}")
-        return self.saver.publish(source, self.paths.output_dir, {"training_summary.json": summary, **card})
+        return self.saver.publish(best, self.paths.output_dir, {**summary, **card})
 
     @staticmethod
     def _read_eval(folder: Path) -> dict | None:
