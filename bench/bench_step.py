@@ -28,6 +28,7 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from bench.demo_data import prepare_demo  # noqa: E402
 from bench.machine import describe  # noqa: E402
 from finetune.vits import objective  # noqa: E402
 from finetune.data.corpus import load_examples  # noqa: E402
@@ -40,16 +41,6 @@ from finetune.training.step import StepSettings, TrainStep, Window, resolve_prec
 
 PHASES = ("data to device", "generator forward", "alignment", "discriminator fwd+bwd", "generator loss+bwd",
           "optimizer steps")
-
-
-def prepare_demo(folder: Path, val_fraction: float = 0.0, max_samples: int = 0) -> Path:
-    """The demo corpus prepared for a scratch model; no held-out clips unless asked (a step needs none)."""
-    import prepare_data
-
-    assert prepare_data.main(["--input_dir", str(REPO / "demo" / "corpus"), "--data_dir", str(folder),
-                              "--model_name", "scratch", "--num_workers", "2", "--val_fraction", str(val_fraction),
-                              "--max_samples", str(max_samples)]) == 0
-    return folder
 
 
 class AlignmentTimer:
