@@ -128,14 +128,17 @@ def act(config: "FeedbackConfig", clock) -> int:
     stop = interrupt.StopRequest()
     dist = distributed.from_environment(config.device)
     with stop.installed():  # from the start: Ctrl-C while preparing or loading stops within seconds too
+        finished = False
         try:
-            return feedback_round(config, versions, base, clock or budgeting.Clock(), stop, dist)
+            code = feedback_round(config, versions, base, clock or budgeting.Clock(), stop, dist)
+            finished = True
+            return code
         except interrupt.StopRequested as request:
             print(f"interrupted ({request.signal_name}): the current voice is unchanged; run again to start a new "
                   "round", file=sys.stderr)
             return stop.exit_status
         finally:
-            dist.close()
+            dist.close(finished)
 
 
 def feedback_round(config: FeedbackConfig, versions, base: Path, clock, stop, dist) -> int:

@@ -117,24 +117,33 @@ def main(argv: list[str] | None = None, clock=None, step_callback=None) -> int:
 
 
 def train(config: TrainConfig, given: set[str], clock, step_callback, stop) -> int:
-    """The recipe: the run folder (and what it resumes), the model, the data, the loop (which plans the
-    run once its first steps are timed), the fit, and the report."""
+    """The recipe: the run folder (and what it resumes), then the training in it; the process group (under
+    torchrun) is left last, once the training's model wrappers are gone."""
     check_hub(config)
     run, config = open_run(config, given, clock, stop)
+    finished = False
     try:
-        model = build_model(config, run)
-        data = load_data(config, run, model)
-        trainer = build_loop(config, run, model, data, step_callback)
-        if not ready_to_train(config, run, model, data):
-            return 1
-        try:
-            result = loop.run_with_signals(trainer)
-        except loop.BudgetTooSmall as error:
-            run.logger.error(f"error: {error}")
-            return 1
-        return report_end(config, run, trainer, result)
+        code = fit_and_report(config, run, step_callback)  # its model wrappers are gone once it returns
+        finished = True
+        return code
     finally:
-        run.dist.close()
+        run.dist.close(finished)
+
+
+def fit_and_report(config: TrainConfig, run: recipe.Run, step_callback) -> int:
+    """The model, the data, the loop (which plans the run once its first steps are timed), the fit, and
+    the report."""
+    model = build_model(config, run)
+    data = load_data(config, run, model)
+    trainer = build_loop(config, run, model, data, step_callback)
+    if not ready_to_train(config, run, model, data):
+        return 1
+    try:
+        result = loop.run_with_signals(trainer)
+    except loop.BudgetTooSmall as error:
+        run.logger.error(f"error: {error}")
+        return 1
+    return report_end(config, run, trainer, result)
 
 
 def open_run(config: TrainConfig, given: set[str], clock, stop) -> tuple[recipe.Run, TrainConfig]:

@@ -93,9 +93,20 @@ class Distributed:
         device_ids = [self.local_rank] if self.backend == "nccl" else None
         return DistributedDataParallel(module, device_ids=device_ids, broadcast_buffers=False)
 
-    def close(self) -> None:
-        if self.active and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+    def close(self, finished: bool = False) -> None:
+        """Leave the process group. Call it once the DistributedDataParallel wrappers are gone: a wrapper
+        freed after this holds the last reference to the group, and the group's destructor then waits for
+        its worker threads while holding the GIL one of them needs (a hang at exit, seen with gloo).
+        `finished`: every process got here normally, so a barrier first lets every collective's work be
+        released before the group goes."""
+        if not (self.active and torch.distributed.is_initialized()):
+            return
+        import gc
+
+        gc.collect()  # wrappers kept alive by reference cycles go now, while the group is still alive
+        if finished:
+            torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 def launched_by_torchrun() -> bool:
