@@ -84,3 +84,42 @@ def test_a_tracker_that_is_not_installed_is_refused_with_what_to_install(prepare
     with pytest.raises(SystemExit):
         train_vits.main(args(prepared_demo, tmp_path, "--report_to", "wandb"))
     assert "--report_to wandb: the wandb package is not installed (pip install wandb)" in capsys.readouterr().err
+
+
+def test_report_is_redrawn_after_an_evaluation_at_most_once_a_minute_and_always_at_the_end(tmp_path, monkeypatch):
+    """Evaluations closer together than REPORT_EVERY_S leave report.html as it was (its figures cost CPU);
+    the latest evaluation's mel picture waits for the next drawing; the end always draws both."""
+    import logging
+
+    import numpy as np
+    import torch
+
+    from finetune.reporting import run_log, run_report
+    from finetune.reporting.evaluation import EvalResult
+    from finetune.reporting.logs import Metrics
+    from finetune.reporting.tracking import Tracker
+    from finetune.system.profile import StepProfile
+
+    now = {"t": 1000.0}
+    monkeypatch.setattr(run_log.time, "monotonic", lambda: now["t"])
+    drawn = []
+    real_write = run_report.write_report
+    monkeypatch.setattr(run_report, "write_report", lambda *a, **k: (drawn.append(now["t"]), real_write(*a, **k)))
+    log = run_log.RunLog(logging.getLogger("test"), Metrics(tmp_path / "metrics.jsonl"), Tracker(),
+                         StepProfile(torch.device("cpu")), tmp_path, torch.device("cpu"))
+    mels = ("clip", np.zeros((80, 20), np.float32), np.ones((80, 20), np.float32))
+
+    def evaluate(step: int, after_s: float) -> None:
+        now["t"] += after_s
+        log.evaluation(EvalResult(step, 10.0, {}, {}, 1.0), "MCD 10", False, "", 10.0, mels)
+
+    evaluate(0, 0.0)  # the first: drawn
+    evaluate(5, 30.0)  # 30 s later: not yet
+    assert drawn == [1000.0] and (tmp_path / "report.html").is_file()
+    picture = tmp_path / "report" / "mel_latest.png"
+    first_picture = picture.read_bytes()
+    evaluate(10, 31.0)  # 61 s after the first: drawn, with this evaluation's picture
+    assert drawn == [1000.0, 1061.0] and picture.read_bytes() != first_picture
+    evaluate(15, 1.0)
+    log.end({"steps": 15})
+    assert drawn == [1000.0, 1061.0, 1062.0]

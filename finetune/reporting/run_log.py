@@ -7,6 +7,7 @@ decides where it goes. Only the main process of a data-parallel run writes anyth
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,9 @@ from finetune.reporting.tracking import Tracker
 
 
 SCALER_FIGURES = ("loss_scale_generator", "loss_scale_discriminator", "fp16_overflow_skips")  # fp16 runs only
+# report.html is redrawn after an evaluation at most this often (and always at the end): its figures cost
+# about 0.6 s of CPU each time, a share a short CPU run with frequent evaluations would otherwise pay.
+REPORT_EVERY_S = 60.0
 
 
 class RunLog:
@@ -32,6 +36,9 @@ class RunLog:
         self.best_dir = best_dir
         self.display: ProgressDisplay | None = None
         self.eval_s = self.checkpoint_s = self.export_s = 0.0  # totals over the run (this process)
+        self.report_every_s = REPORT_EVERY_S
+        self._report_drawn_at: float | None = None  # time.monotonic() of the last report.html
+        self._pending_mels: tuple | None = None  # the latest evaluation's mels, not drawn yet
 
     def open_display(self, total: int, initial: int, every_s: float) -> None:
         self.display = ProgressDisplay(self.logger, total=total, initial=initial, every_s=every_s)
@@ -78,9 +85,21 @@ class RunLog:
         numbers.pop("step", None)
         self.tracker.scalars(result.step, numbers, prefix="eval/")
         self._samples(result)
+        due = self._report_due()
         if example_mels is not None:
-            self._mels(result.step, *example_mels)
-        self.write_report()
+            self._pending_mels = (result.step, *example_mels)
+        if due or self.tracker.sinks:  # TensorBoard shows every evaluation's picture
+            self._draw_mels()
+        if due:
+            self.write_report()
+
+    def _report_due(self) -> bool:
+        return self._report_drawn_at is None or time.monotonic() - self._report_drawn_at >= self.report_every_s
+
+    def _draw_mels(self) -> None:
+        if self._pending_mels is not None:
+            self._mels(*self._pending_mels)
+            self._pending_mels = None
 
     def _samples(self, result: EvalResult) -> None:
         if not self.tracker.sinks:
@@ -133,13 +152,16 @@ class RunLog:
         if self.is_main:
             self.metrics.write("end", **summary)
             self.tracker.scalars(int(summary.get("steps", 0)), summary["profile_shares"], prefix="profile/")
+            self._draw_mels()
             self.write_report()
             self.tracker.close()
         return summary
 
     def write_report(self) -> None:
+        """report.html now (after an evaluation, `evaluation` calls it only when REPORT_EVERY_S have passed)."""
         from finetune.reporting.run_report import write_report
 
+        self._report_drawn_at = time.monotonic()
         try:
             write_report(self.run_dir, self.report_title, self.max_length_ratio, self.best_dir)
         except OSError as error:  # a full disk must not stop training for a report
