@@ -34,19 +34,18 @@ import torch
 
 from finetune.training.batch_fit import BatchFitting
 from finetune.training.budget import Budget, Plan, StepTimer
-from finetune.training.checkpoint import TrainingState, capture_rng, restore_rng
+from finetune.training.checkpoint import TrainingState, capture_rng
 from finetune.data.examples import Example
 from finetune.training.distributed import Distributed
 from finetune.reporting.evaluation import EvalResult, Evaluator
 from finetune.reporting.model_card import CardFacts
 from finetune.data.feed import MicroBatchFeed
-from finetune.vits.generator import train_mode
 from finetune.system.interrupt import StopRequest, StopRequested
+from finetune.training.ending import LoopResult, RunEnding
 from finetune.training.milestones import Milestones
 from finetune.training.pacing import Costs, Pacer
 from finetune.system.profile import section
 from finetune.training.recovery import Divergence, LastGoodState
-from finetune.reporting.logs import peak_memory
 from finetune.reporting.run_log import RunLog
 from finetune.data.sampler import BucketSampler, SamplerState
 from finetune.training.saving import Saver
@@ -116,20 +115,6 @@ class RunPaths:
 
 
 @dataclass
-class LoopResult:
-    stop_reason: str  # "deadline", "max_epochs", "early_stopping", "interrupted", "diverged", "out_of_memory"
-    state: TrainingState
-    plan: Plan | None
-    last_eval: EvalResult | None
-    last_lr: float
-    data_wait_s: float
-    train_s: float  # seconds inside optimizer steps, data included
-    checkpoint: Path | None = None
-    save_failures: int = 0
-    final_saved: bool = False  # the final model was written
-
-
-@dataclass
 class Decision:
     run: bool
     reason: str = ""
@@ -151,9 +136,10 @@ class Boundary:
     rng: dict
 
 
-class TrainingLoop(Milestones, BatchFitting):
+class TrainingLoop(Milestones, RunEnding, BatchFitting):
     """One run's training: phases, decisions and steps here; evaluation, saving and planning in
-    Milestones (finetune/training/milestones.py)."""
+    Milestones (finetune/training/milestones.py); the final saves, a clean stop and the result in
+    RunEnding (finetune/training/ending.py)."""
 
     def __init__(self, *, model, tokenizer, discriminator, step: TrainStep, examples: list[Example],
                  evaluator: Evaluator, budget: Budget, sampler: BucketSampler, state: TrainingState,
@@ -442,81 +428,6 @@ class TrainingLoop(Milestones, BatchFitting):
         # Joint: the periodic one depends on each process's own clock, and writing one is a collective.
         if self.dist.any(self.pacer.checkpoint_due(epoch_ended, self.budget.clock.now() - self.last_checkpoint_at)):
             self.checkpoint(end_of_epoch=epoch_ended)
-
-    def finish(self) -> None:
-        """Final evaluation (unless the last one saw these weights), best_model copied to the output folder
-        (the voice an app loads), a checkpoint, then the last weights' export. In that order of worth: on a
-        full disk the final saves may free older checkpoints, and last_model/ (the checkpoint holds the same
-        weights) is the one left out."""
-        if self.last_eval_step != self.state.step:
-            self.evaluate(final=True)
-        saved = self.on_main(self.save_final)
-        self.final_saved = self.dist.broadcast(saved)
-        self.checkpoint(end_of_epoch=self.sampler.state.position == 0, final=True)
-        self.on_main(lambda: self.export(self.paths.last_dir, {"training_summary.json": self.final_summary()}))
-
-    def final_summary(self) -> dict:
-        return {**self.summary("finished"), "final_model_holds": self.final_source}
-
-    def save_final(self) -> bool:
-        """OUTPUT_DIR: a copy of best_model, or the last weights when there is none; its
-        training_summary.json says which."""
-        best = self.paths.best_dir if (self.paths.best_dir / "config.json").is_file() else None
-        self.final_source = f"best_model (step {self.state.best_step})" if best else "the last weights (no best_model)"
-        summary = {"training_summary.json": self.final_summary()}
-        if best is None:
-            return self.export(self.paths.output_dir, summary, final=True)
-        card = self.card_file(self.paths.output_dir, self._read_eval(best),
-                              f"the final model of its run, a copy of {self.final_source}")
-        return self.saver.publish(best, self.paths.output_dir, {**summary, **card})
-
-    @staticmethod
-    def _read_eval(folder: Path) -> dict | None:
-        import json
-
-        path = folder / "eval.json"
-        if not path.is_file():
-            return None
-        evaluation = json.loads(path.read_text(encoding="utf-8"))
-        evaluation.pop("per_clip", None)
-        return evaluation
-
-    def stop_cleanly(self) -> LoopResult:
-        """After a stop request: back to the last completed step if it came mid-window, then a checkpoint."""
-        if self.boundary is not None:
-            self.sampler.state = self.boundary.sampler
-            restore_rng(self.boundary.rng)
-            self.feed.restart()
-            self.boundary = None
-        train_mode(self.model, self.frozen_parts)
-        path = self.checkpoint(end_of_epoch=False, final=True)
-        return self.result("interrupted", checkpoint=path)
-
-    def summary(self, reason: str) -> dict:
-        return {"stop_reason": reason, "steps": self.state.step, "epochs": self.state.epoch,
-                "samples_seen": self.state.samples_seen, "best_mcd_db": self.state.best_score,
-                "best_step": self.state.best_step,
-                "best_within_timing_rule": self.state.best_eligible and self.state.best_step >= 0, "last_lr": self.last_lr, "time_used_s": round(self.budget.used_s(), 2),
-                "budget_s": self.budget.target_s, "nonfinite_skips": self.step.nonfinite_skips,
-                "fp16_overflow_skips": self.step.overflow_skips, "oom_skips": self.step.oom_skips,
-                "rollbacks": self.state.rollbacks, "save_failures": self.saver.failures,
-                "precision": self.step.precision.name, **self.step.scaler_figures(),
-                "discriminator_warmup_steps": self.state.discriminator_warmup_done, **self.batch_fit_summary(),
-                "last_evaluation": self.last_eval_summary(), "final_evaluation_skipped": self.final_eval_skipped,
-                **peak_memory(self.device)}
-
-    def last_eval_summary(self) -> dict | None:
-        """The last evaluation's step and how much of it was done (a final one may be cut short)."""
-        if self.last_eval is None:
-            return None
-        result = self.last_eval
-        return {"step": result.step, "mcd_db": round(result.mcd_db, 4), "clips_scored": result.clips_scored,
-                "clips_planned": result.clips_planned, "cut_short": result.cut_short or None}
-
-    def result(self, reason: str, checkpoint: Path | None) -> LoopResult:
-        return LoopResult(stop_reason=reason, state=self.state, plan=self.plan, last_eval=self.last_eval,
-                          last_lr=self.last_lr, data_wait_s=self.feed.wait_s, train_s=self.train_s,
-                          checkpoint=checkpoint, save_failures=self.saver.failures, final_saved=self.final_saved)
 
 
 def restore_eval_estimates(evaluator, state: TrainingState) -> None:
