@@ -90,8 +90,10 @@ demo-feedback: setup
 	@echo "Listen: $(DEMO_DIR)/voices/rounds/round_001/listen/; undo an accepted round with"
 	@echo "  $(BIN)/python train_feedback.py --output_dir $(DEMO_DIR)/voices --rollback previous"
 
+# One test process a core (pytest-xdist), at most 8; tests steal work from each other so the long ones
+# do not leave a core idle at the end.
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 8 --dist worksteal
 
 clean-demo:
 	rm -rf $(DEMO_DIR)

@@ -14,6 +14,10 @@ import soundfile as sf
 REPO = Path(__file__).resolve().parent.parent
 DEMO_CORPUS = REPO / "demo" / "corpus"
 
+# One thread a process: `make test` runs the suite in parallel processes (pytest-xdist, one a core), where
+# torch's default (a thread a core in every process) only makes them fight. Subprocesses inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # A hub that cannot answer: any test that reaches for the network fails fast instead of hanging.
 os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"

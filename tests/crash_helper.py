@@ -11,6 +11,7 @@ FAULT, at its N-th occasion (several may be given, comma-separated):
     pointer-update     killed after a checkpoint is renamed into place, before latest_checkpoint.json names it
     accept-version     killed after a feedback round copied its new version, before current/ and the history
     improving-scores   not a fault: every evaluation scores better than the last (so each exports best_model)
+    accept-rounds      not a fault: every feedback round is accepted, whatever its scores (combine: a,b)
     slow-stop          after a stop request, saving hangs for a minute (says "saving slowly" on stderr first)
 """
 
@@ -38,6 +39,15 @@ def on_nth(n: int, real, fault):
         return real(*args, **kwargs)
 
     return wrapper
+
+
+def accept_every_round(real_decide):
+    """feedback.decide, made to accept: a test of what follows acceptance need not train until it is earned."""
+    import dataclasses
+
+    def accept(*args, **kwargs):
+        return dataclasses.replace(real_decide(*args, **kwargs), accepted=True, reason="accepted (forced by the test)")
+    return accept
 
 
 def inject(fault: str, n: int) -> None:
@@ -104,6 +114,8 @@ def inject(fault: str, n: int) -> None:
             value = float(next(scores))
             return {name: evaluation.ClipScore(value, 1.0, 0.0, False) for name in per_clip}, losses, cut
         evaluation.Evaluator.score_clips = improving
+    elif fault == "accept-rounds":
+        feedback.decide = accept_every_round(feedback.decide)
     elif fault == "slow-stop":
         import time
 

@@ -6,8 +6,6 @@ final models, metrics.jsonl, train.log, samples, TensorBoard; then whole runs of
 from __future__ import annotations
 
 import json
-import logging
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +16,7 @@ import torch
 
 import train_vits
 from finetune.system.atomic import torch_save_atomic, write_text_atomic
-from finetune.system.disk import MB, OPTIONAL, free_bytes, is_write_failure, looks_full
+from finetune.system.disk import MB, free_bytes, is_write_failure, looks_full
 from finetune.training import saving
 from finetune.training.checkpoint import list_checkpoints, load_checkpoint
 from tests.conftest import REPO, clock_for

@@ -249,25 +249,29 @@ def test_replay_sample_is_seeded_and_sized():
 
 @pytest.mark.timeout(400)  # the real script in subprocesses
 def test_a_round_killed_while_making_its_version_leaves_the_voice_and_the_next_round_starts_cleanly(
-        prepared_demo, base_run, tmp_path, timed_work, capsys):
+        prepared_demo, base_run, tmp_path, timed_work, capsys, monkeypatch):
     import signal
     import subprocess
     import sys
 
+    from finetune.training import feedback as feedback_module
     from tests.conftest import REPO
+    from tests.crash_helper import accept_every_round
 
     fake, _ = timed_work
     feedback = make_feedback(tmp_path / "feedback")
     voices = Versions(tmp_path / "voices")
     voices.ensure_base(base_run / "checkpoints" / "best_model")
     before = folder_digest(voices.current)
+    # Both rounds are accepted by force: what is tested is what follows acceptance, not whether 2 epochs earn it.
     round_args = feedback_args(prepared_demo, base_run, tmp_path, feedback, "--learning_rate", "1e-3", "--max_epochs",
-                               "12", "--val_every", "4", "--max_regression", "25")
-    killed = subprocess.run([sys.executable, str(REPO / "tests" / "crash_helper.py"), "accept-version", "1",
-                             "train_feedback", *round_args], capture_output=True, text=True, timeout=300)
+                               "2", "--val_every", "1")
+    killed = subprocess.run([sys.executable, str(REPO / "tests" / "crash_helper.py"), "accept-version,accept-rounds",
+                             "1", "train_feedback", *round_args], capture_output=True, text=True, timeout=300)
     assert killed.returncode == -signal.SIGKILL, killed.stderr  # after copying v001, before current/ and the history
     assert (tmp_path / "voices" / "v001").is_dir() and folder_digest(voices.current) == before
 
+    monkeypatch.setattr(feedback_module, "decide", accept_every_round(feedback_module.decide))
     assert train_feedback.main(round_args, clock=clock_for(fake)) == 0
     assert "removed v001, a version whose round did not finish making it" in capsys.readouterr().err
     assert voices.versions() == ["v000", "v001"] and voices.history()["current"] == "v001"

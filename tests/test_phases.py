@@ -8,8 +8,6 @@ Time is a fake clock (tests/conftest.py timed_work) that moves only when work "t
 """
 
 import json
-import os
-import signal
 
 import numpy as np
 import pytest

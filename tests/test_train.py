@@ -22,11 +22,13 @@ from tests.conftest import REPO, clock_for
 
 
 def args(data_dir, run_dir, *extra: str) -> list[str]:
+    """A tiny run's flags; no TensorBoard (its mel picture an evaluation is tested in test_tracking.py, which
+    asks for it)."""
     return ["--data_dir", str(data_dir), "--checkpoint_dir", str(run_dir / "checkpoints"),
             "--output_dir", str(run_dir / "final_model"), "--model_name", "scratch:tiny",
             "--discriminator_width", "0.0625", "--discriminator_periods", "2", "3", "--batch_size", "4",
             "--gradient_accumulation_steps", "1", "--learning_rate", "2e-3", "--benchmark_samples", "8",
-            "--val_samples", "2", "--log_every_seconds", "0.001", *extra]
+            "--val_samples", "2", "--log_every_seconds", "0.001", "--report_to", "none", *extra]
 
 
 def metrics(run_dir, kind: str) -> list[dict]:

@@ -31,7 +31,6 @@ fewer clips is not comparable with one over all of them). One that scored no cli
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
