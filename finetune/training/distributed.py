@@ -17,6 +17,7 @@ shared decision. A single process (no torchrun) has an inactive group and every 
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -101,8 +102,6 @@ class Distributed:
         released before the group goes."""
         if not (self.active and torch.distributed.is_initialized()):
             return
-        import gc
-
         gc.collect()  # wrappers kept alive by reference cycles go now, while the group is still alive
         if finished:
             torch.distributed.barrier()
