@@ -36,7 +36,6 @@ class RunLog:
         self.best_dir = best_dir
         self.display: ProgressDisplay | None = None
         self.eval_s = self.checkpoint_s = self.export_s = 0.0  # totals over the run (this process)
-        self.report_every_s = REPORT_EVERY_S
         self._report_drawn_at: float | None = None  # time.monotonic() of the last report.html
         self._pending_mels: tuple | None = None  # the latest evaluation's mels, not drawn yet
 
@@ -94,7 +93,7 @@ class RunLog:
             self.write_report()
 
     def _report_due(self) -> bool:
-        return self._report_drawn_at is None or time.monotonic() - self._report_drawn_at >= self.report_every_s
+        return self._report_drawn_at is None or time.monotonic() - self._report_drawn_at >= REPORT_EVERY_S
 
     def _draw_mels(self) -> None:
         if self._pending_mels is not None:

@@ -30,7 +30,6 @@ class LoopResult:
     final_saved: bool = False  # the final model was written
 
 
-
 class RunEnding:
     """The end of a run for TrainingLoop (which holds the state it uses)."""
 
@@ -85,7 +84,8 @@ class RunEnding:
         return {"stop_reason": reason, "steps": self.state.step, "epochs": self.state.epoch,
                 "samples_seen": self.state.samples_seen, "best_mcd_db": self.state.best_score,
                 "best_step": self.state.best_step,
-                "best_within_timing_rule": self.state.best_eligible and self.state.best_step >= 0, "last_lr": self.last_lr, "time_used_s": round(self.budget.used_s(), 2),
+                "best_within_timing_rule": self.state.best_eligible and self.state.best_step >= 0,
+                "last_lr": self.last_lr, "time_used_s": round(self.budget.used_s(), 2),
                 "budget_s": self.budget.target_s, "nonfinite_skips": self.step.nonfinite_skips,
                 "fp16_overflow_skips": self.step.overflow_skips, "oom_skips": self.step.oom_skips,
                 "rollbacks": self.state.rollbacks, "save_failures": self.saver.failures,
