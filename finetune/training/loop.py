@@ -32,6 +32,7 @@ from typing import Callable
 
 import torch
 
+from finetune.system.cpu_threads import CpuThreads
 from finetune.training.batch_fit import BatchFitting
 from finetune.training.budget import Budget, Plan, StepTimer
 from finetune.training.checkpoint import TrainingState, capture_rng
@@ -180,6 +181,9 @@ class TrainingLoop(Milestones, RunEnding, BatchFitting):
         self.final_source = ""  # what the output folder holds: best_model (step N) or the last weights
         self.final_eval_skipped = False  # the final evaluation had no time for a single clip
         self.boundary: Boundary | None = None  # set while an accumulation window runs
+        # On CPU, fewer torch threads while other processes take the cores (finetune/system/cpu_threads.py).
+        self.cpu_threads = CpuThreads(logger, torch.get_num_threads, torch.set_num_threads) \
+            if device.type == "cpu" else None
         self.adopt_fitted_batch()  # a resumed run keeps the micro-batch its checkpoint was fitted to
 
     @property
@@ -219,6 +223,8 @@ class TrainingLoop(Milestones, RunEnding, BatchFitting):
             stop, last = self.dist.any_of(index > 1 and self.stop.requested, pacer.micro_batch_is_last(index))
             if stop:
                 raise StopRequested(self.stop.signal_name or "SIGTERM")
+            if self.cpu_threads is not None:
+                self.cpu_threads.adjust()
             started = clock.now()
             with section("data"):
                 batch, epoch_ended = self.feed.take()
