@@ -1,5 +1,5 @@
-"""Runs a recipe with a deadly fault injected, for the reliability tests (a SIGKILL cannot be caught, so
-it must happen in a process of its own):
+"""Faults injected into a recipe run in a process of its own, for the reliability tests (a SIGKILL cannot be
+caught): tests/launch.py forks the process and calls `inject`; by hand, the same from a shell:
 
     python tests/crash_helper.py FAULT N train_vits|train_feedback ARGS...
 
@@ -133,8 +133,11 @@ def inject(fault: str, n: int) -> None:
 
 
 if __name__ == "__main__":
+    import runpy
+
     faults, n, recipe, *argv = sys.argv[1:]
     for fault in faults.split(","):
         inject(fault, int(n))
-    module = __import__(recipe)
-    sys.exit(module.main(argv))
+    script = str(Path(__file__).resolve().parent.parent / f"{recipe}.py")
+    sys.argv = [script, *argv]
+    runpy.run_path(script, run_name="__main__")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,8 @@ from finetune.system.atomic import torch_save_atomic, write_text_atomic
 from finetune.system.disk import MB, free_bytes, is_write_failure, looks_full
 from finetune.training import saving
 from finetune.training.checkpoint import list_checkpoints, load_checkpoint
-from tests.conftest import REPO, clock_for
+from tests import launch
+from tests.conftest import clock_for
 from tests.test_train import args, metrics
 
 COMMON = ["--target_hours", "1", "--max_samples", "8", "--max_epochs", "4", "--val_every", "4"]  # 2 steps an epoch
@@ -183,8 +183,7 @@ def test_a_disk_that_fills_mid_run_keeps_the_checkpoints_and_the_final_save_make
 
 def test_a_disk_too_small_for_one_checkpoint_is_refused_before_training(prepared_demo, small_disk):
     disk = small_disk(3)  # the test model's checkpoint is about 10 MB
-    done = subprocess.run([sys.executable, str(REPO / "train_vits.py"), *args(prepared_demo, disk, *COMMON)],
-                          capture_output=True, text=True, timeout=300)
+    done = launch.run("train_vits", args(prepared_demo, disk, *COMMON))
     assert done.returncode == 1, done.stdout + done.stderr
     assert "Traceback" not in done.stderr
     assert f"disk full in {disk / 'checkpoints'}" in done.stderr and "a checkpoint needs about" in done.stderr

@@ -247,15 +247,13 @@ def test_replay_sample_is_seeded_and_sized():
     assert len(replay_sample(ids, 4, 2.0, seed=1)) == 8 and len(replay_sample(ids[:5], 4, 2.0, seed=1)) == 5
 
 
-@pytest.mark.timeout(400)  # the real script in subprocesses
+@pytest.mark.timeout(400)  # the real script in a process of its own
 def test_a_round_killed_while_making_its_version_leaves_the_voice_and_the_next_round_starts_cleanly(
         prepared_demo, base_run, tmp_path, timed_work, capsys, monkeypatch):
     import signal
-    import subprocess
-    import sys
 
     from finetune.training import feedback as feedback_module
-    from tests.conftest import REPO
+    from tests import launch
     from tests.crash_helper import accept_every_round
 
     fake, _ = timed_work
@@ -266,8 +264,7 @@ def test_a_round_killed_while_making_its_version_leaves_the_voice_and_the_next_r
     # Both rounds are accepted by force: what is tested is what follows acceptance, not whether 2 epochs earn it.
     round_args = feedback_args(prepared_demo, base_run, tmp_path, feedback, "--learning_rate", "1e-3", "--max_epochs",
                                "2", "--val_every", "1")
-    killed = subprocess.run([sys.executable, str(REPO / "tests" / "crash_helper.py"), "accept-version,accept-rounds",
-                             "1", "train_feedback", *round_args], capture_output=True, text=True, timeout=300)
+    killed = launch.run("train_feedback", round_args, faults="accept-version,accept-rounds", n=1)
     assert killed.returncode == -signal.SIGKILL, killed.stderr  # after copying v001, before current/ and the history
     assert (tmp_path / "voices" / "v001").is_dir() and folder_digest(voices.current) == before
 

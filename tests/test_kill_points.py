@@ -1,5 +1,5 @@
-"""Power loss and kills during a save, each at its own point, with a real SIGKILL in a subprocess
-(tests/crash_helper.py): what the next start finds must be a complete model and the newest whole
+"""Power loss and kills during a save, each at its own point, with a real SIGKILL in a process of its own
+(tests/launch.py, tests/crash_helper.py): what the next start finds must be a complete model and the newest whole
 checkpoint. Between the renames of a folder swap is covered in tests/test_reliability.py."""
 
 from __future__ import annotations
@@ -7,21 +7,19 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 
 from transformers import VitsModel
 
 from finetune.system.atomic import recover
 from finetune.training.checkpoint import LATEST, list_checkpoints, load_checkpoint, resolve_resume
-from tests.conftest import REPO
+from tests import launch
 from tests.test_train import args
 
 QUICK = ["--target_hours", "1", "--max_samples", "8", "--max_epochs", "3", "--val_every", "2"]
 
 
 def crash(fault: str, n: int, recipe_args: list[str]) -> subprocess.CompletedProcess:
-    killed = subprocess.run([sys.executable, str(REPO / "tests" / "crash_helper.py"), fault, str(n), "train_vits",
-                             *recipe_args], capture_output=True, text=True, timeout=600)
+    killed = launch.run("train_vits", recipe_args, faults=fault, n=n, timeout=600)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     return killed
 

@@ -452,7 +452,10 @@ def test_sigterm_during_test_sentences_stops_between_two(prepared_demo, tmp_path
         return real_speak(*a, **k)
 
     monkeypatch.setattr(evaluation, "speak", sigterm_on_call(3, speak))  # clips 1-2 (--val_samples 2), sentence 1
-    assert train_vits.main(args(prepared_demo, tmp_path, "--target_hours", "1"), clock=clock_for(fake)) == 143
+    sentences = tmp_path / "sentences.txt"
+    sentences.write_text("ez baş im\ntu çawa yî\n", encoding="utf-8")
+    assert train_vits.main(args(prepared_demo, tmp_path, "--target_hours", "1", "--test_sentences", str(sentences)),
+                           clock=clock_for(fake)) == 143
     assert calls["n"] == 3
     written = list((tmp_path / "checkpoints" / "samples").glob("step_000000/*.wav"))
     assert [p.name for p in written] == ["sentence_01.wav"]

@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -21,7 +20,8 @@ from finetune.training import recovery
 from finetune.training import saving
 from finetune.training import step
 from finetune.training.checkpoint import list_checkpoints, load_checkpoint
-from tests.conftest import REPO, clock_for
+from tests import launch
+from tests.conftest import clock_for
 from tests.test_train import args, losses_by_step, metrics, wait_for_training
 
 COMMON = ["--target_hours", "1", "--max_epochs", "3", "--gradient_accumulation_steps", "2", "--val_every", "3"]
@@ -140,32 +140,31 @@ def test_sigterm_mid_window_keeps_the_last_completed_step_and_resumes_identicall
     assert_same_losses(uninterrupted, losses_by_step(tmp_path))
 
 
-@pytest.mark.timeout(300)  # the real script in subprocesses
+@pytest.mark.timeout(300)  # the real script in a process of its own
 def test_a_second_signal_exits_at_once(prepared_demo, tmp_path):
     """The first SIGTERM asks for a checkpoint, which here hangs (injected); the second ends the process
     there and then, with the same status."""
-    command = [sys.executable, str(REPO / "tests" / "crash_helper.py"), "slow-stop", "1", "train_vits",
-               *args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "50")]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    wait_for_training(process, tmp_path)
-    process.send_signal(signal.SIGTERM)
-    for line in process.stderr:
-        if "saving slowly" in line:
-            break
-    process.send_signal(signal.SIGTERM)
-    rest = process.stderr.read()  # ends when the process does: at once, not after the minute-long save
-    assert process.wait(timeout=30) == 143 and "SIGTERM again: exiting now, without saving" in rest
+    process = launch.launch("train_vits", args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "50"),
+                            faults="slow-stop")
+    try:
+        wait_for_training(process, tmp_path)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait_for_text("saving slowly"), process.stderr
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 143  # at once, not after the minute-long save
+        assert "SIGTERM again: exiting now, without saving" in process.stderr
+    finally:
+        process.kill()
 
 
 # ---------------------------------------------------------------- killed while saving
 
 
 def crash(fault: str, n: int, recipe_args: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "tests" / "crash_helper.py"), fault, str(n), "train_vits",
-                           *recipe_args], capture_output=True, text=True, timeout=300)
+    return launch.run("train_vits", recipe_args, faults=fault, n=n)
 
 
-@pytest.mark.timeout(400)  # the real script in subprocesses
+@pytest.mark.timeout(400)  # the real script in a process of its own
 def test_killed_while_writing_a_checkpoint_the_previous_one_resumes(prepared_demo, tmp_path, timed_work):
     fake, _ = timed_work
     killed = crash("checkpoint-write", 3, args(prepared_demo, tmp_path, *COMMON))
@@ -179,7 +178,7 @@ def test_killed_while_writing_a_checkpoint_the_previous_one_resumes(prepared_dem
     assert final_model_is_finite(tmp_path)
 
 
-@pytest.mark.timeout(400)  # the real script in subprocesses
+@pytest.mark.timeout(400)  # the real script in a process of its own
 def test_killed_between_the_renames_of_a_best_model_export_the_previous_one_comes_back(prepared_demo, tmp_path,
                                                                                        timed_work):
     fake, _ = timed_work

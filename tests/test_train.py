@@ -7,8 +7,6 @@ so the deadline logic is tested exactly and without sleeps.
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -18,17 +16,20 @@ from transformers import VitsModel, pipeline
 import train_vits
 from finetune.reporting import evaluation
 from finetune.reporting.evaluation import ClipScore
+from tests import launch
 from tests.conftest import REPO, clock_for
 
 
 def args(data_dir, run_dir, *extra: str) -> list[str]:
     """A tiny run's flags; no TensorBoard (its mel picture an evaluation is tested in test_tracking.py, which
-    asks for it)."""
+    asks for it); one test sentence an evaluation, not the three built-in ones (tests that need more give
+    their own --test_sentences, which wins: it comes later)."""
     return ["--data_dir", str(data_dir), "--checkpoint_dir", str(run_dir / "checkpoints"),
             "--output_dir", str(run_dir / "final_model"), "--model_name", "scratch:tiny",
             "--discriminator_width", "0.0625", "--discriminator_periods", "2", "3", "--batch_size", "4",
             "--gradient_accumulation_steps", "1", "--learning_rate", "2e-3", "--benchmark_samples", "8",
-            "--val_samples", "2", "--log_every_seconds", "0.001", "--report_to", "none", *extra]
+            "--val_samples", "2", "--log_every_seconds", "0.001", "--report_to", "none",
+            "--test_sentences", str(REPO / "tests" / "one_sentence.txt"), *extra]
 
 
 def metrics(run_dir, kind: str) -> list[dict]:
@@ -134,21 +135,24 @@ def test_an_earlier_run_is_never_silently_mixed_with_a_new_one(prepared_demo, tm
         train_vits.main(base + ["--resume", "auto", "--batch_size", "2"], clock=clock_for(fake))
 
 
-@pytest.mark.timeout(300)  # the real script in subprocesses
+@pytest.mark.timeout(300)  # the real script in a process of its own
 def test_ctrl_c_saves_a_checkpoint_that_resumes(prepared_demo, tmp_path):
-    """The real script, a real signal: SIGINT after training has started, then --resume auto."""
-    command = [sys.executable, str(REPO / "train_vits.py"),
-               *args(prepared_demo, tmp_path, "--target_hours", "0.05", "--max_epochs", "3")]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wait_for_training(process, tmp_path)
-    process.send_signal(signal.SIGINT)
-    output, _ = process.communicate(timeout=60)
-    assert process.returncode == 130, output
+    """The real script in a process of its own (tests/launch.py), a real signal: SIGINT after training has
+    started, then --resume auto."""
+    argv = args(prepared_demo, tmp_path, "--target_hours", "0.05", "--max_epochs", "3")
+    process = launch.launch("train_vits", argv)
+    try:
+        wait_for_training(process, tmp_path)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 130, process.stdout + process.stderr
+    finally:
+        process.kill()
+    output = process.stdout + process.stderr
     assert "interrupted (SIGINT)" in output and "--resume auto" in output
     latest = json.loads((tmp_path / "checkpoints" / "latest_checkpoint.json").read_text())
     assert (tmp_path / "checkpoints" / latest["path"]).is_file()
 
-    resumed = subprocess.run(command + ["--resume", "auto"], capture_output=True, text=True, timeout=120)
+    resumed = launch.run("train_vits", argv + ["--resume", "auto"], timeout=120)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"resuming {tmp_path / 'checkpoints' / latest['path']}" in resumed.stdout
     assert (tmp_path / "final_model" / "model.safetensors").is_file()
