@@ -164,7 +164,7 @@ def main() -> None:
     parser.add_argument("--val_samples", type=int, default=16)
     parser.add_argument("--slow_clip_s", type=float, default=1.0, help="extra seconds a clip in the final evaluation")
     parser.add_argument("--max_samples", type=int, default=0, help="prepare only the first N demo clips (0: all)")
-    parser.add_argument("--smoke", action="store_true", help="one short slow-eval run on 40 clips (21.6 s)")
+    parser.add_argument("--smoke", action="store_true", help="one short slow-eval run on 40 clips (18 s)")
     parser.add_argument("--data_dir", default=None, help="an already prepared corpus (default: the demo, prepared here)")
     parser.add_argument("--batch_size", type=int, default=8, help="clips per micro-batch (train_vits.py's default: 8)")
     parser.add_argument("--work_dir", default=None)
@@ -174,7 +174,7 @@ def main() -> None:
     if options.child_slow_clip_s:
         sys.exit(child_slow_final_evaluation(options.child_slow_clip_s, options.rest))
     if options.smoke:
-        options.target_hours, options.cases, options.val_samples, options.max_samples = 0.006, ["slow-eval"], 2, 40
+        options.target_hours, options.cases, options.val_samples, options.max_samples = 0.005, ["slow-eval"], 2, 40
     print(f"machine: {describe()}")
     work = Path(options.work_dir or tempfile.mkdtemp(prefix="bench_deadline_"))
     data_dir = Path(options.data_dir) if options.data_dir else work / "data"
