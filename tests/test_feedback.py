@@ -37,7 +37,8 @@ def base_run(prepared_demo, tmp_path_factory):
                             "--discriminator_width", "0.0625", "--discriminator_periods", "2", "3", "--batch_size", "4",
                             "--gradient_accumulation_steps", "1", "--learning_rate", "2e-3", "--benchmark_samples", "8",
                             "--val_samples", "3", "--max_epochs", "6", "--target_hours", "1", "--val_every", "100",
-                            "--log_every_seconds", "60", "--max_length_ratio", "100"], clock=clock_for(fake))
+                            "--log_every_seconds", "60", "--max_length_ratio", "100", "--report_to", "none"],
+                           clock=clock_for(fake))
     assert code == 0
     return run
 
