@@ -132,12 +132,18 @@ def inject(fault: str, n: int) -> None:
         raise SystemExit(f"unknown fault {fault}")
 
 
-if __name__ == "__main__":
+def run_recipe(faults: str, n: int, recipe: str, argv: list[str]) -> None:
+    """The faults (comma-separated) injected, then `recipe` run as `python RECIPE.py ARGS` runs it: as
+    __main__, with its exit status and its messages."""
     import runpy
 
-    faults, n, recipe, *argv = sys.argv[1:]
-    for fault in faults.split(","):
-        inject(fault, int(n))
+    for fault in filter(None, faults.split(",")):
+        inject(fault, n)
     script = str(Path(__file__).resolve().parent.parent / f"{recipe}.py")
     sys.argv = [script, *argv]
     runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    faults, n, recipe, *argv = sys.argv[1:]
+    run_recipe(faults, int(n), recipe, argv)

@@ -18,15 +18,11 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import runpy
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-REPO = Path(__file__).resolve().parent.parent
 
 PRELOAD = ["torch", "transformers", "train_vits", "train_feedback", "tests.crash_helper"]
 _context = None
@@ -48,11 +44,7 @@ def _child(recipe: str, argv: list[str], faults: str, n: int, out: str, err: str
         os.close(handle)
     from tests import crash_helper
 
-    for fault in filter(None, faults.split(",")):
-        crash_helper.inject(fault, n)
-    script = str(REPO / f"{recipe}.py")
-    sys.argv = [script, *argv]
-    runpy.run_path(script, run_name="__main__")  # as `python train_vits.py ARGS` runs it: its exit status, its messages
+    crash_helper.run_recipe(faults, n, recipe, argv)
 
 
 class Launched:
