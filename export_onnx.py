@@ -60,6 +60,7 @@ def check_onnxruntime(voice, out_dir: Path, lines: list, tolerance: float) -> fl
     import torch
 
     from finetune.vits.inference import synthesise_graph
+    from finetune.vits.onnx_export import ExportError
 
     session = onnxruntime.InferenceSession(str(out_dir / "model.onnx"), providers=["CPUExecutionProvider"])
     worst = 0.0
@@ -72,10 +73,10 @@ def check_onnxruntime(voice, out_dir: Path, lines: list, tolerance: float) -> fl
                                  "noise_scale": scales[0].numpy(), "length_scale": scales[1].numpy(),
                                  "noise_scale_w": scales[2].numpy()})[0][0, 0]
         if got.shape != expected.shape:
-            raise ValueError(f"onnxruntime spoke {line.text!r} in {got.shape[0]} samples, PyTorch in {expected.shape[0]}")
+            raise ExportError(f"onnxruntime spoke {line.text!r} in {got.shape[0]} samples, PyTorch in {expected.shape[0]}")
         worst = max(worst, float(np.abs(got - expected).max()))
     if worst > tolerance:
-        raise ValueError(f"onnxruntime differs from PyTorch by up to {worst:.2e} (tolerance {tolerance:g})")
+        raise ExportError(f"onnxruntime differs from PyTorch by up to {worst:.2e} (tolerance {tolerance:g})")
     return worst
 
 
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     voice = load_voice(config.model_dir, torch.device("cpu"))
     lines = [line for line in prepare_lines(voice, numbered(config.check_sentences)) if line.token_ids is not None]
     if not lines:
-        raise ValueError("none of --check_sentences can be said by this voice: give sentences in its alphabet")
+        raise ConfigError(["none of --check_sentences can be said by this voice: give sentences in its alphabet"])
     out_dir = export_voice(voice.model, voice.tokenizer, Path(config.out_dir), config.language)
     print(f"exported {config.model_dir} -> {out_dir}/ (model.onnx, tokens.txt, voice.json)")
     worst = check_onnxruntime(voice, out_dir, lines, config.tolerance)

@@ -25,6 +25,7 @@ from finetune.system.model_source import ModelSourceError, model_sample_rate, mo
 from finetune.data.prepare import ClipSettings, Preparer, write_outputs
 from finetune.data.sources import SourceError, open_source
 from finetune.data.text import TextNormalizer
+from finetune.system.errors import ToolError
 
 
 @dataclass
@@ -134,6 +135,9 @@ if __name__ == "__main__":
     except (ModelSourceError, SourceError) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
+    except ToolError as error:  # a full disk (finetune/data/prepare.py NotWritten)
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(1)
     except KeyboardInterrupt:
         print("\ninterrupted: finished clips are cached; run the same command again to continue", file=sys.stderr)
         sys.exit(130)

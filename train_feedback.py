@@ -94,10 +94,6 @@ class FeedbackConfig(TrainingFlags):
         return 3600 * self.target_hours if self.target_hours > 0 else 60 * self.target_minutes
 
 
-class FeedbackError(Exception):
-    """The round cannot run as asked; the message says what to do."""
-
-
 def main(argv: list[str] | None = None, clock=None) -> int:
     config = parse_config(FeedbackConfig, argv, __doc__)
     lock = hold_for_launch(config.output_dir, "--output_dir")  # one round (or rollback) per voices folder at a time
@@ -112,7 +108,7 @@ def act(config: "FeedbackConfig", clock) -> int:
     """Roll back, review, or run a round, in the voices folder this process holds."""
     versions = feedback.Versions(Path(config.output_dir))
     if (config.rollback or config.review) and distributed.launched_by_torchrun():
-        raise FeedbackError("--rollback and --review run as one process: start them without torchrun")
+        raise feedback.FeedbackError("--rollback and --review run as one process: start them without torchrun")
     main_process = int(os.environ.get("RANK", "0")) == 0
     for note in versions.repair() if main_process else []:
         print(f"{versions.root}: {note} (left by a round that was killed)", file=sys.stderr)
@@ -168,7 +164,7 @@ def base_model_dir(config: FeedbackConfig, versions) -> Path:
         path = Path("training/checkpoints/best_model")
     missing = [name for name in ("config.json", "vocab.json") if not (path / name).is_file()]
     if missing:
-        raise FeedbackError(f"no model to start from at {path} (no {' or '.join(missing)}): train one first "
+        raise feedback.FeedbackError(f"no model to start from at {path} (no {' or '.join(missing)}): train one first "
                             "(train_vits.py), or pass --base_model DIR with a model folder train_vits.py wrote")
     return path
 
@@ -194,7 +190,7 @@ def feedback_folder(config: FeedbackConfig) -> Path:
     for candidate in FEEDBACK_DIRS:
         if Path(candidate).is_dir():
             return Path(candidate)
-    raise FeedbackError(f"no corrections: record them into {FEEDBACK_DIRS[0]}/ as pairs <name>.wav + <name>.txt "
+    raise feedback.FeedbackError(f"no corrections: record them into {FEEDBACK_DIRS[0]}/ as pairs <name>.wav + <name>.txt "
                         "(or wavs/ + metadata.csv), or pass --feedback_dir")
 
 
@@ -206,12 +202,12 @@ def corrections_source(folder: Path):
         elif sources.looks_like_pairs(folder):
             source = sources.pairs_source(folder, flag="--feedback_dir")
         else:
-            raise FeedbackError(f"{folder} holds no corrections: expected pairs <name>.wav + <name>.txt, or wavs/ + "
+            raise feedback.FeedbackError(f"{folder} holds no corrections: expected pairs <name>.wav + <name>.txt, or wavs/ + "
                                 "metadata.csv (see train_feedback.py --review)")
     except sources.SourceError as error:
-        raise FeedbackError(str(error)) from error
+        raise feedback.FeedbackError(str(error)) from error
     if source.count == 0:
-        raise FeedbackError(f"{folder}/metadata.csv lists no corrections: record some first "
+        raise feedback.FeedbackError(f"{folder}/metadata.csv lists no corrections: record some first "
                             "(see train_feedback.py --review)")
     return source
 
@@ -229,7 +225,7 @@ def prepare_corrections(config: FeedbackConfig, round_dir: Path, base: Path, log
     logger.info(f"corrections: {report['counts']['kept']} of {report['counts']['items']} usable"
                 + "".join(f"; {d['id']} dropped: {d['reason']} ({d['detail']})" for d in report["dropped"]))
     if not report["counts"]["kept"]:
-        raise FeedbackError(f"none of the corrections in {folder} can be used; reasons are in "
+        raise feedback.FeedbackError(f"none of the corrections in {folder} can be used; reasons are in "
                             f"{out}/prepare_report.json")
     return out, report
 
@@ -275,7 +271,7 @@ def load_round_data(config: FeedbackConfig, round_: recipe.Run, base: Path) -> R
                                      round_.stop)
     data_dir = Path(config.data_dir)
     if not (data_dir / "metadata_val.csv").is_file() or not corpus.read_metadata(data_dir / "metadata_val.csv"):
-        raise FeedbackError(f"{data_dir}/metadata_val.csv is missing or empty: held-out original clips are needed to "
+        raise feedback.FeedbackError(f"{data_dir}/metadata_val.csv is missing or empty: held-out original clips are needed to "
                             "check that nothing else got worse (prepare the corpus with --val_fraction > 0)")
     originals = corpus.load_corpus(data_dir, "metadata_val.csv", tokenizer, features, rate, config.val_samples, False,
                                    round_.device, round_.stop)
@@ -352,7 +348,7 @@ def conclude_round(config: FeedbackConfig, round_: recipe.Run, data: RoundData, 
     decision = feedback.decide(evaluator.baseline, best, result.last_eval, config.max_regression)
     candidate = best_dir if best and best["step"] > 0 else trainer.paths.last_dir
     if not (candidate / "config.json").is_file():
-        raise FeedbackError(f"the round's model could not be written to {candidate} (see {round_.folder}/train.log); "
+        raise feedback.FeedbackError(f"the round's model could not be written to {candidate} (see {round_.folder}/train.log); "
                             "the current voice is unchanged")
     listen = round_.folder / "listen"
     synthesis.speak_to_folder(synthesis.load_voice(candidate, round_.device), lines, listen, suffix="_2_after")
@@ -389,7 +385,7 @@ def replay_clips(data_dir: Path, corrections: int, config: FeedbackConfig, token
         logger.warning("warning: --replay_ratio 0: training on the corrections alone risks forgetting the rest")
         return []
     if not (data_dir / "metadata.csv").is_file():
-        raise FeedbackError(f"{data_dir}/metadata.csv not found: the original corpus is needed for replay "
+        raise feedback.FeedbackError(f"{data_dir}/metadata.csv not found: the original corpus is needed for replay "
                             "(--data_dir), or pass --replay_ratio 0")
     rows = corpus.read_metadata(data_dir / "metadata.csv")
     chosen = set(feedback.replay_sample([i for i, _ in rows], corrections, config.replay_ratio, config.seed))
@@ -398,4 +394,4 @@ def replay_clips(data_dir: Path, corrections: int, config: FeedbackConfig, token
 
 
 if __name__ == "__main__":
-    sys.exit(run_script(main, extra_errors=(FeedbackError,)))
+    sys.exit(run_script(main))

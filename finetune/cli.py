@@ -11,18 +11,15 @@ import argparse
 import dataclasses
 import importlib
 import sys
+import traceback
 import types
 import typing
 from pathlib import Path
 from typing import Any
 
+from finetune.system.errors import ConfigError, ToolError
 
-class ConfigError(ValueError):
-    """Every problem found in a config at once, each saying which flag fixes it."""
 
-    def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__("\n".join(f"  - {problem}" for problem in problems))
 
 
 def flag(default: Any, help: str, **metadata: Any) -> Any:
@@ -125,26 +122,21 @@ def lazy_modules(*names: str) -> list[LazyModule]:
     return [LazyModule(name) for name in names]
 
 
-def run_script(main, extra_errors: tuple[type[Exception], ...] = ()) -> int:
-    """Run a recipe's main(): expected failures become one 'error:' line and an exit status (2 for
-    settings, 1 for data, models, checkpoints, memory), never a traceback."""
+def run_script(main) -> int:
+    """Run a recipe's main(): the tool's expected failures (finetune/system/errors.py) become one 'error:'
+    line and an exit status (2 for settings, 1 for the rest). Anything else keeps its traceback: a bug, or a
+    library's own error, must be seen whole. The machine running out of RAM is said in words after it."""
     try:
         return main()
     except ConfigError as error:
         print(f"error: invalid settings:\n{error}", file=sys.stderr)
         return 2
-    except (MemoryError, ValueError, *extra_errors) as error:
+    except ToolError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    except Exception as error:
-        # The parts' own error types, imported only now: importing them first would import torch (--help).
-        from finetune.data.corpus import CorpusError
-        from finetune.system.model_source import ModelSourceError
-        from finetune.training.checkpoint import CheckpointError
-        from finetune.system.disk import DiskTooSmall
-        from finetune.system.run_lock import FolderBusy
-
-        if not isinstance(error, (ModelSourceError, CorpusError, CheckpointError, DiskTooSmall, FolderBusy)):
-            raise
-        print(f"error: {error}", file=sys.stderr)
+    except MemoryError:
+        traceback.print_exc()
+        print("error: this machine ran out of RAM (MemoryError, where is shown above): close other programs, or "
+              "train on fewer clips (--max_samples N) with spectrograms computed per batch (--no-precompute_mels)",
+              file=sys.stderr)
         return 1

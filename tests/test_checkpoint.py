@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from finetune.training.checkpoint import (CheckpointError, capture_rng, check_same_data, latest_checkpoint, list_checkpoints,
+from finetune.training.checkpoint import (CheckpointError, capture_rng, check_same_data, cuda_state_for, latest_checkpoint,
+                                 list_checkpoints,
                                  load_checkpoint, resolve_resume, restore_rng, resumed_settings,
                                  save_checkpoint)
-from finetune.data.corpus import MemoryEstimate, decide_precompute
+from finetune.data.corpus import CorpusError, MemoryEstimate, decide_precompute
 
 
 def test_random_state_round_trips_and_loads_with_weights_only(tmp_path):
@@ -19,6 +20,20 @@ def test_random_state_round_trips_and_loads_with_weights_only(tmp_path):
     expected = (random.random(), np.random.rand(), torch.rand(1).item())
     restore_rng(torch.load(tmp_path / "rng.pt", weights_only=True))
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+
+
+def test_a_checkpoint_with_two_devices_random_state_resumes_on_one():
+    """Checkpoints written before kept every visible GPU's generator; a machine with one GPU takes the entry
+    of its device (index 0) instead of failing on the second; this tool's own checkpoints keep one state."""
+    two_devices = [torch.tensor([1], dtype=torch.uint8), torch.tensor([2], dtype=torch.uint8)]
+    assert torch.equal(cuda_state_for(two_devices, 0), two_devices[0])
+    assert torch.equal(cuda_state_for(two_devices, 1), two_devices[1])
+    assert torch.equal(cuda_state_for(two_devices[:1], 3), two_devices[0])  # cuda:3 now, one saved: the first
+    assert torch.equal(cuda_state_for(two_devices[1], 0), two_devices[1])  # one state: onto this device
+    assert cuda_state_for(None, 0) is None and cuda_state_for([], 0) is None
+    saved = capture_rng()
+    saved["cuda"] = two_devices  # as an older checkpoint holds it, read on this (CPU) machine: no error
+    restore_rng(saved)
 
 
 def payload(step):
@@ -76,5 +91,5 @@ def test_memory_check_falls_back_then_refuses_with_a_way_out():
     precompute, note = decide_precompute(tight, True)
     assert precompute is False and "on the device per batch instead" in note
     short = MemoryEstimate(clips=1000, audio_bytes=8 * gib, feature_bytes=0, available_bytes=4 * gib)
-    with pytest.raises(MemoryError, match="--max_samples 39"):
+    with pytest.raises(CorpusError, match="--max_samples 39"):
         decide_precompute(short, True)

@@ -4,6 +4,8 @@ import warnings
 
 import pytest
 import torch
+
+from finetune.system.model_source import ModelSourceError
 from torch import nn
 
 from finetune.vits.discriminator import (Discriminator, DiscriminatorConfig, load_discriminator, parameter_count,
@@ -83,5 +85,5 @@ def test_our_format_round_trips(tmp_path):
 
 def test_something_else_is_refused_with_what_was_found(tmp_path):
     torch.save({"weights": torch.zeros(2)}, tmp_path / "other.pt")
-    with pytest.raises(ValueError, match="weights"):
+    with pytest.raises(ModelSourceError, match="weights"):
         load_discriminator(tmp_path / "other.pt")

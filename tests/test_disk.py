@@ -197,3 +197,31 @@ def test_a_disk_short_of_the_whole_run_is_a_warning_with_the_figures(prepared_de
     assert code == 0
     log = (disk / "checkpoints" / "train.log").read_text()
     assert "this run writes up to" in log and "4 checkpoints of about" in log and "Lower --keep_checkpoints" in log
+
+
+# ---------------------------------------------------------------- preparation on a full disk
+
+
+def test_preparation_on_a_full_disk_stops_keeps_its_clips_and_finishes_once_there_is_room(small_disk):
+    """The WAVs go to a disk that fills up half way: the run stops with one line saying so (not a "failed"
+    for every clip after, remembered and replayed on every re-run); once room is made, the same command
+    finishes, reusing the clips written before and preparing the rest."""
+    import prepare_data
+    from tests.conftest import DEMO_CORPUS
+
+    disk = small_disk(8)
+    data_dir = disk / "data"
+    command = ["--input_dir", str(DEMO_CORPUS), "--data_dir", str(data_dir), "--model_name", "scratch:tiny",
+               "--max_samples", "24", "--num_workers", "1"]
+    fill(disk, 300 * 1024)  # room for a few clips (about 40-100 kB each), then none
+    from finetune.data.prepare import NotWritten
+
+    with pytest.raises(NotWritten, match="disk full in .*run the same command again"):
+        prepare_data.main(command)
+    written = len(list((data_dir / "wavs").glob("*.wav")))
+    assert 0 < written < 24
+    (disk / "filler").unlink()
+    assert prepare_data.main(command) == 0
+    report = json.loads((data_dir / "prepare_report.json").read_text())
+    assert report["counts"]["kept"] == 24 and report["dropped_by_reason"] == {}
+    assert report["counts"]["reused"] >= written - 1  # the one being written when the disk filled is redone

@@ -12,7 +12,7 @@ import torch
 import train_feedback
 import train_vits
 from finetune.reporting.evaluation import EvalResult
-from finetune.training.feedback import Versions, decide, replay_sample
+from finetune.training.feedback import FeedbackError, Versions, decide, replay_sample
 from tests.conftest import DEMO_CORPUS, clock_for
 
 CORRECTION_IDS = ["kmr_demo_0101", "kmr_demo_0102", "kmr_demo_0103", "kmr_demo_0104"]
@@ -62,12 +62,18 @@ def feedback_args(prepared_demo, base_run, tmp_path, feedback, *extra):
             *extra]
 
 
-def test_a_round_improves_the_corrections_and_writes_a_version(prepared_demo, base_run, tmp_path, timed_work):
+def test_a_round_whose_corrections_improve_is_accepted_as_a_version(prepared_demo, base_run, tmp_path, timed_work,
+                                                                     monkeypatch):
+    """Forced, not hoped for: every evaluation scores better than the one before (whether 12 tiny epochs
+    improve these corrections depends on how the run goes on this CPU; bench_finetune.py measures that).
+    What is tested is what follows: the version, its report, the listening files and the rollback."""
+    from tests.test_reliability import improving_scores
+
+    improving_scores(monkeypatch)
     fake, _ = timed_work
     feedback = make_feedback(tmp_path / "feedback")
     code = train_feedback.main(feedback_args(prepared_demo, base_run, tmp_path, feedback, "--learning_rate", "1e-3",
-                                             "--max_epochs", "12", "--val_every", "4", "--max_regression", "25"),
-                               clock=clock_for(fake))
+                                             "--max_epochs", "3", "--val_every", "3"), clock=clock_for(fake))
     assert code == 0
     round_dir = tmp_path / "voices" / "rounds" / "round_001"
     report = json.loads((round_dir / "feedback_report.json").read_text())
@@ -90,7 +96,7 @@ def test_a_round_improves_the_corrections_and_writes_a_version(prepared_demo, ba
     assert folder_digest(versions.current) == folder_digest(tmp_path / "voices" / "v000")
     assert folder_digest(tmp_path / "voices" / "v000") == folder_digest(base_run / "checkpoints" / "best_model")
     assert versions.history()["current"] == "v000"
-    with pytest.raises(ValueError, match="no version before v000"):
+    with pytest.raises(FeedbackError, match="no version before v000"):
         train_feedback.main(["--output_dir", str(tmp_path / "voices"), "--rollback", "previous"])
 
 
@@ -122,7 +128,7 @@ def test_rollback_previous_follows_what_each_version_was_trained_from(tmp_path):
     voices.accept(model("round2"), "round_002", {})  # v002, trained from v000
     assert voices.rollback("previous") == ("v002", "v000")  # not v001, which the user had rejected
     assert (voices.current / "model.safetensors").read_text(encoding="utf-8") == "base"
-    with pytest.raises(ValueError, match="no version before v000"):
+    with pytest.raises(FeedbackError, match="no version before v000"):
         voices.rollback("previous")
 
 
@@ -201,15 +207,15 @@ def test_pairs_a_recording_app_writes_are_found_in_training_feedback_and_bad_pai
 def test_empty_or_missing_feedback_is_a_clear_error(prepared_demo, base_run, tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "metadata.csv").write_text("", encoding="utf-8")
-    with pytest.raises(train_feedback.FeedbackError, match="lists no corrections"):
+    with pytest.raises(FeedbackError, match="lists no corrections"):
         train_feedback.main(feedback_args(prepared_demo, base_run, tmp_path, tmp_path / "empty"))
-    with pytest.raises(train_feedback.FeedbackError, match="no such folder"):
+    with pytest.raises(FeedbackError, match="no such folder"):
         train_feedback.main(feedback_args(prepared_demo, base_run, tmp_path, tmp_path / "nowhere"))
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.md").write_text("nothing to learn from", encoding="utf-8")
-    with pytest.raises(train_feedback.FeedbackError, match="holds no corrections: expected pairs"):
+    with pytest.raises(FeedbackError, match="holds no corrections: expected pairs"):
         train_feedback.main(feedback_args(prepared_demo, base_run, tmp_path, tmp_path / "other"))
-    with pytest.raises(train_feedback.FeedbackError, match="no model to start from"):
+    with pytest.raises(FeedbackError, match="no model to start from"):
         train_feedback.main(["--base_model", str(tmp_path / "nothing"), "--output_dir", str(tmp_path / "v")])
 
 

@@ -29,6 +29,7 @@ from finetune.data.examples import Example, collate
 from finetune.data.features import Features
 from finetune.system.interrupt import StopRequest
 from finetune.system.progress import Progress
+from finetune.system.errors import ToolError
 
 WAV_HEADER_BYTES = 44
 EXAMPLE_OVERHEAD_BYTES = 1024  # Python objects and token ids per clip, roughly
@@ -37,7 +38,7 @@ MAX_DAMAGED_SHARE = 0.5  # more missing or damaged WAVs than this: the folder is
 DAMAGED = ("missing wav", "damaged wav")  # the reasons that mean the prepared files are not what was prepared
 
 
-class CorpusError(Exception):
+class CorpusError(ToolError):
     """The prepared folder cannot be used as it is; the message says what to run."""
 
 
@@ -191,10 +192,10 @@ def estimate_memory(data_dir: Path, rows: list[tuple[str, str]], linear_bins: in
 
 
 def decide_precompute(estimate: MemoryEstimate, wanted: bool) -> tuple[bool, str]:
-    """Whether to precompute features given the memory; raises MemoryError with a way out when the
+    """Whether to precompute features given the memory; raises CorpusError with a way out when the
     audio itself does not fit. Returns (precompute, a sentence for the log)."""
     if not estimate.fits_audio:
-        raise MemoryError(
+        raise CorpusError(
             f"the corpus needs about {gib(estimate.audio_bytes)} of RAM for its audio alone and "
             f"{gib(estimate.available_bytes)} is available: train on fewer clips with --max_samples "
             f"{estimate.clips_that_fit()} (about what fits), or free memory")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import multiprocessing
+import sys
 import time
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -23,6 +24,8 @@ from typing import Iterator
 
 from finetune.data import audio
 from finetune.system.atomic import write_text_atomic
+from finetune.system.disk import describe_failure, detached, is_write_failure
+from finetune.system.errors import ToolError
 from finetune.system.progress import Progress
 from finetune.data.sources import Source, SourceItem
 from finetune.data.text import TextNormalizer, describe_oov
@@ -84,6 +87,31 @@ class ClipResult:
     detail: str = ""
 
 
+class NotWritten(ToolError):
+    """A clip's WAV or a metadata file could not be written (a full disk, a read-only folder): not the clip's
+    fault, so the preparation stops, keeping the finished clips, instead of marking every clip after it as
+    failed."""
+
+
+def write_clip(path: str, samples, sample_rate: int) -> None:
+    """The WAV, or NotWritten saying why in one sentence (raised in a worker, read in the parent: a plain
+    message, which pickles)."""
+    try:
+        audio.write_pcm16(path, samples, sample_rate)
+        return
+    except Exception as error:  # soundfile's LibsndfileError names no cause; is_write_failure tells
+        if not is_write_failure(error):
+            raise
+        failure = error.with_traceback(None)
+    # Out of the except block, the failed file's handle is closed (detached): deleting the part written then
+    # really frees its room, enough for the cache of what is done to be saved.
+    failure = detached(failure)
+    Path(path).unlink(missing_ok=True)
+    raise NotWritten(f"could not write {path}: {describe_failure(failure, Path(path).parent, 'a clip', 0)}. The "
+                     "clips finished so far are kept: free space (or give --data_dir on a larger disk) and run the "
+                     "same command again to continue")
+
+
 def process_clip(job: ClipJob) -> ClipResult:
     """Decode -> mono -> resample -> trim -> length check -> peak-normalise -> write. Runs in a worker."""
     settings = job.settings
@@ -97,10 +125,12 @@ def process_clip(job: ClipJob) -> ClipResult:
         problem = settings.length_problem(seconds)
         if problem is not None:
             return ClipResult(job.item_id, seconds=seconds, reason=problem[0], detail=problem[1])
-        audio.write_pcm16(job.out_path, audio.peak_normalise(trimmed, settings.peak), settings.sample_rate)
+        write_clip(job.out_path, audio.peak_normalise(trimmed, settings.peak), settings.sample_rate)
         return ClipResult(job.item_id, seconds=seconds)
     except audio.AudioError as error:
         return ClipResult(job.item_id, reason=error.reason, detail=str(error))
+    except NotWritten:
+        raise  # the disk, not the clip: the preparation stops (Preparer.run keeps what was done)
     except Exception as error:  # a bad item must never stop the run: record it and go on
         return ClipResult(job.item_id, reason="failed", detail=f"{type(error).__name__}: {error}")
 
@@ -133,6 +163,11 @@ class PrepareCache:
         return entry
 
     def record(self, item_id: str, audio_sig: str, settings: ClipSettings, result: ClipResult) -> None:
+        """Remember a result, except an unexpected failure ("failed"): its cause may be gone next time, so
+        the clip is processed again rather than dropped again from memory."""
+        if result.reason == "failed":
+            self.entries.pop(item_id, None)
+            return
         failed = result.seconds is None
         self.entries[item_id] = {"audio": audio_sig, "settings": settings.audio_signature(),
                                  "seconds": result.seconds, "reason": result.reason if failed else None,
@@ -248,12 +283,21 @@ class Preparer:
             for result in self.results(self.screen(source.iterate()), progress):
                 self.finish(result)
                 if time.monotonic() - last_save > 60:  # an interrupted run keeps most of its work
-                    self.cache.save()
+                    self.save_cache()
                     last_save = time.monotonic()
         finally:
-            self.cache.save()
             progress.close()
+            self.save_cache()
         return self.tally
+
+    def save_cache(self) -> None:
+        """The cache, unless the disk refuses it too (then the next run redoes those clips): never in
+        place of the error that is already on its way."""
+        try:
+            self.cache.save()
+        except OSError as error:
+            print(f"warning: {self.cache.path} not written ({describe_failure(error, self.data_dir, 'it', 0)}): "
+                  "the next run processes those clips again", file=sys.stderr)
 
     def results(self, jobs: Iterator[ClipJob | None], progress: Progress) -> Iterator[ClipResult]:
         """Run jobs in-process (1 worker) or in a pool, with a bounded number in flight."""
@@ -314,8 +358,12 @@ def write_outputs(data_dir: Path, tally: Tally, val_fraction: float, report_extr
     val_ids = split_validation(ids, val_fraction)
     train_rows = [(i, tally.kept[i][0]) for i in ids if i not in val_ids]
     val_rows = [(i, tally.kept[i][0]) for i in ids if i in val_ids]
-    write_metadata(data_dir / "metadata.csv", train_rows)
-    write_metadata(data_dir / "metadata_val.csv", val_rows)
+    try:
+        write_metadata(data_dir / "metadata.csv", train_rows)
+        write_metadata(data_dir / "metadata_val.csv", val_rows)
+    except OSError as error:
+        raise NotWritten(f"could not write the metadata in {data_dir}: {describe_failure(error, data_dir, 'it', 0)}; "
+                         "the clips are kept: free space and run the same command again") from None
     hours = lambda rows: round(sum(tally.kept[i][1] for i, _ in rows) / 3600, 4)  # noqa: E731
     report = {
         **report_extra,
@@ -331,5 +379,9 @@ def write_outputs(data_dir: Path, tally: Tally, val_fraction: float, report_extr
         "punctuation_removed": dict(tally.removed_chars.most_common()),
         "dropped": tally.dropped,
     }
-    write_text_atomic(data_dir / "prepare_report.json", json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    try:
+        write_text_atomic(data_dir / "prepare_report.json", json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    except OSError as error:
+        raise NotWritten(f"could not write {data_dir}/prepare_report.json: "
+                         f"{describe_failure(error, data_dir, 'it', 0)}; free space and run the same command again") from None
     return report

@@ -23,6 +23,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from finetune.system.errors import ToolError
+
+
+class ResumeMismatch(ToolError):
+    """A saved position that means something else in this run (another process count)."""
+
 
 def bucketed_batches(lengths: list[int] | np.ndarray, batch_size: int, seed: int, epoch: int,
                      pool_batches: int = 32) -> list[list[int]]:
@@ -131,7 +137,7 @@ class BucketSampler:
         only means the same thing with as many processes as when it was saved."""
         saved_world = int(state.get("world_size", 1))
         if saved_world != self.world_size:
-            raise ValueError(f"this checkpoint was written by a run of {saved_world} process(es) and this one has "
+            raise ResumeMismatch(f"this checkpoint was written by a run of {saved_world} process(es) and this one has "
                              f"{self.world_size}: resume it with the same number (torchrun --nproc_per_node="
                              f"{saved_world}), or start a new run in another --checkpoint_dir")
         self.micro_batch = int(state.get("micro_batch", self.batch_size))  # the position counts these

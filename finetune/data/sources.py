@@ -23,13 +23,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
+from finetune.system.errors import ToolError
 
 AUDIO_EXTENSIONS = (".wav", ".flac", ".mp3", ".ogg", ".opus", ".oga")
 AUDIO_COLUMN_GUESSES = ("audio", "file_name", "path", "file", "filename", "audio_path", "wav", "audio_filepath")
 TEXT_COLUMN_GUESSES = ("sentence", "text", "transcription", "normalized_text", "transcript", "raw_text")
 
 
-class SourceError(Exception):
+class SourceError(ToolError):
     """The source itself is wrong (not one item of it); the message says what exists and which flag fixes it."""
 
 

@@ -15,18 +15,19 @@ from __future__ import annotations
 import errno
 import shutil
 from pathlib import Path
+from finetune.system.errors import ToolError
 
 MB = 1024 * 1024
 
 
-class DiskTooSmall(Exception):
+class DiskTooSmall(ToolError):
     """Not even one checkpoint (or model) fits on the disk; the message gives the figures and what to do."""
 
 
 # Messages of the RuntimeErrors torch's and libsndfile's writers raise when the bytes do not reach the disk.
 WRITE_FAILURE_MARKERS = ("unexpected pos", "basic_ios::clear", "iostream error", "file write failed",
                          "PytorchStreamWriter failed", "No space left", "os error 28", "Error opening",
-                         "Write error", "error writing")
+                         "Write error", "error writing", "System error")
 SPACE_MARKERS = ("No space left", "os error 28", "Disk quota exceeded", "os error 122")
 
 

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from finetune.system.errors import ToolError
 
 
-class HubError(Exception):
+class HubError(ToolError):
     """Publishing cannot happen; the message says why and what to do."""
 
 

@@ -15,6 +15,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
+from finetune.system.errors import ToolError
 
 SCRATCH_PREFIX = "scratch"
 SCRATCH_SIZES = ("tiny", "small", "mms")
@@ -22,7 +23,7 @@ DEFAULT_SAMPLE_RATE = 16_000
 HUB_PROBE_TIMEOUT_S = 5.0
 
 
-class ModelSourceError(Exception):
+class ModelSourceError(ToolError):
     """The model named by --model_name cannot be used; the message says what to do instead."""
 
 

@@ -25,9 +25,14 @@ from pathlib import Path
 import numpy as np
 
 from finetune.system.atomic import recover, replace_dir, staging_dir, write_text_atomic
+from finetune.system.errors import ToolError
 from finetune.reporting.evaluation import EvalResult, Evaluator, describe_cut
 
 HISTORY = "history.json"
+
+
+class FeedbackError(ToolError):
+    """A round (or a rollback) cannot run as asked; the message says what to do."""
 
 
 def listing(folder: Path) -> list[tuple[str, int, int]]:
@@ -224,11 +229,11 @@ class Versions:
         if target == "previous":
             parent = self.parent(current) if current in versions else None
             if parent is None:
-                raise ValueError(f"no version before {current or 'nothing'} to roll back to; versions: "
+                raise FeedbackError(f"no version before {current or 'nothing'} to roll back to; versions: "
                                  f"{', '.join(versions) or 'none'}")
             target = parent
         if target not in versions:
-            raise ValueError(f"--rollback {target}: no such version; versions: {', '.join(versions) or 'none'}")
+            raise FeedbackError(f"--rollback {target}: no such version; versions: {', '.join(versions) or 'none'}")
         self._copy_model(self.root / target, self.current)
         self._record({"event": "rollback", "from": current, "to": target}, current=target)
         return str(current), target

@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.parametrizations import weight_norm
 
+from finetune.system.model_source import ModelSourceError
+
 LEAKY_SLOPE = 0.1
 FORMAT_NAME = "vits-finetune-discriminator"
 PERIOD_CHANNELS = (32, 128, 512, 1024, 1024)
@@ -151,7 +153,7 @@ def infer_original_config(state: dict[str, torch.Tensor]) -> DiscriminatorConfig
     from the first period discriminator's first layer (32 channels at width 1)."""
     count = len({k.split(".")[1] for k in state if k.startswith("discriminators.")})
     if count != 6:
-        raise ValueError(f"an original VITS discriminator has 6 sub-discriminators; this one has {count}")
+        raise ModelSourceError(f"an original VITS discriminator has 6 sub-discriminators; this one has {count}")
     first = state["discriminators.1.convs.0.parametrizations.weight.original1"]
     return DiscriminatorConfig(periods=(2, 3, 5, 7, 11), width=first.shape[0] / PERIOD_CHANNELS[0], scales=1)
 
@@ -176,7 +178,7 @@ def load_discriminator(path: str | Path) -> LoadedDiscriminator:
     state = saved.get("model", saved) if isinstance(saved, dict) else None
     if not isinstance(state, dict) or not any(str(k).removeprefix("module.").startswith("discriminators.") for k in state):
         found = sorted(saved)[:8] if isinstance(saved, dict) else type(saved).__name__
-        raise ValueError(f"--discriminator {path}: neither this tool's discriminator.pt nor an original VITS "
+        raise ModelSourceError(f"--discriminator {path}: neither this tool's discriminator.pt nor an original VITS "
                          f"D_*.pth (found keys {found})")
     state = from_original_layout(state)
     discriminator = Discriminator(infer_original_config(state))

@@ -139,7 +139,7 @@ def pretrained_generator(source: ModelSource) -> LoadedGenerator:
     tokenizer = load_tokenizer(source)
     model = load_complete_model(source.local_dir, source.name)
     if len(tokenizer.encoder) > model.config.vocab_size:
-        raise ValueError(f"{source.name}: tokenizer has {len(tokenizer.encoder)} tokens but the model embeds "
+        raise ModelSourceError(f"{source.name}: tokenizer has {len(tokenizer.encoder)} tokens but the model embeds "
                          f"only {model.config.vocab_size}")
     params = sum(p.numel() for p in model.parameters()) / 1e6
     return LoadedGenerator(model, tokenizer, pretrained=True,

@@ -31,9 +31,14 @@ from pathlib import Path
 import torch
 
 from finetune.system.atomic import replace_dir, staging_dir, write_text_atomic
+from finetune.system.errors import ToolError
 from finetune.vits.inference import synthesise_graph
 
 OPSET = 17
+
+
+class ExportError(ToolError):
+    """The exported voice does not load or speak as it should; the message says where it failed."""
 
 
 class OnnxVoice(torch.nn.Module):
@@ -141,7 +146,7 @@ def sherpa_speech(out_dir: Path, text: str, noise_scale: float = 0.0, noise_scal
     done = subprocess.run([sys.executable, "-c", SHERPA_PROGRAM, str(out_dir), text, str(noise_scale),
                            str(noise_scale_w)], capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
-        raise ValueError(f"sherpa-onnx could not load or run {out_dir} (exit {done.returncode}): "
+        raise ExportError(f"sherpa-onnx could not load or run {out_dir} (exit {done.returncode}): "
                          f"{(done.stderr or done.stdout).strip()[-300:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -150,7 +155,7 @@ def sherpa_speaks(out_dir: Path, text: str) -> float:
     """Seconds of audio sherpa-onnx made from `text` with the export (its default noise)."""
     speech = sherpa_speech(out_dir, text, 0.667, 0.8)
     if speech["samples"] == 0 or speech["peak"] == 0.0:
-        raise ValueError(f"sherpa-onnx loaded {out_dir} but made no audio for {text!r}")
+        raise ExportError(f"sherpa-onnx loaded {out_dir} but made no audio for {text!r}")
     return speech["samples"] / speech["sample_rate"]
 
 
