@@ -118,16 +118,18 @@ def main(argv: list[str] | None = None, clock=None, step_callback=None) -> int:
 
 def train(config: TrainConfig, given: set[str], clock, step_callback, stop) -> int:
     """The recipe: the run folder (and what it resumes), then the training in it; the process group (under
-    torchrun) is left last, once the training's model wrappers are gone."""
-    check_hub(config)
+    torchrun) is left last, once the training's objects are gone."""
     run, config = open_run(config, given, clock, stop)
     finished = False
     try:
-        code = fit_and_report(config, run, step_callback)  # its model wrappers are gone once it returns
+        check_hub(config)  # on the settings the run goes on with: a resumed run uploads by its checkpoint's
+        code = fit_and_report(config, run, step_callback)  # its objects are gone once it returns
         finished = True
         return code
     finally:
         run.dist.close(finished)
+        for lock in run.held:
+            lock.release()
 
 
 def fit_and_report(config: TrainConfig, run: recipe.Run, step_callback) -> int:
@@ -150,16 +152,13 @@ def open_run(config: TrainConfig, given: set[str], clock, stop) -> tuple[recipe.
     """Run folder and log (leftovers of a killed process cleared); the checkpoint to resume (never silently
     mixing two runs; an unreadable newest one skipped) and the settings it continues with; budget; device."""
     dist = distributed.from_environment(config.device)
-    folder, output = Path(config.checkpoint_dir), Path(config.output_dir)
+    folder = Path(config.checkpoint_dir)
     folder.mkdir(parents=True, exist_ok=True)
     lock = distributed.lock_run_folder(folder, dist)  # main() holds it already; under torchrun rank 0 does
     logger = logs.setup_logging(folder, rank=dist.rank)
     if lock is not None and lock.took_over():
         logger.info(lock.took_over())
-    if dist.is_main:
-        for note in atomic.recover(folder) + atomic.recover(output.parent, only=output.name):
-            logger.info(f"{note} (left by a process that was killed while saving)")
-    dist.any(False)  # the others wait until the main process has tidied the folder
+    tidy(folder, None, dist, logger)
     resume_path, payload = checkpoints.resolve_resume(config.resume, folder, warn=logger.warning)
     if resume_path is None and checkpoints.list_checkpoints(folder):
         raise ConfigError([f"{folder} holds checkpoints of an earlier run: continue it with --resume auto, or start "
@@ -170,15 +169,29 @@ def open_run(config: TrainConfig, given: set[str], clock, stop) -> tuple[recipe.
         config = TrainConfig(**settings)
         logger.info("resuming with the checkpoint's settings" + ("; changed on this command line: "
                     + ", ".join(f"--{k} {settings[k]}" for k in changed) if changed else ""))
+    # The output folder (the resumed run's own) is this run's too: another run publishing there is refused.
+    output = Path(config.output_dir)
+    output_lock = distributed.lock_run_folder(output, dist, output=True)
+    tidy(output.parent, output.name, dist, logger)
     used_before = payload["state"]["time_used_s"] if payload else 0.0
     target_s = config.target_hours * 3600
     budget = budgeting.Budget(target_s, clock, used_before_s=used_before, safety_s=budgeting.safety_margin_s(target_s))
     logger.info(f"train_vits: budget {config.target_hours} h ({target_s:.0f}s), {budget.used_s():.1f}s used "
                 f"({used_before:.1f}s by earlier processes of this run)" + (f"; resuming {resume_path}" if payload else ""))
     run = recipe.open_run(folder, logger, config, budget, dist, stop, payload, resume_path)
+    run.held = [output_lock] if output_lock is not None else []
     if dist.active:
         logger.info(f"data parallel: {dist.world_size} processes ({dist.backend}); this is rank {dist.rank} on {run.device}")
     return run, config
+
+
+def tidy(folder: Path, only: str | None, dist, logger) -> None:
+    """What a killed process left half-saved in `folder` (for `only` in it, if given), put right by the main
+    process; the others wait until it has."""
+    if dist.is_main:
+        for note in atomic.recover(folder, only=only):
+            logger.info(f"{note} (left by a process that was killed while saving)")
+    dist.any(False)
 
 
 @dataclass
@@ -343,7 +356,9 @@ def report_end(config: TrainConfig, run: recipe.Run, trainer, result) -> int:
     if result.stop_reason == "interrupted":
         saved = (f"saved {result.checkpoint}; continue with the same command and --resume auto" if result.checkpoint
                  else "no checkpoint could be written (see the errors above)")
-        run.logger.info(f"interrupted ({trainer.stop.signal_name}) at step {state.step}: {saved}")
+        published = (f"; the final model was written to {config.output_dir} first (the stop came during the final "
+                     "evaluation)" if result.final_saved else "")
+        run.logger.info(f"interrupted ({trainer.stop.signal_name}) at step {state.step}: {saved}{published}")
         return trainer.stop.exit_status
     run.logger.info(f"done ({result.stop_reason}) after {state.step} steps, {state.epoch} epochs, "
                     f"{run.budget.used_s():.1f}s of {run.budget.target_s:.0f}s; last learning rate {result.last_lr:.3e}; "
@@ -355,7 +370,9 @@ def report_end(config: TrainConfig, run: recipe.Run, trainer, result) -> int:
                     f"{summary['export_s']:.0f}s; data wait {100 * summary['data_wait_share']:.2f}% of step time")
     if result.save_failures:
         run.logger.error(f"error: {result.save_failures} save(s) could not be written (see above)")
-    if not result.final_saved:
+    if result.stop_reason == "out_of_memory" and not result.final_saved:
+        run.logger.info(f"{config.output_dir} is left as it was: no model this run trained was kept as best_model")
+    elif not result.final_saved:
         run.logger.error(f"error: the final model could not be written to {config.output_dir}")
     pushed = not (config.push_to_hub and result.final_saved and run.dist.is_main) or push(config, run)
     return 1 if result.stop_reason in ("diverged", "out_of_memory") or not result.final_saved or not pushed else 0

@@ -8,7 +8,7 @@ in torch and transformers, which `--help` does not need.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -45,6 +45,7 @@ class Run:
     stop: StopRequest
     payload: dict | None = None  # the checkpoint being resumed, if any
     resume_path: Path | None = None
+    held: list = field(default_factory=list)  # locks besides the run folder's (the output folder's), released at the end
 
 
 def open_run(folder: Path, logger, flags: TrainingFlags, budget: Budget, dist: Distributed, stop: StopRequest,

@@ -189,3 +189,29 @@ def test_naturalness_rates_a_recording_above_silence_and_noise():
     noise = judge_.score(np.random.default_rng(0).normal(0, 0.1, rate * 2).astype(np.float32), rate).overall
     assert speech > silence + 0.5 and speech > noise + 0.5
     assert 1.0 <= min(silence, noise) and speech <= 5.0
+
+
+def test_a_resumed_run_checks_the_upload_its_checkpoint_asks_for(prepared_demo, tmp_path, monkeypatch, timed_work):
+    """The first process had a Hub that answered; its checkpoint holds --push_to_hub. A resume that does not
+    repeat the flag still uploads at the end, so it is checked before any training, on the resumed settings."""
+    from finetune.system import hub_upload
+
+    fake, _ = timed_work
+    real_check = hub_upload.check_ready
+    monkeypatch.setattr(hub_upload, "check_ready", lambda repo_id: "me")  # the Hub answered the first process
+
+    def stop_at_2(loop):
+        if loop.state.step == 2:
+            loop.stop.request("SIGINT")
+
+    assert train_vits.main(args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "3",
+                                "--push_to_hub", "me/voice"), clock=clock_for(fake), step_callback=stop_at_2) == 130
+    monkeypatch.setattr(hub_upload, "check_ready", real_check)  # from now on against a Hub that cannot be reached
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed_port()}")
+    monkeypatch.setenv("HF_TOKEN", "hf_not_a_real_token")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    run = tmp_path / "checkpoints"
+    before = sorted(p.name for p in run.glob("*.pt"))
+    with pytest.raises(train_vits.ConfigError, match="cannot be reached"):
+        train_vits.main(["--checkpoint_dir", str(run), "--resume", "auto"], clock=clock_for(fake))
+    assert sorted(p.name for p in run.glob("*.pt")) == before  # nothing trained, nothing written

@@ -63,3 +63,26 @@ def test_only_the_main_process_of_a_data_parallel_run_takes_the_lock(tmp_path):
     lock = lock_run_folder(tmp_path, Distributed())
     assert (tmp_path / LOCK_NAME).is_file()
     lock.release()
+
+
+HOLD_OUTPUT = ("import sys, time; sys.path.insert(0, {repo!r}); from finetune.system.run_lock import output_lock; "
+               "output_lock({folder!r}).acquire(); print('held', flush=True); time.sleep(600)")
+
+
+def test_a_second_run_publishing_into_a_held_output_folder_is_refused(prepared_demo, tmp_path):
+    """Its own --checkpoint_dir, but the first run's --output_dir: it would tidy (and publish into) the folder
+    the first one swaps. Refused before it trains, naming the holder and the flag."""
+    output = tmp_path / "final_model"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_OUTPUT.format(repo=str(REPO), folder=str(output))],
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    try:
+        second = subprocess.run([sys.executable, str(REPO / "train_vits.py"), "--data_dir", str(prepared_demo),
+                                 "--checkpoint_dir", str(tmp_path / "second"), "--output_dir", str(output),
+                                 "--model_name", "scratch:tiny"], capture_output=True, text=True, timeout=300)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert second.returncode == 1 and "Traceback" not in second.stderr
+    assert f"another run holds {output}: process {holder.pid}" in second.stderr and "--output_dir" in second.stderr
+    assert not list((tmp_path / "second").glob("*.pt")) and not (tmp_path / "second" / "metrics.jsonl").exists()

@@ -22,12 +22,13 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from finetune.system.errors import ToolError
 
 LOCK_NAME = "run.lock"
 _HELD: dict[Path, "RunLock"] = {}  # this process's locks: a run started again in-process (tests) reuses its own
 
 
-class FolderBusy(Exception):
+class FolderBusy(ToolError):
     """Another live run holds the folder; the message names it and says what to do."""
 
 
@@ -57,8 +58,11 @@ def read_holder(path: Path) -> Holder | None:
 class RunLock:
     """Holds `folder/run.lock` until release() or the end of the process."""
 
-    def __init__(self, folder: Path, flag: str = "--checkpoint_dir"):
-        self.path, self.flag = Path(folder) / LOCK_NAME, flag
+    def __init__(self, folder: Path, flag: str = "--checkpoint_dir", lock_file: Path | None = None):
+        """`lock_file` defaults to folder/run.lock; a folder that is swapped whole (an output folder) is
+        guarded by a file beside it instead (output_lock)."""
+        self.folder, self.flag = Path(folder), flag
+        self.path = Path(lock_file) if lock_file is not None else self.folder / LOCK_NAME
         self.handle = None
         self.previous: Holder | None = None  # the dead holder whose lock was taken over, if any
 
@@ -100,7 +104,7 @@ class RunLock:
         holder = read_holder(self.path)
         who = holder.describe() if holder else "a process that has not yet written its name"
         stop = f" or stop it (kill {holder.pid})" if holder and holder.host == socket.gethostname() else ""
-        return (f"another run holds {self.path.parent}: {who}. Wait for it to finish{stop}, or give this run "
+        return (f"another run holds {self.folder}: {who}. Wait for it to finish{stop}, or give this run "
                 f"another {self.flag}")
 
     def took_over(self) -> str | None:
@@ -128,3 +132,11 @@ def hold_for_launch(folder: str | Path, flag: str = "--checkpoint_dir") -> RunLo
     if os.environ.get("RANK", "0") != "0":
         return None
     return RunLock(Path(folder), flag).acquire()
+
+
+def output_lock(output_dir: str | Path) -> RunLock:
+    """The lock of a run's output folder (--output_dir): a file beside it, since the folder itself is
+    swapped whole when a model is published. Two runs with their own checkpoint folders must not publish
+    into (and clean up after a killed process in) one output folder at once."""
+    output = Path(output_dir)
+    return RunLock(output, "--output_dir", lock_file=output.parent / f".{output.name}.lock")

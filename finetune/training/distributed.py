@@ -2,14 +2,17 @@
 
 `torchrun --nproc_per_node=N train_vits.py ...` starts N processes (one per GPU; on CPU, N of them share
 the cores). They form a process group (NCCL on GPUs, gloo on CPU, chosen from the device), each trains
-on its own share of every epoch's batches, and their gradients are averaged (DistributedDataParallel,
-in finetune/training/step.py). Everything that must not differ between them goes through here:
+on its own share of every epoch's batches, and their gradients are averaged once a window is done and
+every process has agreed to apply it (finetune/training/step.py). Everything that must not differ between them goes
+through here:
 
     any(flag)          a stop decision (deadline, signal, a non-finite loss): if one process must stop,
                        all do, on the same step, so the deadline is one shared deadline
     broadcast(obj)     the main process's plan, evaluation verdicts and measured costs, to all
     gather(obj)        every process's random state, for the checkpoint
     mean / sum         losses and samples/s for the progress line
+    average_gradients  a window's gradients, once every process has decided to apply it
+    broadcast_module   the main process's weights, to all, as a run starts
 
 Only the main process (rank 0) logs, evaluates, saves and exports; the others wait for it at the next
 shared decision. A single process (no torchrun) has an inactive group and every helper is the identity.
@@ -84,25 +87,44 @@ class Distributed:
         torch.distributed.all_reduce(tensor)
         return float(tensor.item())
 
-    def wrap(self, module: torch.nn.Module) -> torch.nn.Module:
-        """DistributedDataParallel around `module` (itself for a single process). No unused-parameter
-        search: every trainable parameter gets a gradient in every backward."""
+    def broadcast_module(self, module: torch.nn.Module) -> None:
+        """The main process's parameters and buffers, on every process (as a run starts)."""
         if not self.active:
-            return module
-        from torch.nn.parallel import DistributedDataParallel
+            return
+        with torch.no_grad():
+            for tensor in [*module.parameters(), *module.buffers()]:
+                torch.distributed.broadcast(tensor.data, src=0)
 
-        device_ids = [self.local_rank] if self.backend == "nccl" else None
-        return DistributedDataParallel(module, device_ids=device_ids, broadcast_buffers=False)
+    def average_gradients(self, params: list[torch.Tensor], bucket_elements: int = 2**24) -> None:
+        """Each gradient replaced by its mean over the processes: one all-reduce per bucket of about
+        `bucket_elements` values (64 MB in fp32), so the copy it needs stays small beside the model.
+        Every process must hold gradients for the same parameters (they run the same window kinds)."""
+        if not self.active:
+            return
+        grads = [p.grad for p in params if p.grad is not None]
+        bucket: list[torch.Tensor] = []
+        size = 0
+        for grad in [*grads, None]:
+            if grad is not None and (not bucket or size + grad.numel() <= bucket_elements):
+                bucket.append(grad)
+                size += grad.numel()
+                continue
+            if bucket:
+                flat = torch.cat([g.reshape(-1) for g in bucket])
+                torch.distributed.all_reduce(flat)
+                flat /= self.world_size
+                offset = 0
+                for g in bucket:
+                    g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                    offset += g.numel()
+            bucket, size = ([grad], grad.numel()) if grad is not None else ([], 0)
 
     def close(self, finished: bool = False) -> None:
-        """Leave the process group. Call it once the DistributedDataParallel wrappers are gone: a wrapper
-        freed after this holds the last reference to the group, and the group's destructor then waits for
-        its worker threads while holding the GIL one of them needs (a hang at exit, seen with gloo).
-        `finished`: every process got here normally, so a barrier first lets every collective's work be
-        released before the group goes."""
+        """Leave the process group, once the run's objects are gone. `finished`: every process got here
+        normally, so a barrier first lets every collective's work be released before the group goes."""
         if not (self.active and torch.distributed.is_initialized()):
             return
-        gc.collect()  # wrappers kept alive by reference cycles go now, while the group is still alive
+        gc.collect()  # objects kept alive by reference cycles go now, while the group is still alive
         if finished:
             torch.distributed.barrier()
         torch.distributed.destroy_process_group()
@@ -127,15 +149,16 @@ def from_environment(device: str = "auto", timeout_s: float = 3600.0) -> Distrib
     return Distributed(rank=rank, world_size=world_size, local_rank=local_rank, backend=backend)
 
 
-def lock_run_folder(folder, dist: Distributed, flag: str = "--checkpoint_dir"):
-    """The main process takes the folder's run.lock (finetune/system/run_lock.py); the other ranks are part
-    of its run. Raises FolderBusy on every process when another run holds the folder."""
-    from finetune.system.run_lock import FolderBusy, RunLock
+def lock_run_folder(folder, dist: Distributed, flag: str = "--checkpoint_dir", output: bool = False):
+    """The main process takes the folder's run.lock (finetune/system/run_lock.py; for an `output` folder,
+    the lock file beside it); the other ranks are part of its run. Raises FolderBusy on every process when
+    another run holds the folder."""
+    from finetune.system.run_lock import FolderBusy, RunLock, output_lock
 
     lock, refusal = None, None
     if dist.is_main:
         try:
-            lock = RunLock(folder, flag).acquire()
+            lock = (output_lock(folder) if output else RunLock(folder, flag)).acquire()
         except FolderBusy as error:
             refusal = str(error)
     refusal = dist.broadcast(refusal)
