@@ -13,6 +13,12 @@ FAULT, at its N-th occasion (several may be given, comma-separated):
     improving-scores   not a fault: every evaluation scores better than the last (so each exports best_model)
     accept-rounds      not a fault: every feedback round is accepted, whatever its scores (combine: a,b)
     slow-stop          after a stop request, saving hangs for a minute (says "saving slowly" on stderr first)
+    oom-window-rank1   under torchrun, rank 1 only: its N-th training micro-batch runs out of GPU memory in the
+                       decoder's forward (CUDA's error type, where a GPU raises it)
+    oom-update-rank1   under torchrun, rank 1 only: its N-th optimizer update runs out of GPU memory inside the
+                       generator's AdamW step (after the discriminator's step: a torn update)
+    weights-at-end     not a fault: each process saves its generator's weights to $WEIGHTS_DIR/rank_R.pt at
+                       the end of its training loop (to compare the processes of a data-parallel run)
 """
 
 from __future__ import annotations
@@ -128,8 +134,49 @@ def inject(fault: str, n: int) -> None:
             time.sleep(60)
             return real_stop(self)
         TrainingLoop.stop_cleanly = slow
+    elif fault in ("oom-window-rank1", "oom-update-rank1"):
+        if os.environ.get("RANK") == "1":
+            inject_out_of_memory(fault, n)
+    elif fault == "weights-at-end":
+        from finetune.training.loop import TrainingLoop
+
+        real_run = TrainingLoop.run
+
+        def run_then_save(self):
+            result = real_run(self)
+            torch.save(self.model.state_dict(), Path(os.environ["WEIGHTS_DIR"]) / f"rank_{os.environ.get('RANK', '0')}.pt")
+            return result
+        TrainingLoop.run = run_then_save
     else:
         raise SystemExit(f"unknown fault {fault}")
+
+
+def inject_out_of_memory(fault: str, n: int) -> None:
+    """CUDA's out-of-memory error, on this process only, at its n-th training micro-batch (in the decoder's
+    forward) or its n-th optimizer update (inside the generator's AdamW step)."""
+    import torch
+
+    from finetune.training.step import TrainStep
+
+    real_init, calls = TrainStep.__init__, {"n": 0}
+
+    def init(self, model, *args, **kwargs):
+        real_init(self, model, *args, **kwargs)
+        if fault == "oom-window-rank1":
+            def no_room(module, inputs):
+                if module.training:
+                    calls["n"] += 1
+                    if calls["n"] == n:
+                        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (rank 1)")
+            model.decoder.register_forward_pre_hook(no_room)
+        else:
+            def no_room_in_update(optimizer, args, kwargs):
+                calls["n"] += 1
+                if calls["n"] == n:
+                    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 96.00 MiB (rank 1)")
+            self.optimizer_g.register_step_pre_hook(no_room_in_update)
+
+    TrainStep.__init__ = init
 
 
 def run_recipe(faults: str, n: int, recipe: str, argv: list[str]) -> None:

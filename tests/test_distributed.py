@@ -13,6 +13,7 @@ import torch
 import torch.multiprocessing as mp
 
 import train_vits
+from finetune.data.sampler import ResumeMismatch
 from finetune.training.checkpoint import load_checkpoint
 from tests.conftest import REPO
 from tests.test_train import args, metrics
@@ -118,5 +119,30 @@ def test_the_script_under_torchrun_runs_end_to_end_and_resumes(prepared_demo, tm
     assert metrics(tmp_path, "end")[-1]["steps"] == 6
 
     # A single process cannot continue it: the data positions mean something else with another count.
-    with pytest.raises(ValueError, match="written by a run of 2 process"):
+    with pytest.raises(ResumeMismatch, match="written by a run of 2 process"):
         train_vits.main(["--checkpoint_dir", str(run), "--resume", "auto", "--max_epochs", "3"])
+
+
+@pytest.mark.timeout(600)  # the real script in subprocesses
+def test_out_of_memory_on_one_process_is_every_process_s_decision(prepared_demo, tmp_path):
+    """Under torchrun (gloo), only rank 1 runs out of GPU memory: first in a window's forward, later inside
+    an optimizer update. Both processes drop that window and refit the batch together, both go back to the
+    last checkpoint after the torn update, and the run ends normally with identical weights on both
+    (not a hang in a collective, not a crash, not two models that differ)."""
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WEIGHTS_DIR": str(weights)}
+    argv = args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "3", "--val_every", "4",
+                "--gradient_accumulation_steps", "2", "--log_every_seconds", "0.001")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(REPO / "tests" / "crash_helper.py"), "oom-window-rank1,oom-update-rank1,weights-at-end",
+                           "3", "train_vits", *argv], capture_output=True, text=True, timeout=500, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    log = (tmp_path / "checkpoints" / "train.log").read_text()
+    assert "out of memory during training at step" in log and "micro-batch 4 -> 2 clips" in log
+    assert "another process" in log and "went back to checkpoint" in log
+    end = metrics(tmp_path, "end")[0]
+    assert end["stop_reason"] == "max_epochs" and end["rollbacks"] == 1
+    rank0, rank1 = (torch.load(weights / f"rank_{r}.pt", weights_only=True) for r in (0, 1))
+    for key, value in rank0.items():
+        assert torch.equal(value, rank1[key]), key

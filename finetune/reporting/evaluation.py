@@ -192,17 +192,7 @@ class Evaluator:
         limit = limit or TimeLimit.none()
         started = limit.now()
         model.eval()
-        while True:
-            try:
-                scores, losses, cut = self.score_clips(model, stop, limit)
-                break
-            except torch.cuda.OutOfMemoryError:
-                if self.batch_size == 1:
-                    raise
-                torch.cuda.empty_cache()
-                self.batch_size //= 2  # kept for the rest of the run
-                self.group_s = None  # a group of another size: its cost is unknown again
-                LOG.warning(f"evaluation ran out of GPU memory: scoring {self.batch_size} clips at a time from now on")
+        scores, losses, cut = self.in_smaller_groups_on_oom(lambda: self.score_clips(model, stop, limit))
         samples, sentences_cut = [], False
         if scores:
             try:
@@ -216,27 +206,60 @@ class Evaluator:
         result.cut_short = "the deadline" if cut or sentences_cut or (self.examples and not scores) else ""
         return result
 
-    def prime(self, model, now) -> None:
+    def in_smaller_groups_on_oom(self, work):
+        """`work()`, again with half as many clips a group each time it runs out of GPU memory (down to one).
+        The size is kept for the rest of the run, and saved with its checkpoints (a resumed process starts
+        at it, not at the size that did not fit)."""
+        while True:
+            try:
+                return work()
+            except torch.OutOfMemoryError:  # torch.cuda.OutOfMemoryError is this type
+                if self.batch_size == 1:
+                    raise
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()  # out of the except block: the failed group's tensors are gone
+            self.batch_size //= 2
+            self.group_s = None  # a group of another size: its cost is unknown again
+            LOG.warning(f"evaluation ran out of GPU memory: scoring {self.batch_size} clips at a time from now on")
+
+    def prime(self, model, limit: TimeLimit) -> None:
         """Score the first held-out clip (group) twice and synthesise the first test sentence twice, results
-        discarded: the first time pays what a process's
-        first evaluation pays once (librosa's import, its DTW's compilation, first allocations), the
-        second measures what a clip costs here and now (`group_s`, never lowered below the prior). A
-        resumed process does this before its first evaluation is limited by such estimates; `now` is the
-        run's clock. The caller restores training mode."""
+        discarded: the first time pays what a process's first evaluation pays once (librosa's import, its
+        DTW's compilation, first allocations), the second measures what a clip costs here and now
+        (`group_s`, never lowered below the prior). A resumed process does this before its first
+        evaluation is limited by such estimates. Bounded like an evaluation: each repeat only when it ends
+        inside `limit` (on the run's clock), and a group that runs out of GPU memory is made smaller. The
+        caller restores training mode."""
         model.eval()
         if self.examples:
-            group = self.examples[: self.batch_size]
-            for _ in range(2):
-                started = now()
+            def score_first_group() -> float:
+                started = limit.now()
+                group = self.examples[: self.batch_size]
                 _, aligned = self.validation_losses(model, collate(group, self.features.config.hop_length).to(self.device), 0)
                 self.score_group(model, group, aligned, 0)
-            self.group_s = max(self.group_s or 0.0, now() - started)
+                return limit.now() - started
+
+            self.repeat_twice_within(lambda: self.in_smaller_groups_on_oom(score_first_group), limit, "group_s")
         if self.samples_dir is not None and self.test_sentences:
             ids = self.test_sentences[0][1]
-            for _ in range(2):
-                started = now()
+
+            def say_first_sentence() -> float:
+                started = limit.now()
                 speak(model, [ids], self.device, self.seed, [min(TEST_SENTENCE_MAX_S, ceiling_for_text(len(ids)))])
-            self.sentence_s = max(self.sentence_s or 0.0, now() - started)
+                return limit.now() - started
+
+            self.repeat_twice_within(say_first_sentence, limit, "sentence_s")
+
+    def repeat_twice_within(self, piece, limit: TimeLimit, estimate: str) -> None:
+        """`piece()` (which returns its seconds) once, and again when that much time is left: the second is
+        the estimate kept in `estimate` (the first, when it was the only one), never lowered."""
+        costs = PieceCosts(prior_s=getattr(self, estimate))
+        for _ in range(2):
+            if not costs.next_fits(limit):
+                break
+            costs.add(piece())
+        if costs.seen:
+            setattr(self, estimate, max(getattr(self, estimate) or 0.0, costs.seen[-1]))
 
     def expected_s(self) -> float:
         """What a whole evaluation should cost at the latest estimates (0 when none is known yet)."""

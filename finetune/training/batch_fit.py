@@ -116,7 +116,7 @@ def try_micro_batch(train_step, batch: Batch) -> str:
     error = ""
     try:
         _update_at_rate_zero(saved.fresh)  # the states first: they are there while every step runs
-        train_step.accumulate(batch, 1.0, generator=True, sync=False)  # no gradient reduction: a local probe
+        train_step.accumulate(batch, 1.0, generator=True)  # gradients stay local until apply: a local probe
         _update_at_rate_zero(saved.fresh)  # the update's temporaries, with the gradients still there
         if train_step.device.type == "cuda":
             torch.cuda.synchronize(train_step.device)

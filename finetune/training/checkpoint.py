@@ -24,13 +24,14 @@ import numpy as np
 import torch
 
 from finetune.system.atomic import torch_save_atomic, write_text_atomic
+from finetune.system.errors import ToolError
 
 CHECKPOINT_VERSION = 2
 LATEST = "latest_checkpoint.json"
 NAME_PATTERN = re.compile(r"checkpoint_epoch_(\d+)(?:_step_(\d+))?\.pt$")
 
 
-class CheckpointError(Exception):
+class CheckpointError(ToolError):
     """A checkpoint cannot be used to resume; the message says why and what to do."""
 
 
@@ -52,6 +53,7 @@ class TrainingState:
     checkpoint_s_estimate: float = 0.0  # seconds the last checkpoint took
     eval_group_s_estimate: float = 0.0  # seconds of the slowest group of held-out clips in the last evaluation
     eval_sentence_s_estimate: float = 0.0  # seconds of its slowest test sentence
+    eval_batch_size: int = 0  # held-out clips synthesised at once, as last used (0: the device's default)
     lr_scale: float = 1.0  # lowered each time a NaN storm sent the run back to its last good state
     rollbacks: int = 0  # times that happened
     discriminator_warmup_done: int = 0  # discriminator-only steps run (a new discriminator's warm-up)
@@ -73,15 +75,31 @@ class TrainingState:
 
 
 def capture_rng() -> dict:
-    """Every generator training draws from, as tensors and plain values (weights_only-loadable)."""
+    """Every generator training draws from, as tensors and plain values (weights_only-loadable). On CUDA,
+    the generator of the device this process trains on (the current one: finetune/training/session.py
+    pick_device sets it), not every visible device's: a resume on a machine with fewer GPUs, or under
+    another CUDA_VISIBLE_DEVICES, must still find it."""
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
     version, internal, gauss_next = random.getstate()
     state = {"python": [version, list(internal), gauss_next], "numpy": [kind, torch.from_numpy(keys.astype(np.int64)),
                                                                       pos, has_gauss, gauss],
              "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
+
+
+def cuda_state_for(saved, device_index: int):
+    """The CUDA generator state to put back on the device this process trains on. `saved` is one state
+    (this tool's checkpoints) or, in checkpoints written before, a list of every visible device's: then the
+    entry of this device's index if there is one, else the first (the device the run most likely trained
+    on). None when nothing was saved."""
+    if saved is None or isinstance(saved, torch.Tensor):
+        return saved
+    states = list(saved)
+    if not states:
+        return None
+    return states[device_index] if device_index < len(states) else states[0]
 
 
 def restore_rng(state: dict) -> None:
@@ -90,8 +108,10 @@ def restore_rng(state: dict) -> None:
     kind, keys, pos, has_gauss, gauss = state["numpy"]
     np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if torch.cuda.is_available():
+        cuda = cuda_state_for(state.get("cuda"), torch.cuda.current_device())
+        if cuda is not None:
+            torch.cuda.set_rng_state(cuda)  # the current device's
 
 
 # ---------------------------------------------------------------- files

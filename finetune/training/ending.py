@@ -37,13 +37,22 @@ class RunEnding:
         """Final evaluation (unless the last one saw these weights), best_model copied to the output folder
         (the voice an app loads), a checkpoint, then the last weights' export. In that order of worth: on a
         full disk the final saves may free older checkpoints, and last_model/ (the checkpoint holds the same
-        weights) is the one left out."""
+        weights) is the one left out. A stop request meanwhile still publishes (stop_cleanly): the budget is
+        spent, so no resume would."""
+        self.finishing = True
         if self.last_eval_step != self.state.step:
             self.evaluate(final=True)
         saved = self.on_main(self.save_final)
         self.final_saved = self.dist.broadcast(saved)
         self.checkpoint(end_of_epoch=self.sampler.state.position == 0, final=True)
         self.on_main(lambda: self.export(self.paths.last_dir, {"training_summary.json": self.final_summary()}))
+
+    def publish_best(self) -> None:
+        """best_model copied to the output folder, when a trained one is there (a run stopped by a failure:
+        its last weights are not worth publishing, and the starting model is no news to the app)."""
+        trained_best = self.state.best_step > 0 and (self.paths.best_dir / "config.json").is_file()
+        if self.dist.broadcast(trained_best):
+            self.final_saved = self.dist.broadcast(self.on_main(self.save_final))
 
     def final_summary(self) -> dict:
         return {**self.summary("finished"), "final_model_holds": self.final_source}
@@ -77,6 +86,8 @@ class RunEnding:
             self.feed.restart()
             self.boundary = None
         train_mode(self.model, self.frozen_parts)
+        if self.finishing and not self.final_saved:  # stopped in the final evaluation: publish all the same
+            self.final_saved = self.dist.broadcast(self.on_main(self.save_final))
         path = self.checkpoint(end_of_epoch=False, final=True)
         return self.result("interrupted", checkpoint=path)
 

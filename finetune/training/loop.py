@@ -33,7 +33,7 @@ from typing import Callable
 import torch
 
 from finetune.system.cpu_threads import CpuThreads
-from finetune.training.batch_fit import BatchFitting
+from finetune.training.batch_fit import OUT_OF_MEMORY_ADVICE, BatchFitting
 from finetune.training.budget import Budget, Plan, StepTimer
 from finetune.training.checkpoint import TrainingState, capture_rng
 from finetune.data.examples import Example
@@ -51,9 +51,10 @@ from finetune.reporting.run_log import RunLog
 from finetune.data.sampler import BucketSampler, SamplerState
 from finetune.training.saving import Saver
 from finetune.training.step import StepResult, TrainStep
+from finetune.system.errors import ToolError
 
 
-class BudgetTooSmall(Exception):
+class BudgetTooSmall(ToolError):
     """The budget cannot hold the work asked for; the message gives the figures and the flag to raise."""
 
 
@@ -180,6 +181,7 @@ class TrainingLoop(Milestones, RunEnding, BatchFitting):
         self.final_saved = False
         self.final_source = ""  # what the output folder holds: best_model (step N) or the last weights
         self.final_eval_skipped = False  # the final evaluation had no time for a single clip
+        self.finishing = False  # the final evaluation and saves have begun
         self.boundary: Boundary | None = None  # set while an accumulation window runs
         # On CPU, fewer torch threads while other processes take the cores (finetune/system/cpu_threads.py).
         self.cpu_threads = CpuThreads(logger, torch.get_num_threads, torch.set_num_threads) \
@@ -321,12 +323,14 @@ class TrainingLoop(Milestones, RunEnding, BatchFitting):
         if action == "ok":
             return None
         if result.update_failed and outcome.first_update:
-            self.last_good.restore(self.model, self.discriminator, self.step)
+            self.go_back()
             self.logger.error("error: the optimizers' state does not fit in GPU memory (the first update ran out of "
                               "it): freeze parts (--freeze posterior_encoder), use a narrower --discriminator_width, "
                               "or a GPU with more memory; nothing was trained")
             return "out_of_memory"
-        restored = self.last_good.restore(self.model, self.discriminator, self.step)
+        went_back, restored = self.go_back()
+        if not went_back:
+            return "out_of_memory"
         where = self.last_good.describe() + (f" (step {restored})" if restored is not None else "")
         if action == "give_up":
             self.logger.error(f"error: training keeps failing ({result.reason}) after going back "
@@ -342,6 +346,21 @@ class TrainingLoop(Milestones, RunEnding, BatchFitting):
         self.run_log.event("rollback", step=self.state.step, at=at, to=where, lr_scale=self.state.lr_scale,
                            reason=result.reason)
         return None
+
+    def go_back(self) -> tuple[bool, int | None]:
+        """The last good state put back on every process: (whether it could be, its step). Loading it may
+        itself run out of GPU memory (the card just did): then every process stops, said in one line."""
+        restored, failed = None, ""
+        try:
+            restored = self.last_good.restore(self.model, self.discriminator, self.step)
+        except torch.OutOfMemoryError as error:  # torch.cuda.OutOfMemoryError is this type
+            failed = str(error).strip().splitlines()[0] if str(error).strip() else "out of memory"
+        if self.dist.any(bool(failed)):
+            where = failed or "on another process"
+            self.logger.error(f"error: going back to {self.last_good.describe()} ran out of GPU memory ({where}): "
+                              f"stopped; best_model is what the run keeps. {OUT_OF_MEMORY_ADVICE}")
+            return False, None
+        return True, restored
 
     @property
     def benchmark_steps(self) -> int:
@@ -391,7 +410,9 @@ class TrainingLoop(Milestones, RunEnding, BatchFitting):
             reason = reason or self.train_until_stop()
             if reason == "interrupted":
                 raise StopRequested(self.stop.signal_name or "SIGINT")
-            if reason != "out_of_memory":
+            if reason == "out_of_memory":
+                self.publish_best()  # nothing more fits on the card; what the run learnt still reaches the app
+            else:
                 self.finish()
             return self.result(reason, checkpoint=self.last_checkpoint)
         except StopRequested:
@@ -442,6 +463,8 @@ def restore_eval_estimates(evaluator, state: TrainingState) -> None:
     if hasattr(evaluator, "group_s"):
         evaluator.group_s = state.eval_group_s_estimate or evaluator.group_s
         evaluator.sentence_s = state.eval_sentence_s_estimate or evaluator.sentence_s
+        if state.eval_batch_size:  # smaller than the device's default after an evaluation ran out of memory
+            evaluator.batch_size = min(evaluator.batch_size, state.eval_batch_size)
 
 
 def run_with_signals(loop: TrainingLoop) -> LoopResult:

@@ -129,7 +129,7 @@ class Milestones:
         if prime is None:
             return
         started, before = self.budget.clock.now(), self.evaluator.expected_s()
-        prime(self.model, self.budget.clock.now)
+        prime(self.model, self.pacer.evaluation_limit(final=False))  # room kept for the final save after it
         train_mode(self.model, self.frozen_parts)
         # The last evaluation's cost with its clips and sentences re-priced at what they cost now.
         self.costs.eval_s = max(self.costs.eval_s, self.costs.eval_s + self.evaluator.expected_s() - before)
@@ -180,6 +180,7 @@ class Milestones:
         self.state.export_s_estimate, self.state.eval_s_estimate = self.costs.export_s, self.costs.eval_s
         self.state.checkpoint_s_estimate = self.costs.checkpoint_s
         self.state.eval_group_s_estimate = getattr(self.evaluator, "group_s", None) or 0.0
+        self.state.eval_batch_size = getattr(self.evaluator, "batch_size", 0)  # as halved after running out of memory
         self.state.eval_sentence_s_estimate = getattr(self.evaluator, "sentence_s", None) or 0.0
         epoch = self.state.epoch if end_of_epoch else self.state.epoch + 1
         path = self.saver.checkpoint(self.paths.run_dir, checkpoint_name(epoch, self.state.step, end_of_epoch),

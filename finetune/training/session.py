@@ -20,6 +20,7 @@ from finetune.data.corpus import Corpus, CorpusError, read_metadata, tokenize
 from finetune.vits.discriminator import Discriminator, DiscriminatorConfig, load_discriminator, parameter_count
 from finetune.training.checkpoint import CheckpointError
 from finetune.vits.generator import LoadedGenerator, load_generator, ready_for_training, shape_mismatches
+from finetune.system.errors import ConfigError
 from finetune.system.model_source import resolve_model
 from finetune.data.text import TextNormalizer, describe_oov
 
@@ -45,9 +46,11 @@ def pick_device(name: str, local_rank: int | None = None) -> torch.device:
         name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: CUDA is not available on this machine (use --device cpu)")
+        raise ConfigError([f"--device {name}: CUDA is not available on this machine (use --device cpu)"])
     if device.type == "cuda" and local_rank is not None:
         device = torch.device("cuda", local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # the current device: new tensors and the saved random state are its
     return device
 
 

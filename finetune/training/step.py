@@ -13,6 +13,13 @@ or an epoch's end, and the gradients are then rescaled to the mean over the micr
 out-of-memory error inside a window drops that window (counted, logged with the batch shape and the
 flags that help) and training goes on.
 
+Data-parallel (torchrun): every process accumulates its own window with no communication, then the
+processes decide together (one collective): if any of them ran out of memory, or saw a non-finite loss,
+every one drops the window; otherwise the gradients are averaged (one all-reduce per window, in buckets)
+and every process takes the same update. An update that fails on one process is failed on all, so all go
+back to the same last good state. (DistributedDataParallel reduces inside the backward instead: a process
+that fails before its backward leaves the others waiting there, so its decisions cannot be shared.)
+
 Then, once per window (apply): if any loss was not finite the window is dropped (gradients zeroed, no optimizer
 step, so nothing reaches the weights or the Adam moments); otherwise gradients are unscaled, clipped,
 and both AdamW optimizers step (discriminator first). Both use the discriminator as it was during the
@@ -143,19 +150,16 @@ class TrainStep:
                  settings: StepSettings, precision: Precision, device: torch.device, dist: Distributed = Distributed()):
         self.model, self.discriminator, self.features = model, discriminator, features
         self.weights, self.settings, self.precision, self.device, self.dist = weights, settings, precision, device, dist
-        # Data-parallel: each model in its own DistributedDataParallel, so each gets one gradient reduction
-        # per optimizer step (at the window's last micro-batch). The discriminator's second pass, frozen,
-        # for the generator's adversarial loss, goes to the module itself, not through its wrapper.
-        self.generator_forward_module = dist.wrap(GeneratorObjective(model, features, settings.segment_frames))
-        self.discriminator_module = dist.wrap(discriminator)
+        self.generator_objective = GeneratorObjective(model, features, settings.segment_frames)
+        dist.broadcast_module(model)  # every process starts from the main one's weights
+        dist.broadcast_module(discriminator)
         self.generator_params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer_g = torch.optim.AdamW(self.generator_params, lr=settings.learning_rate, betas=ADAM_BETAS,
                                              eps=ADAM_EPS, weight_decay=settings.weight_decay)
         self.optimizer_d = torch.optim.AdamW(discriminator.parameters(), lr=settings.discriminator_learning_rate,
                                              betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=settings.weight_decay)
-        scaler_on = precision.uses_scaler
-        self.scaler_g = torch.amp.GradScaler(device.type, enabled=scaler_on)
-        self.scaler_d = torch.amp.GradScaler(device.type, enabled=scaler_on)
+        self.scaler_g = torch.amp.GradScaler(device.type, enabled=precision.uses_scaler)
+        self.scaler_d = torch.amp.GradScaler(device.type, enabled=precision.uses_scaler)
         self.nonfinite_skips = 0
         self.overflow_skips = 0
         self.oom_skips = 0
@@ -180,17 +184,12 @@ class TrainStep:
         for group in self.optimizer_d.param_groups:
             group["lr"] = discriminator_lr
 
-    def accumulate(self, batch: Batch, scale: float, generator: bool = True, sync: bool = True) -> dict[str, torch.Tensor]:
+    def accumulate(self, batch: Batch, scale: float, generator: bool = True) -> dict[str, torch.Tensor]:
         """Forward and backward for one micro-batch; `scale` is 1 / micro-batches per step. With
         `generator` False only the discriminator learns (its warm-up): the generator runs without
-        gradients and is left untouched. `sync` False (data-parallel, not the window's last micro-batch)
-        keeps the gradients local. Returns the loss terms as detached tensors (no sync)."""
-        with contextlib.ExitStack() as stack:
-            if not sync:
-                for module in (self.generator_forward_module, self.discriminator_module):
-                    if hasattr(module, "no_sync"):
-                        stack.enter_context(module.no_sync())
-            return self._accumulate(batch, scale, generator)
+        gradients and is left untouched. The gradients stay this process's own until `apply`. Returns
+        the loss terms as detached tensors (no sync)."""
+        return self._accumulate(batch, scale, generator)
 
     def _accumulate(self, batch: Batch, scale: float, generator: bool) -> dict[str, torch.Tensor]:
         if not generator:
@@ -214,8 +213,8 @@ class TrainStep:
         return {"discriminator": d_loss.detach(), "margin": margin.detach()}
 
     def forward_segments(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Generated and real audio segments [batch, 1, samples], for the discriminator alone. The
-        generator's module itself, not its data-parallel wrapper: it takes no gradient here."""
+        """Generated and real audio segments [batch, 1, samples], for the discriminator alone (the generator
+        takes no gradient here)."""
         with self.autocast():
             generated, starts = generated_segments(self.model, batch, self.features, self.settings.segment_frames)
         hop = self.features.config.hop_length
@@ -225,7 +224,7 @@ class TrainStep:
     def forward(self, batch: Batch):
         """Generator forward plus the matching real segments: (GeneratorForward, real audio, real log-mel)."""
         with self.autocast():
-            out = self.generator_forward_module(batch)
+            out = self.generator_objective(batch)
             real_audio, mel_real = real_segments(batch, self.features, out.segment_starts, self.settings.segment_frames)
         return out, real_audio, mel_real
 
@@ -237,7 +236,7 @@ class TrainStep:
         when the generator needs them."""
         size = real_audio.shape[0]
         with self.autocast():
-            scores, features = self.discriminator_module(torch.cat([real_audio, generated_audio.detach()]))
+            scores, features = self.discriminator(torch.cat([real_audio, generated_audio.detach()]))
         real_scores, fake_scores = [s[:size].float() for s in scores], [s[size:].float() for s in scores]
         d_loss = discriminator_loss(real_scores, fake_scores)
         self.scaler_d.scale(d_loss * scale).backward()
@@ -259,25 +258,36 @@ class TrainStep:
         """Forward and backward over the micro-batches of one optimizer step, as they come: (batch, whether
         it is the window's last). `planned` is the window's full size; when fewer come (an epoch's end, a
         window cut short at the deadline), gradients and losses are rescaled to the mean over those used.
-        Any exception (a stop request, for one) clears the gradients before it propagates."""
+        Out of GPU memory: the window is dropped (`oom` says on what); in a data-parallel run every process
+        learns it (one collective at the window's end) and drops its window too. A process that ran out
+        still takes its remaining micro-batches from `micro_batches` (without computing them): each
+        process's data position, and the collectives the loop makes per micro-batch, stay in step.
+        Any other exception (a stop request, for one) clears the gradients before it propagates."""
         scale = 1.0 / planned
         totals: dict[str, torch.Tensor] = {}
-        used, longest, widest = 0, 0, 0
+        used, longest, widest, oom = 0, 0, 0, ""
         try:
-            for batch, last in micro_batches:
+            for batch, _last in micro_batches:
                 used += 1
                 longest, widest = max(longest, int(batch.frame_lengths.max())), max(widest, len(batch))
-                for name, value in self.accumulate(batch, scale, generator, sync=last).items():
-                    totals[name] = totals.get(name, 0.0) + value * scale
-        except torch.cuda.OutOfMemoryError:
-            self.zero_grad()
-            if self.dist.active:  # the other processes wait in this window's gradient reduction: stop all
-                raise
-            return Window(totals={}, used=used, planned=planned, generator=generator, oom=f"{used} micro-batches of up to {widest} clips "
-                                                                        f"(longest {longest} frames)")
+                if oom:
+                    continue
+                try:
+                    for name, value in self.accumulate(batch, scale, generator).items():
+                        totals[name] = totals.get(name, 0.0) + value * scale
+                except torch.OutOfMemoryError:  # torch.cuda.OutOfMemoryError is this type
+                    self.zero_grad()
+                    oom = "out of GPU memory"
         except BaseException:
             self.zero_grad()
             raise
+        if oom:
+            oom = f"{used} micro-batches of up to {widest} clips (longest {longest} frames)"
+        if self.dist.any(bool(oom)) and not oom:
+            self.zero_grad()
+            oom = "another process's share of this window"
+        if oom:
+            return Window(totals={}, used=used, planned=planned, generator=generator, oom=oom)
         if 0 < used < planned:
             self._rescale(planned / used, totals)
         return Window(totals=totals, used=used, planned=planned, generator=generator)
@@ -311,15 +321,27 @@ class TrainStep:
         losses = dict(zip(window.totals, values))
         if self.dist.any(not all(map(math.isfinite, values))):  # one process's NaN is every process's (averaged)
             return self._drop(losses, "non-finite loss")
+        self.dist.average_gradients([*self.discriminator.parameters(), *self.generator_params])
+        failed = ""
         try:
-            return self._step_optimizers(losses, window.generator)
-        except torch.cuda.OutOfMemoryError:
-            self.zero_grad()
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
-            self.oom_skips += 1
-            return StepResult(applied=False, losses=losses, update_failed=True,
-                              reason="CUDA out of memory inside the optimizer update (the weights may be partly updated)")
+            result = self._step_optimizers(losses, window.generator)
+        except torch.OutOfMemoryError:  # torch.cuda.OutOfMemoryError is this type
+            failed = "CUDA out of memory inside the optimizer update (the weights may be partly updated)"
+        if self.dist.any(bool(failed)):  # one process's torn update is every process's: all go back together
+            return self._update_failed(losses, failed or "CUDA out of memory inside another process's optimizer "
+                                                         "update (the processes' weights may differ)")
+        return result
+
+    def _update_failed(self, losses: dict[str, float], reason: str) -> StepResult:
+        """After an update that failed half way (on this process or another): gradients dropped, cache freed,
+        and the gradient scalers made afresh at the scale they had: a scaler whose unscale_ ran but whose
+        update() never came would refuse the next step ("unscale_() has already been called")."""
+        self.zero_grad()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.scaler_g, self.scaler_d = fresh_scaler(self.scaler_g, self.device), fresh_scaler(self.scaler_d, self.device)
+        self.oom_skips += 1
+        return StepResult(applied=False, losses=losses, update_failed=True, reason=reason)
 
     def _out_of_memory(self, what: str) -> StepResult:
         """A window too big for the GPU: drop it (no partial update), free the cache, and say which."""
@@ -373,7 +395,12 @@ class TrainStep:
         self.oom_skips = state.get("oom_skips", 0)
 
     def load_optimizers(self, state: dict) -> None:
-        """Both optimizers and gradient scalers from a saved state (the skip counters stay as they are)."""
+        """Both optimizers and gradient scalers from a saved state (the skip counters stay as they are). The
+        states held now are freed first: loading beside them would need twice their memory, on a card that
+        may just have run out of it."""
+        self.reset_optimizers()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
         self.optimizer_g.load_state_dict(state["optimizer_g"])
         self.optimizer_d.load_state_dict(state["optimizer_d"])
         for scaler, saved in ((self.scaler_g, state["scaler_g"]), (self.scaler_d, state["scaler_d"])):
@@ -384,3 +411,11 @@ class TrainStep:
         """Empty optimizer states (as at the start of a fresh run), learning rates kept."""
         for optimizer in (self.optimizer_g, self.optimizer_d):
             optimizer.state.clear()
+
+
+def fresh_scaler(scaler: torch.amp.GradScaler, device: torch.device) -> torch.amp.GradScaler:
+    """A new gradient scaler with `scaler`'s scale and growth state, and no per-optimizer stage."""
+    fresh = torch.amp.GradScaler(device.type, enabled=scaler.is_enabled())
+    if scaler.is_enabled():
+        fresh.load_state_dict(scaler.state_dict())
+    return fresh
