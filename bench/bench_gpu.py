@@ -18,6 +18,10 @@ Parts (each a table, ready for bench/RESULTS.md, and a JSON file with the same f
 
 Data is synthetic (random tokens, noise-and-tone audio of fixed length): step cost depends on lengths, not
 on content. On a machine without CUDA (and without --smoke) it says so in one line and exits 0.
+
+It runs to its end whatever fails: each part on its own (one that raises is recorded as failed, with the
+error, and the next part runs), the JSON rewritten after each part, and a configuration that does not fit
+in memory reported as such, never timed.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -126,14 +131,27 @@ def peak_gib() -> tuple[float | None, float | None]:
     return torch.cuda.max_memory_allocated() / 2**30, torch.cuda.max_memory_reserved() / 2**30
 
 
+class DoesNotFit(Exception):
+    """A configuration ran out of memory: reported, never timed."""
+
+
+def run_step(step: TrainStep, batch) -> None:
+    """One training step, or DoesNotFit: TrainStep catches an out-of-memory error itself (it drops the
+    window, or fails the update), so the bench asks its result, not for an exception."""
+    result = step.run([batch])
+    if not result.applied and "out of memory" in result.reason:
+        raise DoesNotFit(result.reason.split(":")[0])
+
+
 def timed_steps(step: TrainStep, host_batches: list, setup: Setup) -> float:
-    """Mean seconds of a whole training step (batch to device, forward, backward, update) after burn-in."""
+    """Mean seconds of a whole training step (batch to device, forward, backward, update) after burn-in;
+    DoesNotFit when a step ran out of memory."""
     times = []
     for index in range(setup.burn_in + setup.steps):
         sync(setup.device)
         started = time.perf_counter()
         batch = host_batches[index % len(host_batches)].to(setup.device, non_blocking=setup.device.type == "cuda")
-        step.run([batch])
+        run_step(step, batch)
         sync(setup.device)
         if index >= setup.burn_in:
             times.append(time.perf_counter() - started)
@@ -163,9 +181,8 @@ def part_step(setup: Setup) -> list[dict]:
                 row.update(step_s=round(step_s, 4), clips_per_s=round(micro_batch / step_s, 2),
                            peak_allocated_gib=allocated and round(allocated, 2),
                            peak_reserved_gib=reserved and round(reserved, 2))
-            except torch.OutOfMemoryError as error:
-                step.zero_grad()
-                row.update(out_of_memory=str(error).splitlines()[0])
+            except DoesNotFit as error:
+                row.update(out_of_memory=str(error))
             rows.append(row)
             print(f"  step {row}", flush=True)
         del step
@@ -178,7 +195,7 @@ def part_fit(setup: Setup) -> list[dict]:
     capped = setup.device.type == "cuda" and setup.memory_limit_gib > 0
     if capped:
         total = torch.cuda.get_device_properties(setup.device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, setup.memory_limit_gib * 2**30 / total), setup.device)
+        torch.cuda.set_per_process_memory_fraction(min(1.0, setup.memory_limit_gib * 2**30 / total), setup.device.index)
     rows = []
     try:
         for precision in setup.fit_precisions:
@@ -199,7 +216,7 @@ def part_fit(setup: Setup) -> list[dict]:
             release()
     finally:
         if capped:
-            torch.cuda.set_per_process_memory_fraction(1.0, setup.device)
+            torch.cuda.set_per_process_memory_fraction(1.0, setup.device.index)  # an index: torch refuses "cuda"
     return rows
 
 
@@ -219,7 +236,7 @@ def part_data(setup: Setup) -> list[dict]:
                 wait_before = feed.wait_s  # worker start-up is left out, like the first steps
             started = time.perf_counter()
             batch, _ = feed.take()
-            step.run([batch])
+            run_step(step, batch)
             sync(setup.device)
             if index >= setup.burn_in:
                 total_s += time.perf_counter() - started
@@ -247,13 +264,16 @@ def part_compile(setup: Setup) -> list[dict]:
             step.model.decoder = torch.compile(step.model.decoder)
         batches = host_batches(synthetic_examples(2 * micro_batch, setup.clip_seconds, hop, seed=4), micro_batch, hop,
                                setup.device)
-        started = time.perf_counter()
-        for batch in batches[: setup.burn_in] or batches[:1]:
-            step.run([batch.to(setup.device)])
-        sync(setup.device)
-        first_s = time.perf_counter() - started
-        row = {"compile": compiled, "precision": precision, "micro_batch": micro_batch,
-               "first_steps_s": round(first_s, 2), "step_s": round(timed_steps(step, batches, setup), 4)}
+        row = {"compile": compiled, "precision": precision, "micro_batch": micro_batch}
+        try:
+            started = time.perf_counter()
+            for batch in batches[: setup.burn_in] or batches[:1]:
+                run_step(step, batch.to(setup.device))
+            sync(setup.device)
+            row.update(first_steps_s=round(time.perf_counter() - started, 2),
+                       step_s=round(timed_steps(step, batches, setup), 4))
+        except DoesNotFit as error:
+            row.update(out_of_memory=str(error))
         rows.append(row)
         print(f"  compile {row}", flush=True)
         del step
@@ -314,14 +334,16 @@ def markdown(results: dict) -> str:
                "fit": ["precision", "memory_limit_gib", "clip_s", "largest_micro_batch", "peak_reserved_gib",
                        "first_failure"],
                "data": ["workers", "pinned", "micro_batch", "precision", "data_wait_share", "step_s"],
-               "compile": ["compile", "precision", "micro_batch", "first_steps_s", "step_s"],
+               "compile": ["compile", "precision", "micro_batch", "first_steps_s", "step_s", "out_of_memory"],
                "torchrun": ["processes", "backend", "exit_status", "steps", "stop_reason", "time_used_s", "budget_s",
                             "wall_s", "skipped"]}
     out = [f"Machine: {results['machine']}", f"Date: {results['date']}", f"Command: `{results['command']}`",
            f"Generator scratch:{results['size']} ({results['generator_m']:.1f}M parameters), discriminator width "
            f"{results['discriminator_width']} ({results['discriminator_m']:.1f}M)"]
     for name in results["parts"]:
-        out += ["", f"**{name}**", "", table(results[name], columns[name])]
+        rows = results.get(name, [])
+        failed = [row["failed"] for row in rows if "failed" in row]
+        out += ["", f"**{name}**", ""] + ([f"failed: {failed[0]}"] if failed else [table(rows, columns[name])])
     return "\n".join(out)
 
 
@@ -349,11 +371,23 @@ def setup_for(args: argparse.Namespace) -> Setup:
                      fit_sizes=[1, 2], fit_precisions=["fp32"], memory_limit_gib=0.0, workers=[0, 2], compile=False,
                      torchrun_target_hours=args.torchrun_target_hours,
                      parts=[p for p in args.parts if p != "compile"])  # compiling on a CPU takes minutes
-    return Setup(device=torch.device("cuda"), size="mms", discriminator_width=1.0, micro_batches=[4, 8, 16],
+    return Setup(device=torch.device("cuda", torch.cuda.current_device()), size="mms", discriminator_width=1.0, micro_batches=[4, 8, 16],
                  precisions=list(PRECISIONS), clip_seconds=args.clip_seconds, max_seconds=args.max_seconds,
                  steps=args.steps, burn_in=args.burn_in, fit_sizes=[1, 2, 3, 4, 6, 8, 12, 16, 24, 32],
                  fit_precisions=["fp16", "fp32"], memory_limit_gib=args.memory_limit_gib, workers=[0, 2, 4],
                  compile=True, torchrun_target_hours=args.torchrun_target_hours, parts=list(args.parts))
+
+
+def run_part(name: str, setup: Setup) -> list[dict]:
+    """A part's rows; one that fails is one row saying how (with its traceback printed), and the bench goes on."""
+    try:
+        return PARTS[name](setup)
+    except Exception as error:  # any failure: the other parts still run and report
+        traceback.print_exc()
+        print(f"  {name} failed: {type(error).__name__}: {error}", flush=True)
+        return [{"failed": f"{type(error).__name__}: {str(error)[:300]}"}]
+    finally:
+        release()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -375,8 +409,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {results['machine']}", flush=True)
     for name in setup.parts:
         print(f"{name} ...", flush=True)
-        results[name] = PARTS[name](setup)
-    Path(args.json).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+        results[name] = run_part(name, setup)
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")  # as each part ends
     print()
     print(markdown(results))
     print(f"\nfigures also in {args.json}")

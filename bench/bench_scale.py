@@ -60,6 +60,8 @@ def main() -> None:
     parser.add_argument("--target_hours", type=float, default=0.1, help="train_vits.py's budget (loading included)")
     parser.add_argument("--precompute", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--work_dir", default=None)
+    parser.add_argument("--max_epochs", type=int, default=0, help="end the run after N epochs (0: at its deadline); "
+                        "a smoke run's end then does not depend on how fast the machine is")
     args = parser.parse_args()
     print(f"machine: {describe()}", flush=True)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_scale_"))
@@ -79,7 +81,8 @@ def main() -> None:
                                 str(run / "checkpoints"), "--output_dir", str(run / "final_model"), "--model_name",
                                 "scratch:tiny", "--target_hours", str(args.target_hours), "--discriminator_width",
                                 "0.0625", "--gradient_accumulation_steps", "1", "--log_every_seconds", "0.001",
-                                "--precompute_mels" if args.precompute else "--no-precompute_mels"], work / "train.log")
+                                "--precompute_mels" if args.precompute else "--no-precompute_mels",
+                                *(["--max_epochs", str(args.max_epochs)] if args.max_epochs else [])], work / "train.log")
     records = [json.loads(line) for line in (run / "checkpoints" / "metrics.jsonl").read_text().splitlines()]
     data = next(r for r in records if r["kind"] == "data")
     first = next(r for r in records if r["kind"] == "train")

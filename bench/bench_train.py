@@ -28,13 +28,15 @@ PEAK_LR, FLOOR = 2e-3, 0.1
 
 
 def one_run(data_dir: Path, work: Path, target_hours: float, precompute: bool, defaults: bool = False,
-            processes: int = 1) -> dict:
+            processes: int = 1, max_epochs: int = 0) -> dict:
     command = [sys.executable, str(REPO / "train_vits.py"), "--data_dir", str(data_dir), "--checkpoint_dir",
                str(work / "checkpoints"), "--output_dir", str(work / "final_model"), "--model_name", "scratch:tiny",
                "--target_hours", str(target_hours), "--log_every_seconds", "5",
                "--precompute_mels" if precompute else "--no-precompute_mels"]
     if not defaults:  # the demo's settings: a small discriminator, no accumulation, a from-scratch learning rate
         command += ["--discriminator_width", "0.0625", "--learning_rate", str(PEAK_LR), "--gradient_accumulation_steps", "1"]
+    if max_epochs:  # a run that ends by its epochs, whatever the machine's speed (the smoke test's)
+        command += ["--max_epochs", str(max_epochs)]
     if processes > 1:  # data parallel on the CPU: torchrun, gloo
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
                    *command[1:]]
@@ -66,6 +68,8 @@ def main() -> None:
                         help="every training flag at its default (46.7M discriminator, batch 8, accumulation 4, lr 2e-5)")
     parser.add_argument("--processes", type=int, default=1, help="data-parallel processes (torchrun, gloo)")
     parser.add_argument("--max_samples", type=int, default=0, help="demo clips prepared (0: all; a few for a smoke run)")
+    parser.add_argument("--max_epochs", type=int, default=0, help="end each run after N epochs (0: at its deadline); "
+                        "a smoke run's end then does not depend on how fast the machine is")
     args = parser.parse_args()
     modes = {"precomputed": [True], "per-batch": [False], "both": [True, False]}[args.features]
     with tempfile.TemporaryDirectory() as tmp:
@@ -84,7 +88,7 @@ def main() -> None:
             for precompute in modes:
                 for repeat in range(args.repeats):
                     r = one_run(data_dir, Path(tmp) / f"run_{target}_{precompute}_{repeat}", target, precompute,
-                                args.defaults, args.processes)
+                                args.defaults, args.processes, args.max_epochs)
                     error = 100 * (r["wall_s"] - r["target_s"]) / r["target_s"]
                     print(f"{r['target_s']:>8.0f} {r['wall_s']:>7.1f} {error:>5.1f}% {r['steps']:>5} "
                           f"{r['samples_per_s']:>9.1f} {100 * r['data_wait']:>8.2f}% {r['last_lr']:>9.2e} "

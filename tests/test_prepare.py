@@ -170,7 +170,7 @@ def test_unreachable_hub_fails_fast_with_the_flag_to_use(tmp_path, monkeypatch):
     started = time.monotonic()
     with pytest.raises(ModelSourceError, match="--model_name") as error:
         resolve_model("facebook/mms-tts-kmr-script_latin")
-    assert time.monotonic() - started < 15
+    assert time.monotonic() - started < 60  # no retries against a closed port: seconds, on any machine
     assert "scratch:tiny" in str(error.value)
 
 
@@ -210,7 +210,7 @@ def test_unreachable_hub_dataset_fails_fast_with_the_way_out(tmp_path):
     with pytest.raises(SourceError, match="--dataset DIR") as error:
         prepare_data.main(["--dataset", "amedcj/kurmanji-commonvoice", "--data_dir", str(tmp_path / "o"),
                            "--model_name", "scratch"])
-    assert time.monotonic() - started < 15
+    assert time.monotonic() - started < 60  # no retries against a closed port: seconds, on any machine
     assert "HF_HUB_OFFLINE=1" in str(error.value)
 
 

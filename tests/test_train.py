@@ -37,8 +37,10 @@ def metrics(run_dir, kind: str) -> list[dict]:
     return [record for record in map(json.loads, lines) if record["kind"] == kind]
 
 
-def wait_for_training(process, run_dir, timeout_s: float = 60) -> None:
-    """Until the run launched as `process` has planned its training (or ended, or `timeout_s` passed)."""
+def wait_for_training(process, run_dir, timeout_s: float = 240) -> None:
+    """Until the run launched as `process` has planned its training (or ended, or `timeout_s` passed: room for
+    a machine several times slower than this one, beside busy processes; it returns as soon as the plan is
+    there)."""
     metrics_file = run_dir / "checkpoints" / "metrics.jsonl"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and process.poll() is None:
@@ -56,8 +58,15 @@ def test_deadline_is_kept_with_an_injected_clock_and_the_model_is_usable(prepare
     end = metrics(tmp_path, "end")[0]
     assert end["stop_reason"] == "deadline"
     assert end["time_used_s"] <= target_s
-    # Stopped because one more micro-batch (3 s) would not leave room for the final save and the 2 s margin.
-    assert end["time_used_s"] > target_s - 2.0 - costs["micro_batch_s"] - costs["eval_s"]
+    # The last step ended when one more micro-batch no longer fit before what the final save was planned to
+    # cost (an evaluation, three exports, a checkpoint) and the 2 s margin, counting an evaluation (and its
+    # export) that would have fallen due after it. Which evaluations exported a best model depends on the
+    # scores, which differ from one CPU to the next: the bound holds whatever they did.
+    steps = metrics(tmp_path, "train")
+    final_save_s = costs["eval_s"] + 3 * costs["export_s"] + costs["checkpoint_s"]
+    due_s = costs["eval_s"] + costs["export_s"]
+    assert steps[-1]["time_used_s"] + costs["micro_batch_s"] + due_s + final_save_s + 2.0 > target_s
+    assert end["time_used_s"] >= steps[-1]["time_used_s"] + costs["eval_s"] + costs["checkpoint_s"]
     assert end["last_lr"] == pytest.approx(2e-3 * 0.1)  # the last step ran at the floor
     plan = json.loads((tmp_path / "checkpoints" / "plan.json").read_text())
     assert abs(plan["total_steps"] - end["steps"]) <= 2
@@ -135,16 +144,16 @@ def test_an_earlier_run_is_never_silently_mixed_with_a_new_one(prepared_demo, tm
         train_vits.main(base + ["--resume", "auto", "--batch_size", "2"], clock=clock_for(fake))
 
 
-@pytest.mark.timeout(300)  # the real script in a process of its own
+@pytest.mark.timeout(600)  # the real script in a process of its own
 def test_ctrl_c_saves_a_checkpoint_that_resumes(prepared_demo, tmp_path):
     """The real script in a process of its own (tests/launch.py), a real signal: SIGINT after training has
     started, then --resume auto."""
-    argv = args(prepared_demo, tmp_path, "--target_hours", "0.05", "--max_epochs", "3")
+    argv = args(prepared_demo, tmp_path, "--target_hours", "0.25", "--max_epochs", "3")  # it ends by its epochs
     process = launch.launch("train_vits", argv)
     try:
         wait_for_training(process, tmp_path)
         process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=60) == 130, process.stdout + process.stderr
+        assert process.wait(timeout=120) == 130, process.stdout + process.stderr
     finally:
         process.kill()
     output = process.stdout + process.stderr
@@ -152,7 +161,7 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(prepared_demo, tmp_path):
     latest = json.loads((tmp_path / "checkpoints" / "latest_checkpoint.json").read_text())
     assert (tmp_path / "checkpoints" / latest["path"]).is_file()
 
-    resumed = launch.run("train_vits", argv + ["--resume", "auto"], timeout=120)
+    resumed = launch.run("train_vits", argv + ["--resume", "auto"], timeout=300)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"resuming {tmp_path / 'checkpoints' / latest['path']}" in resumed.stdout
     assert (tmp_path / "final_model" / "model.safetensors").is_file()
