@@ -34,15 +34,14 @@ from finetune.settings import TrainingFlags
 from finetune.system.run_lock import hold_for_launch
 
 # The parts below need torch and transformers: they load on first use, once the flags are parsed (--help stays fast).
-(atomic, audio, budgeting, checkpoints, corpus, distributed, evaluation, feedback, generator, interrupt, logs, loop,
- measures, model_card, model_source, prepare, recipe, sampler, session, sources, synthesis, text) = lazy_modules(
+(atomic, audio, budgeting, checkpoints, context, corpus, corrections, distributed, evaluation, feedback, generator,
+ interrupt, logs, loop, measures, model_card, model_source, recipe, run_settings, sampler, session, synthesis) = lazy_modules(
     "finetune.system.atomic", "finetune.data.audio", "finetune.training.budget", "finetune.training.checkpoint",
-    "finetune.data.corpus", "finetune.training.distributed", "finetune.reporting.evaluation",
-    "finetune.training.feedback", "finetune.vits.generator", "finetune.system.interrupt", "finetune.reporting.logs",
-    "finetune.training.loop", "finetune.reporting.measures", "finetune.reporting.model_card",
-    "finetune.system.model_source", "finetune.data.prepare",
-    "finetune.recipe", "finetune.data.sampler", "finetune.training.session", "finetune.data.sources",
-    "finetune.vits.synthesis", "finetune.data.text")
+    "finetune.training.context", "finetune.data.corpus", "finetune.data.corrections", "finetune.training.distributed",
+    "finetune.reporting.evaluation", "finetune.training.feedback", "finetune.vits.generator", "finetune.system.interrupt",
+    "finetune.reporting.logs", "finetune.training.loop", "finetune.reporting.measures", "finetune.reporting.model_card",
+    "finetune.system.model_source", "finetune.recipe", "finetune.training.run_settings", "finetune.data.sampler",
+    "finetune.training.session", "finetune.vits.synthesis")
 
 
 @dataclass
@@ -108,7 +107,7 @@ def act(config: "FeedbackConfig", clock) -> int:
     """Roll back, review, or run a round, in the voices folder this process holds."""
     versions = feedback.Versions(Path(config.output_dir))
     if (config.rollback or config.review) and distributed.launched_by_torchrun():
-        raise feedback.FeedbackError("--rollback and --review run as one process: start them without torchrun")
+        raise corrections.FeedbackError("--rollback and --review run as one process: start them without torchrun")
     main_process = int(os.environ.get("RANK", "0")) == 0
     for note in versions.repair() if main_process else []:
         print(f"{versions.root}: {note} (left by a round that was killed)", file=sys.stderr)
@@ -142,10 +141,10 @@ def feedback_round(config: FeedbackConfig, versions, base: Path, clock, stop, di
     data-parallel launch every process trains; the main one renders, decides and makes the version."""
     round_ = start_round(config, versions, base, clock, stop, dist)
     data = load_round_data(config, round_, base)
-    step, warmup_steps, frozen_parts = build_trainer(config, round_, data, base)
+    start = starting_point(config, round_, data, base)
     lines = render_before(round_, data, base) if dist.is_main else []
-    trainer, evaluator, result = fit_round(config, round_, data, step, warmup_steps, frozen_parts, base)
-    trainer.run_log.end(trainer.summary(result.stop_reason))
+    trainer, evaluator, result = fit_round(config, round_, data, start, base)
+    trainer.context.run_log.end(trainer.summary(result.stop_reason))
     if result.stop_reason == "interrupted":
         round_.logger.info(f"interrupted: the current voice is unchanged; {round_.folder} keeps what was done. "
                            "Run again to start a new round")
@@ -164,8 +163,9 @@ def base_model_dir(config: FeedbackConfig, versions) -> Path:
         path = Path("training/checkpoints/best_model")
     missing = [name for name in ("config.json", "vocab.json") if not (path / name).is_file()]
     if missing:
-        raise feedback.FeedbackError(f"no model to start from at {path} (no {' or '.join(missing)}): train one first "
-                            "(train_vits.py), or pass --base_model DIR with a model folder train_vits.py wrote")
+        raise corrections.FeedbackError(f"no model to start from at {path} (no {' or '.join(missing)}): train one "
+                                        "first (train_vits.py), or pass --base_model DIR with a model folder "
+                                        "train_vits.py wrote")
     return path
 
 
@@ -174,60 +174,11 @@ def review(config: FeedbackConfig, base: Path) -> int:
     lines = synthesis.prepare_lines(voice, synthesis.numbered(synthesis.read_sentences(config.review)))
     out = Path(config.review_dir)
     sayable = synthesis.speak_for_review(voice, lines, out)
-    target = config.feedback_dir or FEEDBACK_DIRS[0]
+    target = config.feedback_dir or corrections.FEEDBACK_DIRS[0]
     print(f"{len(sayable)} sentences spoken by {base} -> {out}/ (<id>.wav, <id>.txt, metadata.csv)\n"
           f"Listen; record each sentence it says wrong as {target}/<id>.wav and copy {out}/<id>.txt beside it "
           f"(or let your recording app save the pairs there); then run train_feedback.py")
     return 0
-
-
-FEEDBACK_DIRS = ("training/feedback", "feedback")  # where corrections are looked for, in order
-
-
-def feedback_folder(config: FeedbackConfig) -> Path:
-    if config.feedback_dir:
-        return Path(config.feedback_dir)
-    for candidate in FEEDBACK_DIRS:
-        if Path(candidate).is_dir():
-            return Path(candidate)
-    raise feedback.FeedbackError(f"no corrections: record them into {FEEDBACK_DIRS[0]}/ as pairs <name>.wav + <name>.txt "
-                        "(or wavs/ + metadata.csv), or pass --feedback_dir")
-
-
-def corrections_source(folder: Path):
-    """The corrections in either layout: LJSpeech (metadata.csv + wavs/) or audio + .txt pairs."""
-    try:
-        if (folder / "metadata.csv").is_file() or not folder.is_dir():
-            source = sources.ljspeech_source(folder, flag="--feedback_dir")
-        elif sources.looks_like_pairs(folder):
-            source = sources.pairs_source(folder, flag="--feedback_dir")
-        else:
-            raise feedback.FeedbackError(f"{folder} holds no corrections: expected pairs <name>.wav + <name>.txt, or wavs/ + "
-                                "metadata.csv (see train_feedback.py --review)")
-    except sources.SourceError as error:
-        raise feedback.FeedbackError(str(error)) from error
-    if source.count == 0:
-        raise feedback.FeedbackError(f"{folder}/metadata.csv lists no corrections: record some first "
-                            "(see train_feedback.py --review)")
-    return source
-
-
-def prepare_corrections(config: FeedbackConfig, round_dir: Path, base: Path, logger) -> tuple[Path, dict]:
-    """The feedback folder prepared like the corpus (the base model's vocabulary and rate), into the round."""
-    folder = feedback_folder(config)
-    source = corrections_source(folder)
-    model = model_source.resolve_model(str(base))
-    settings = prepare.ClipSettings(sample_rate=model_source.model_sample_rate(model), trim_db=40.0, trim_margin_s=0.05, peak=0.95,
-                            min_seconds=config.min_seconds, max_seconds=config.max_seconds)
-    out = round_dir / "corrections"
-    preparer = prepare.Preparer(out, text.TextNormalizer(model_source.model_vocabulary(model)), settings, num_workers=1)
-    report = prepare.write_outputs(out, preparer.run(source), 0.0, {"source": source.description})
-    logger.info(f"corrections: {report['counts']['kept']} of {report['counts']['items']} usable"
-                + "".join(f"; {d['id']} dropped: {d['reason']} ({d['detail']})" for d in report["dropped"]))
-    if not report["counts"]["kept"]:
-        raise feedback.FeedbackError(f"none of the corrections in {folder} can be used; reasons are in "
-                            f"{out}/prepare_report.json")
-    return out, report
 
 
 @dataclass
@@ -259,39 +210,39 @@ def start_round(config: FeedbackConfig, versions, base: Path, clock, stop, dist)
 
 
 def load_round_data(config: FeedbackConfig, round_: recipe.Run, base: Path) -> RoundData:
-    """Corrections prepared like the corpus; held-out clips and a replay sample of the original."""
-    prepared = prepare_corrections(config, round_.folder, base, round_.logger) if round_.dist.is_main else None
-    corrections_dir, prepare_report = round_.dist.broadcast(prepared)  # the others wait for the main one's
-    loaded = generator.load_generator(model_source.resolve_model(str(base)), [], 16_000)
+    """Corrections prepared like the corpus (finetune/data/corrections.py); held-out clips and a replay
+    sample of the original."""
+    out = round_.folder / "corrections"
+    prepared = (corrections.prepare_corrections(corrections.feedback_folder(config.feedback_dir), out, base,
+                                                config.min_seconds, config.max_seconds, round_.logger)
+                if round_.dist.is_main else None)
+    prepare_report = round_.dist.broadcast(prepared)  # the others wait for the main one's
+    loaded = generator.load_generator(model_source.resolve_model(str(base)), [])
     round_.stop.check()  # loading a model takes seconds: a stop asked for meanwhile is honoured here
     model, tokenizer = generator.ready_for_training(loaded.model), loaded.tokenizer
     features = recipe.features_for(model, round_.device)
     hop, rate = features.config.hop_length, features.config.sample_rate
-    corrections = corpus.load_corpus(corrections_dir, "metadata.csv", tokenizer, features, rate, 0, False, round_.device,
-                                     round_.stop)
+    fixed = corpus.load_corpus(out, "metadata.csv", tokenizer, features, rate, 0, False, round_.device, round_.stop)
     data_dir = Path(config.data_dir)
-    if not (data_dir / "metadata_val.csv").is_file() or not corpus.read_metadata(data_dir / "metadata_val.csv"):
-        raise feedback.FeedbackError(f"{data_dir}/metadata_val.csv is missing or empty: held-out original clips are needed to "
-                            "check that nothing else got worse (prepare the corpus with --val_fraction > 0)")
+    corrections.held_out_originals(data_dir)
     originals = corpus.load_corpus(data_dir, "metadata_val.csv", tokenizer, features, rate, config.val_samples, False,
                                    round_.device, round_.stop)
-    replay = replay_clips(data_dir, len(corrections.examples), config, tokenizer, features, rate, round_.logger)
-    round_.logger.info(f"training data: {len(corrections.examples)} corrections + {len(replay)} replayed original "
+    replay = corrections.replay_clips(data_dir, len(fixed.examples), config.replay_ratio, config.seed, tokenizer, hop,
+                                      rate, round_.logger)
+    round_.logger.info(f"training data: {len(fixed.examples)} corrections + {len(replay)} replayed original "
                        f"clips; {len(originals.examples)} held-out originals scored")
-    return RoundData(model, tokenizer, features, corrections, originals, replay, prepare_report, hop, rate)
+    return RoundData(model, tokenizer, features, fixed, originals, replay, prepare_report, hop, rate)
 
 
-def build_trainer(config: FeedbackConfig, round_: recipe.Run, data: RoundData, base: Path):
-    """The base model's discriminator (or a new one, warmed up first) and the optimizer step."""
+def starting_point(config: FeedbackConfig, round_: recipe.Run, data: RoundData, base: Path) -> recipe.StartingPoint:
+    """The base model and its discriminator (or a new one, warmed up first: the base model is pretrained)."""
     frozen_parts = generator.freeze(data.model, config.freeze)
     saved = base / "discriminator.pt"
     choice = session.build_discriminator(str(saved) if saved.is_file() else None, config.discriminator_width,
-                                         [2, 3, 5, 7, 11], None, True, config.discriminator_warmup_steps)
+                                         None, None, True,
+                                         config.discriminator_warmup_steps)
     round_.logger.info(choice.description)
-    data.model.to(round_.device)
-    discriminator = choice.discriminator.to(round_.device)
-    round_.stop.check()
-    return recipe.train_step(config, round_, data.model, discriminator, data.features), choice.warmup_steps, frozen_parts
+    return recipe.StartingPoint(data.model, data.tokenizer, frozen_parts, data.features, choice)
 
 
 def render_before(round_: recipe.Run, data: RoundData, base: Path) -> list:
@@ -305,50 +256,45 @@ def render_before(round_: recipe.Run, data: RoundData, base: Path) -> list:
     return lines
 
 
-def fit_round(config: FeedbackConfig, round_: recipe.Run, data: RoundData, step, warmup_steps: int, frozen_parts,
-              base: Path):
-    """The training loop of train_vits.py on corrections + replay, judged on corrections and originals."""
-    corrections = data.corrections.examples
+def fit_round(config: FeedbackConfig, round_: recipe.Run, data: RoundData, start, base: Path):
+    """The training loop of train_vits.py on corrections + replay, judged on corrections and originals.
+    A round is short and never resumed: no checkpoints, no early stopping, no worker processes."""
+    fixed = data.corrections.examples
     common = dict(seed=config.seed, batch_size=session.eval_batch_size(round_.device),
                   rule=measures.TimingRule(config.max_length_ratio))
     evaluator = feedback.FeedbackEvaluator(
-        evaluation.Evaluator(corrections, data.features, round_.device, data.rate, round_.folder / "samples",
-                             [(e.item_id, e.token_ids) for e in corrections[:5]], **common),
+        evaluation.Evaluator(fixed, data.features, round_.device, data.rate, round_.folder / "samples",
+                             [(e.item_id, e.token_ids) for e in fixed[:5]], **common),
         evaluation.Evaluator(data.originals.examples, data.features, round_.device, data.rate, None, [], **common),
         config.max_regression)
-    examples = corrections + data.replay
+    examples = fixed + data.replay
+    generator.train_mode(data.model, start.frozen_parts)
+    paths = context.RunPaths(run_dir=round_.folder / "checkpoints", output_dir=round_.folder / "final_model")
+    choices = recipe.RunChoices(title=f"train_feedback: {round_.folder.name}", paths=paths,
+                                checkpoints=run_settings.CheckpointSettings(enabled=False), num_workers=0,
+                                reserve_after_s=after_loop_reserve_s(len(fixed)))
     resolved = config_to_dict(config)
-    generator.train_mode(data.model, frozen_parts)
-    # A round is short and never resumed: no checkpoints, no early stopping, no worker processes.
-    trainer = recipe.training_loop(
-        config, round_, loop_settings=dict(discriminator_warmup_steps=warmup_steps, num_workers=0, checkpoints=False,
-                                           reserve_after_s=after_loop_reserve_s(len(corrections))),
-        model=data.model, tokenizer=data.tokenizer, discriminator=step.discriminator, step=step, examples=examples,
-        evaluator=evaluator, state=checkpoints.TrainingState(),
-        sampler=sampler.BucketSampler([e.frame_count(data.hop) for e in examples], config.batch_size, config.seed,
-                                      round_.dist.rank, round_.dist.world_size),
-        paths=loop.RunPaths(run_dir=round_.folder / "checkpoints", output_dir=round_.folder / "final_model"),
-        run_log=recipe.run_log(config, round_, f"train_feedback: {round_.folder.name}", data.rate,
-                               best_dir=round_.folder / "checkpoints" / "best_model"),
-        hop=data.hop, frozen_parts=frozen_parts,
-        checkpoint_extra={"config": resolved, "model_config": data.model.config.to_dict(),
-                          "tokenizer_files": session.tokenizer_files(data.tokenizer), "data_fingerprint": ""},
-        export_extra=lambda: {"feedback_args.json": resolved},
+    saves = loop.SaveExtras(
+        checkpoint={"config": resolved, "model_config": data.model.config.to_dict(),
+                    "tokenizer_files": session.tokenizer_files(data.tokenizer), "data_fingerprint": ""},
         card=model_card.card_facts(str(base), sum(len(e.audio) for e in examples) / data.rate / 3600, len(examples),
                                    "train_feedback.py"))
-    trainer.paths.run_dir.mkdir(parents=True, exist_ok=True)
+    buckets = sampler.BucketSampler([e.frame_count(data.hop) for e in examples], config.batch_size, config.seed,
+                                    round_.dist.rank, round_.dist.world_size)
+    trainer = recipe.build_loop(config, round_, start, recipe.TrainingData(examples, buckets), evaluator, choices, saves)
+    paths.run_dir.mkdir(parents=True, exist_ok=True)
     return trainer, evaluator, loop.run_with_signals(trainer)
 
 
 def conclude_round(config: FeedbackConfig, round_: recipe.Run, data: RoundData, versions, base: Path, trainer, evaluator,
                    result, lines) -> int:
     """Decide, render the candidate, make a version (or not), write the report."""
-    best_dir = trainer.paths.best_dir
+    best_dir = trainer.context.paths.best_dir
     best = json.loads((best_dir / "eval.json").read_text(encoding="utf-8")) if (best_dir / "eval.json").is_file() else None
     decision = feedback.decide(evaluator.baseline, best, result.last_eval, config.max_regression)
-    candidate = best_dir if best and best["step"] > 0 else trainer.paths.last_dir
+    candidate = best_dir if best and best["step"] > 0 else trainer.context.paths.last_dir
     if not (candidate / "config.json").is_file():
-        raise feedback.FeedbackError(f"the round's model could not be written to {candidate} (see {round_.folder}/train.log); "
+        raise corrections.FeedbackError(f"the round's model could not be written to {candidate} (see {round_.folder}/train.log); "
                             "the current voice is unchanged")
     listen = round_.folder / "listen"
     synthesis.speak_to_folder(synthesis.load_voice(candidate, round_.device), lines, listen, suffix="_2_after")
@@ -378,19 +324,6 @@ def conclude_round(config: FeedbackConfig, round_: recipe.Run, data: RoundData, 
 def after_loop_reserve_s(corrections: int) -> float:
     """Seconds kept for after the loop: rendering each correction once more and copying a version."""
     return 5.0 + 0.5 * corrections
-
-
-def replay_clips(data_dir: Path, corrections: int, config: FeedbackConfig, tokenizer, features, rate, logger):
-    if config.replay_ratio == 0:
-        logger.warning("warning: --replay_ratio 0: training on the corrections alone risks forgetting the rest")
-        return []
-    if not (data_dir / "metadata.csv").is_file():
-        raise feedback.FeedbackError(f"{data_dir}/metadata.csv not found: the original corpus is needed for replay "
-                            "(--data_dir), or pass --replay_ratio 0")
-    rows = corpus.read_metadata(data_dir / "metadata.csv")
-    chosen = set(feedback.replay_sample([i for i, _ in rows], corrections, config.replay_ratio, config.seed))
-    examples, _ = corpus.load_examples(data_dir, "metadata.csv", tokenizer, features.config.hop_length, rate, only_ids=chosen)
-    return examples
 
 
 if __name__ == "__main__":

@@ -29,13 +29,13 @@ from finetune.settings import TrainingFlags
 from finetune.system.run_lock import hold_for_launch
 
 # The parts below need torch and transformers: they load on first use, once the flags are parsed (--help stays fast).
-(atomic, budgeting, checkpoints, corpus, distributed, evaluation, generator, hub_upload, interrupt, logs, loop, measures,
- model_card, naturalness, recipe, sampler, session, tracking) = lazy_modules(
-    "finetune.system.atomic", "finetune.training.budget", "finetune.training.checkpoint", "finetune.data.corpus",
-    "finetune.training.distributed", "finetune.reporting.evaluation", "finetune.vits.generator",
+(atomic, budgeting, checkpoints, context, corpus, distributed, evaluation, generator, hub_upload, interrupt, logs, loop,
+ measures, model_card, naturalness, recipe, run_settings, sampler, session, tracking) = lazy_modules(
+    "finetune.system.atomic", "finetune.training.budget", "finetune.training.checkpoint", "finetune.training.context",
+    "finetune.data.corpus", "finetune.training.distributed", "finetune.reporting.evaluation", "finetune.vits.generator",
     "finetune.system.hub_upload", "finetune.system.interrupt", "finetune.reporting.logs", "finetune.training.loop",
     "finetune.reporting.measures", "finetune.reporting.model_card", "finetune.reporting.naturalness", "finetune.recipe",
-    "finetune.data.sampler", "finetune.training.session", "finetune.reporting.tracking")
+    "finetune.training.run_settings", "finetune.data.sampler", "finetune.training.session", "finetune.reporting.tracking")
 
 
 @dataclass
@@ -205,7 +205,7 @@ def build_model(config: TrainConfig, run: recipe.Run) -> Model:
     """The generator (pretrained, scratch, or from the checkpoint), its tokenizer, and the features."""
     session.seed_everything(config.seed)  # before any weights are made (a resume restores its own state later)
     texts = session.corpus_texts(Path(config.data_dir))
-    loaded = session.build_generator(config.model_name, run.payload, texts, 16_000)
+    loaded = session.build_generator(config.model_name, run.payload, texts)
     run.stop.check()  # loading a model takes seconds: a stop asked for meanwhile is honoured before the data
     session.check_vocabulary(loaded.tokenizer, texts)
     frozen_parts = generator.freeze(loaded.model, config.freeze)
@@ -255,15 +255,12 @@ def load_data(config: TrainConfig, run: recipe.Run, model: Model) -> Data:
 
 
 def build_loop(config: TrainConfig, run: recipe.Run, model: Model, data: Data, step_callback):
-    """Discriminator, optimizer step, evaluator and state (fresh or restored) around the training loop."""
+    """What is particular to this recipe: its discriminator (the checkpoint's, a given one, or new), its
+    held-out evaluation, its checkpoints and trackers, what its saves carry; recipe.build_loop does the rest."""
     loaded, features = model.loaded, model.features
     choice = session.build_discriminator(config.discriminator, config.discriminator_width, config.discriminator_periods,
                                          run.payload, loaded.pretrained, config.discriminator_warmup_steps)
     run.logger.info(choice.description)
-    loaded.model.to(run.device)
-    discriminator = choice.discriminator.to(run.device)
-    run.stop.check()  # and once the discriminator is built and both are on the device
-    step = recipe.train_step(config, run, loaded.model, discriminator, features)
     evaluator = evaluation.Evaluator(
         session.held_out(data.val, data.train, config.val_samples, run.logger), features, run.device,
         features.config.sample_rate, run.folder / "samples",
@@ -271,28 +268,23 @@ def build_loop(config: TrainConfig, run: recipe.Run, model: Model, data: Data, s
         batch_size=session.eval_batch_size(run.device), rule=measures.TimingRule(config.max_length_ratio),
         naturalness=naturalness_for(config.naturalness, run.device, run.logger) if run.dist.is_main else None)
     fingerprint = checkpoints.data_fingerprint([e.item_id for e in data.train.examples])
-    resolved = config_to_dict(config)
-    state, plan = checkpoints.TrainingState(), None
     if run.payload:
         checkpoints.check_same_data(run.payload, fingerprint)
-        step.load_state_dict(run.payload["train_step"])
-        data.sampler.load_state_dict(run.payload["sampler"])
-        state = checkpoints.TrainingState(**run.payload["state"])
-        plan = budgeting.Plan(**run.payload["plan"]) if run.payload.get("plan") else None
+    resolved = config_to_dict(config)
     tracker = tracking.open_tracker(config.report_to, run.folder, resolved, run.dist.is_main)
     if tracker.sinks:
         run.logger.info(f"tracking: {', '.join(tracker.names)} in {run.folder}")
-    return recipe.training_loop(
-        config, run, loop_settings=dict(discriminator_warmup_steps=choice.warmup_steps, num_workers=workers(config, run)),
-        model=loaded.model, tokenizer=loaded.tokenizer, discriminator=discriminator, step=step,
-        examples=data.train.examples, evaluator=evaluator, sampler=data.sampler, state=state, plan=plan,
-        step_callback=step_callback, paths=loop.RunPaths(run_dir=run.folder, output_dir=Path(config.output_dir)),
-        run_log=recipe.run_log(config, run, f"train_vits: {run.folder}", features.config.sample_rate, tracker),
-        hop=features.config.hop_length, frozen_parts=model.frozen_parts, resumed_from=run.resume_path,
-        checkpoint_extra={"config": resolved, "model_config": loaded.model.config.to_dict(),
-                          "tokenizer_files": session.tokenizer_files(loaded.tokenizer), "data_fingerprint": fingerprint},
-        export_extra=lambda: {"training_args.json": resolved},
+    choices = recipe.RunChoices(
+        title=f"train_vits: {run.folder}", paths=context.RunPaths(run_dir=run.folder, output_dir=Path(config.output_dir)),
+        checkpoints=run_settings.CheckpointSettings(True, config.keep_checkpoints, config.checkpoint_every_minutes),
+        num_workers=workers(config, run), early_stopping_patience=config.early_stopping_patience, tracker=tracker)
+    saves = loop.SaveExtras(
+        checkpoint={"config": resolved, "model_config": loaded.model.config.to_dict(),
+                    "tokenizer_files": session.tokenizer_files(loaded.tokenizer), "data_fingerprint": fingerprint},
         card=model_card.card_facts(config.model_name, data.train.hours(features.config.sample_rate), len(data.train.examples)))
+    start = recipe.StartingPoint(loaded.model, loaded.tokenizer, model.frozen_parts, features, choice)
+    return recipe.build_loop(config, run, start, recipe.TrainingData(data.train.examples, data.sampler), evaluator,
+                             choices, saves, step_callback)
 
 
 def naturalness_for(wanted: bool | None, device, logger):
@@ -351,7 +343,7 @@ def report_end(config: TrainConfig, run: recipe.Run, trainer, result) -> int:
     summary = trainer.summary(result.stop_reason)
     summary.update(data_wait_share=round(result.data_wait_s / max(result.train_s, 1e-9), 4),
                    train_s=round(result.train_s, 3))
-    summary = trainer.run_log.end(summary)
+    summary = trainer.context.run_log.end(summary)
     state = result.state
     if result.stop_reason == "interrupted":
         saved = (f"saved {result.checkpoint}; continue with the same command and --resume auto" if result.checkpoint
@@ -362,10 +354,10 @@ def report_end(config: TrainConfig, run: recipe.Run, trainer, result) -> int:
         return trainer.stop.exit_status
     run.logger.info(f"done ({result.stop_reason}) after {state.step} steps, {state.epoch} epochs, "
                     f"{run.budget.used_s():.1f}s of {run.budget.target_s:.0f}s; last learning rate {result.last_lr:.3e}; "
-                    f"{describe_best(state, trainer.evaluator.rule.describe(), run.folder / 'best_model')}; "
+                    f"{describe_best(state, trainer.parts.evaluator.rule.describe(), run.folder / 'best_model')}; "
                     f"{describe_final(config.output_dir, trainer.final_source, run.folder)}; "
                     f"report -> {run.folder / 'report.html'}")
-    run.logger.info(f"time: steps {result.train_s:.0f}s ({trainer.run_log.profile.describe()}), evaluations "
+    run.logger.info(f"time: steps {result.train_s:.0f}s ({trainer.context.run_log.profile.describe()}), evaluations "
                     f"{summary['evaluation_s']:.0f}s, checkpoints {summary['checkpoint_s']:.0f}s, exports "
                     f"{summary['export_s']:.0f}s; data wait {100 * summary['data_wait_share']:.2f}% of step time")
     if result.save_failures:
@@ -380,10 +372,11 @@ def report_end(config: TrainConfig, run: recipe.Run, trainer, result) -> int:
 
 def describe_best(state, band: str, best_dir: Path) -> str:
     """The end line's words on best_model: its score, and whether it met the timing rule or is the fallback."""
-    if state.best_step < 0:
+    best = state.best
+    if best.step < 0:
         return "no best_model (no evaluation had a finite score)"
-    kept = f"best MCD {state.best_score:.3f} dB at step {state.best_step} -> {best_dir}"
-    if state.best_eligible:
+    kept = f"best MCD {best.score:.3f} dB at step {best.step} -> {best_dir}"
+    if best.eligible:
         return kept
     return (f"{kept} (a fallback: no evaluation met the timing rule {band}; this is the one nearest to it, see "
             "eval.json there)")

@@ -135,9 +135,9 @@ def child_slow_final_evaluation(slow_clip_s: float, argv: list[str]) -> int:
     final = {"on": False}
     real_finish, real_score = TrainingLoop.finish, evaluation.Evaluator.score_group
 
-    def finish(self):
+    def finish(self, reason):
         final["on"] = True
-        return real_finish(self)
+        return real_finish(self, reason)
 
     def score_group(self, model, group, *a, **k):
         if final["on"]:

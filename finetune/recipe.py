@@ -1,6 +1,6 @@
 """The wiring train_vits.py and train_feedback.py share, written once: a run's place and means (folder,
-log, metrics, budget, device, precision), the spectrogram features a model needs, the optimizer step and
-the run's log built from the shared training flags (finetune/settings.py), and the training loop.
+log, metrics, budget, device, precision), the spectrogram features a model needs, and `build_loop`: from
+what a recipe brings (its starting point, its data, its evaluator, its choices) to the training loop.
 
 The recipes import this module lazily (finetune.cli.lazy_modules), once their flags are parsed: it pulls
 in torch and transformers, which `--help` does not need.
@@ -23,7 +23,12 @@ from finetune.system.interrupt import StopRequest
 from finetune.system.profile import StepProfile
 from finetune.training.budget import Budget
 from finetune.training.distributed import Distributed
-from finetune.training.loop import LoopConfig, TrainingLoop
+from finetune.data.sampler import BucketSampler
+from finetune.training.budget import Plan
+from finetune.training.context import LoopContext, RunPaths
+from finetune.training.loop import SaveExtras, TrainingLoop, TrainingParts
+from finetune.training.run_settings import CheckpointSettings, LoopSettings
+from finetune.training.state import TrainingState
 from finetune.training.session import pick_device
 from finetune.training.step import Precision, StepSettings, TrainStep, precision_warning, resolve_precision
 from finetune.vits.generator import hop_length
@@ -86,8 +91,58 @@ def run_log(flags: TrainingFlags, run: Run, title: str, sample_rate: int, tracke
                   sample_rate=sample_rate, best_dir=best_dir)
 
 
-def training_loop(flags: TrainingFlags, run: Run, *, loop_settings: dict, **parts) -> TrainingLoop:
-    """The training loop over the run's budget, device, processes and stop request; `loop_settings` is what the
-    recipe decided beyond its flags (finetune/training/loop.py LoopConfig), `parts` the models, data and paths."""
-    return TrainingLoop(config=LoopConfig.from_flags(flags, **loop_settings), budget=run.budget, dist=run.dist,
-                        logger=run.logger, device=run.device, stop=run.stop, **parts)
+@dataclass
+class StartingPoint:
+    """The weights a recipe trains from: the generator (ready for training) and its tokenizer, the parts kept
+    frozen, its spectrogram features, the discriminator chosen for it (finetune/training/session.py)."""
+
+    model: object  # transformers.VitsModel
+    tokenizer: object
+    frozen_parts: list[str]
+    features: Features
+    discriminator: object  # finetune.training.session.DiscriminatorChoice
+
+
+@dataclass
+class RunChoices:
+    """What a recipe decides about its run beyond the shared flags."""
+
+    title: str  # report.html's title
+    paths: RunPaths
+    checkpoints: CheckpointSettings
+    num_workers: int
+    early_stopping_patience: int = 0
+    reserve_after_s: float = 0.0  # what the recipe does after the loop, kept out of the plan
+    tracker: Tracker | None = None
+
+
+def build_loop(flags: TrainingFlags, run: Run, start: StartingPoint, data: TrainingData, evaluator, choices: RunChoices,
+               saves: SaveExtras, step_callback=None) -> TrainingLoop:
+    """The shared part of every training recipe: the models on the device (a stop asked for meanwhile
+    honoured), the optimizer step, the state (restored from the checkpoint being resumed, or new), the run's
+    log and the loop over the run's budget, processes and stop request."""
+    model = start.model.to(run.device)
+    discriminator = start.discriminator.discriminator.to(run.device)
+    run.stop.check()  # building and moving the models takes seconds
+    step = train_step(flags, run, model, discriminator, start.features)
+    state, plan = TrainingState(), None
+    if run.payload:
+        step.load_state_dict(run.payload["train_step"])
+        data.sampler.load_state_dict(run.payload["sampler"])
+        state = TrainingState.from_dict(run.payload["state"])
+        plan = Plan(**run.payload["plan"]) if run.payload.get("plan") else None
+    settings = LoopSettings.from_flags(flags, warmup_steps=start.discriminator.warmup_steps,
+                                       num_workers=choices.num_workers, checkpoints=choices.checkpoints,
+                                       early_stopping_patience=choices.early_stopping_patience,
+                                       reserve_after_s=choices.reserve_after_s)
+    log = run_log(flags, run, choices.title, start.features.config.sample_rate, choices.tracker,
+                  best_dir=choices.paths.best_dir)
+    context = LoopContext(run.budget, run.dist, run.stop, log, choices.paths, run.resume_path)
+    parts = TrainingParts(step, start.tokenizer, data.examples, data.sampler, evaluator, start.frozen_parts)
+    return TrainingLoop(parts, context, settings, state, plan, saves, step_callback)
+
+
+@dataclass
+class TrainingData:
+    examples: list  # finetune.data.examples.Example
+    sampler: BucketSampler

@@ -162,7 +162,7 @@ def test_out_of_memory_before_training_refits_4_to_2_to_1_and_a_resume_keeps_it(
     assert (plan["batch_size"], plan["micro_batch"], plan["gradient_accumulation_steps"]) == (4, 1, 4)
     assert [(r["from"], r["to"], r["accumulation"]) for r in plan["batch_refits"]] == [(4, 2, 2), (2, 1, 4)]
     payload = load_checkpoint(latest_checkpoint(whole / "checkpoints"))
-    assert payload["state"]["micro_batch"] == 1 and payload["sampler"]["micro_batch"] == 1
+    assert payload["state"]["batch"]["micro_batch"] == 1 and payload["sampler"]["micro_batch"] == 1
     assert payload["config"]["batch_size"] == 4  # the asked batch: a resume is not refused for it
     assert metrics(whole, "end")[0]["micro_batch"] == 1
 
@@ -182,7 +182,7 @@ def test_out_of_memory_before_training_refits_4_to_2_to_1_and_a_resume_keeps_it(
     seen = []
     resume = ["--checkpoint_dir", str(parts / "checkpoints"), "--resume", "auto", "--fit_batch", "off"]
     assert train_vits.main(resume, clock=clock_for(fake), step_callback=lambda loop: seen.append(
-        (loop.config.batch_size, loop.config.gradient_accumulation_steps))) == 0
+        (loop.fitter.micro_batch, loop.fitter.accumulation))) == 0
     assert set(seen) == {(1, 4)}
     expected, got = losses_by_step(whole), losses_by_step(parts)
     assert sorted(expected) == sorted(got) and len(expected) == 6

@@ -12,7 +12,8 @@ import torch
 import train_feedback
 import train_vits
 from finetune.reporting.evaluation import EvalResult
-from finetune.training.feedback import FeedbackError, Versions, decide, replay_sample
+from finetune.data.corrections import FeedbackError, replay_sample
+from finetune.training.feedback import Versions, decide
 from tests.conftest import DEMO_CORPUS, clock_for
 
 CORRECTION_IDS = ["kmr_demo_0101", "kmr_demo_0102", "kmr_demo_0103", "kmr_demo_0104"]

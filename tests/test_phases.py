@@ -101,7 +101,7 @@ def test_the_final_evaluation_keeps_the_final_save_free_and_one_inside_the_run_t
     fake.t = 50.0
     budget = Budget(100.0, clock_for(fake), used_before_s=10.0, safety_s=1.0)  # 40 s left
     costs = Costs(eval_s=8.0, export_s=2.0, checkpoint_s=3.0, report_s=0.5)
-    pacer = Pacer(budget, StepTimer(1), costs, 1, 1800.0, 0, 0, 1e-3, 0.1)
+    pacer = Pacer(budget, StepTimer(1), costs, checkpoint_every_s=1800.0)
     # Final: its report, then three exports (best model, last weights, best_model's copy), the checkpoint
     # and the closing report (0.5 + 6 + 3 + 0.5).
     assert pacer.evaluation_limit(final=True).left_s() == pytest.approx(40 - 1 - 10.0)
@@ -153,9 +153,9 @@ def test_a_final_evaluation_slower_than_planned_is_cut_short_inside_the_budget(p
     slow_clips(monkeypatch, fake, per_clip)
     real_finish = TrainingLoop.finish
 
-    def slow_final(loop):
+    def slow_final(loop, reason):
         per_clip["s"] = 2.0
-        return real_finish(loop)
+        return real_finish(loop, reason)
 
     monkeypatch.setattr(TrainingLoop, "finish", slow_final)
     target_s = 60.0
@@ -181,7 +181,7 @@ def test_a_final_evaluation_with_no_time_for_one_clip_is_skipped_and_said(prepar
 
     def stall_after_7(loop):
         if loop.state.step == 7:
-            fake.t += loop.budget.left_s() - (loop.costs.after_final_eval_s + loop.budget.safety_s + 0.2)
+            fake.t += loop.context.budget.left_s() - (loop.costs.after_final_eval_s + loop.context.budget.safety_s + 0.2)
 
     target_s = 200.0
     code = train_vits.main(args(prepared_demo, tmp_path, "--target_hours", str(target_s / 3600), "--max_samples", "12",
@@ -215,9 +215,9 @@ def test_test_sentences_stop_at_the_time_limit(prepared_demo, tmp_path, timed_wo
         finally:
             per_sentence["writing"] = False
 
-    def slow_final(loop):
+    def slow_final(loop, reason):
         per_sentence["s"] = 2.5
-        return real_finish(loop)
+        return real_finish(loop, reason)
 
     sentences = tmp_path / "sentences.txt"
     sentences.write_text("ez baş im û tu\nav zelal e û sar\nsibê em diçin mal\nher kes dikare bixwîne\n", encoding="utf-8")
@@ -342,28 +342,28 @@ def test_the_warm_up_writes_checkpoints_and_a_resume_continues_it_where_it_was(p
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     assert train_vits.main(warm_up_args(prepared_demo, whole, pretrained, *common), clock=clock_for(fake)) == 0
 
-    from finetune.training import warmup
+    from finetune.training.warmup import DiscriminatorWarmup
 
-    real_one_step = warmup.one_step
+    real_out_of_room = DiscriminatorWarmup.out_of_room
 
     class Killed(Exception):
         pass
 
-    def killed_at_6(loop, pacer):
-        if loop.state.discriminator_warmup_done == 5:
+    def killed_at_6(self, pacer):
+        if self.progress.done == 5:
             raise Killed()  # as a SIGKILL would: nothing more is written
-        return real_one_step(loop, pacer)
+        return real_out_of_room(self, pacer)
 
-    monkeypatch.setattr(warmup, "one_step", killed_at_6)
+    monkeypatch.setattr(DiscriminatorWarmup, "out_of_room", killed_at_6)
     fake.t = 0.0
     with pytest.raises(Killed):
         train_vits.main(warm_up_args(prepared_demo, parts, pretrained, *common), clock=clock_for(fake))
-    monkeypatch.setattr(warmup, "one_step", real_one_step)
+    monkeypatch.setattr(DiscriminatorWarmup, "out_of_room", real_out_of_room)
     pointer = json.loads((parts / "checkpoints" / "latest_checkpoint.json").read_text())
     latest = load_checkpoint(parts / "checkpoints" / pointer["path"])
-    done = latest["state"]["discriminator_warmup_done"]
+    done = latest["state"]["warmup"]["done"]
     assert "_step_" in pointer["path"]  # a periodic checkpoint, not an epoch end's (after warm-up step 3)
-    assert 3 < done <= 5 and not latest["state"]["discriminator_warmup_finished"]
+    assert 3 < done <= 5 and not latest["state"]["warmup"]["finished"]
     assert resume(parts, fake) == 0
     assert "discriminator warm-up: alone" in log_of(parts) and f"(resumed at step {done})" in log_of(parts)
     assert metrics(parts, "discriminator_warmup")[0]["steps"] == 6
@@ -416,7 +416,7 @@ def test_after_the_warm_up_a_rollback_keeps_the_warmed_discriminator(prepared_de
     rollback = metrics(tmp_path, "rollback")[0]
     assert rollback["step"] == 3 and rollback["to"].startswith("checkpoint ")
     went_back_to = load_checkpoint(tmp_path / "checkpoints" / rollback["to"].split()[1])
-    assert went_back_to["state"]["discriminator_warmup_finished"] and went_back_to["state"]["discriminator_warmup_done"] == 4
+    assert went_back_to["state"]["warmup"]["finished"] and went_back_to["state"]["warmup"]["done"] == 4
     assert final_model_is_finite(tmp_path)
 
 
@@ -477,7 +477,7 @@ def test_weights_that_are_not_finite_are_never_written(prepared_demo, tmp_path, 
     fake, _ = timed_work
 
     def poison_at_4(loop):
-        if loop.state.step == 4 and not loop.state.rollbacks:
+        if loop.state.step == 4 and not loop.state.setbacks.rollbacks:
             with torch.no_grad():
                 next(loop.model.decoder.parameters()).fill_(float("nan"))
 

@@ -383,7 +383,7 @@ def test_a_resume_after_an_evaluation_ran_out_of_memory_starts_at_the_size_that_
     assert raised["n"] == 1
     run = tmp_path / "checkpoints"
     latest = load_checkpoint(run / json.loads((run / "latest_checkpoint.json").read_text())["path"])
-    assert latest["state"]["eval_batch_size"] == 2
+    assert latest["state"]["estimates"]["eval_batch_size"] == 2
     fake.t = 0.0
     assert resume(tmp_path, fake) == 0
     assert raised["n"] == 1  # the resumed process never tried 4 again
@@ -402,9 +402,9 @@ def test_sigterm_in_the_final_evaluation_still_publishes_the_best_model(prepared
     real_finish, real_score = TrainingLoop.finish, evaluation.Evaluator.score_group
     finishing = {"on": False}
 
-    def finish(self):
+    def finish(self, reason):
         finishing["on"] = True
-        return real_finish(self)
+        return real_finish(self, reason)
 
     def score_group(self, *a, **k):
         if finishing["on"]:

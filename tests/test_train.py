@@ -190,23 +190,24 @@ def test_a_new_discriminator_warms_up_alone_before_a_pretrained_generator_trains
     alone, logs its loss and margin at the start and the end, and leaves the generator as it was."""
     import torch
 
-    from finetune.training import warmup
+    from finetune.training.loop import TrainingLoop
     from finetune.vits.generator import export_model
     from tests.conftest import tiny_generator
 
     loaded = tiny_generator(prepared_demo)
     export_model(loaded.model, loaded.tokenizer, tmp_path / "pretrained")
     seen = {}
-    real_warm_up = warmup.warm_up
+    real_warm_up = TrainingLoop.discriminator_warmup
 
     def watched(loop):
         seen["before"] = {k: v.clone() for k, v in loop.model.state_dict().items()}
         seen["discriminator"] = {k: v.clone() for k, v in loop.discriminator.state_dict().items()}
-        real_warm_up(loop)
+        reason = real_warm_up(loop)
         seen["after"] = {k: v.clone() for k, v in loop.model.state_dict().items()}  # training goes on in place
         seen["discriminator_after"] = {k: v.clone() for k, v in loop.discriminator.state_dict().items()}
+        return reason
 
-    monkeypatch.setattr(warmup, "warm_up", watched)
+    monkeypatch.setattr(TrainingLoop, "discriminator_warmup", watched)
     fake, _ = timed_work
     base = args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "2")
     base[base.index("--model_name") + 1] = str(tmp_path / "pretrained")

@@ -16,9 +16,9 @@ run with the probe trains exactly as one without it.
 
 During training, the first out-of-memory error (in a window's forward or backward, or in the optimizer
 update) refits the same way once: a window is then run again from its start at the smaller micro-batch
-(same clips, same random state); an update that failed half way still goes back to the last good state
-(finetune/training/recovery.py). After that one refit, out-of-memory errors are handled as before: a
-window is skipped, an update rolled back.
+(same clips, same random state: the loop rewinds it, finetune/training/window.py); an update that failed
+half way still goes back to the last good state (finetune/training/recovery.py). After that one refit,
+out-of-memory errors are handled as before: a window is skipped, an update rolled back.
 
 Memory: the probe's peak is a real step's peak (states, gradients, activations of the longest clips),
 so it costs about one step's time, once per process start.
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from finetune.data.examples import Batch, Example, collate
-from finetune.training.budget import Durations
+from finetune.training.budget import Durations, StepTimer
 from finetune.training.checkpoint import capture_rng, restore_rng
 
 FIT_BATCH_CHOICES = ("auto", "on", "off")
@@ -128,84 +128,87 @@ def try_micro_batch(train_step, batch: Batch) -> str:
     return error
 
 
-class BatchFitting:
-    """The probe and the refit for TrainingLoop (finetune/training/loop.py), which holds what they change:
-    the loop's config (micro-batch, accumulation), sampler, feed, timer, pacer and training state."""
+class BatchFitter:
+    """The micro-batch a run trains at: as asked, fitted before training (the probe), refitted once during
+    it. What it decided is the training state's (`BatchFit`: checkpoints hold it, a resumed run continues
+    with it); the asked --batch_size and accumulation stay as they were."""
 
-    def adopt_fitted_batch(self) -> None:
-        """At the loop's start: remember the asked accumulation; a resumed run continues at the micro-batch
-        its checkpoint holds (the asked --batch_size stays in the config, so the resume check is unchanged)."""
-        self.asked_accumulation = self.config.gradient_accumulation_steps
-        if self.state.micro_batch and self.state.micro_batch != self.config.batch_size:
-            self.apply_micro_batch(self.state.micro_batch)
+    def __init__(self, settings, fitted, step, sampler, feed, timer: StepTimer, run_log):
+        """`settings`: finetune/training/run_settings.py BatchSettings; `fitted`: the state's BatchFit."""
+        self.settings, self.fitted, self.step, self.sampler, self.feed = settings, fitted, step, sampler, feed
+        self.timer, self.run_log = timer, run_log
+        if fitted.micro_batch and not fitted.accumulation:  # a checkpoint written before the accumulation was kept
+            fitted.accumulation = accumulation_for(settings.batch_size, settings.accumulation, fitted.micro_batch)
+        if fitted.micro_batch and fitted.micro_batch != settings.batch_size:  # a resumed run: as its checkpoint
+            self.apply(fitted.micro_batch)
 
-    def apply_micro_batch(self, micro_batch: int) -> None:
+    @property
+    def micro_batch(self) -> int:
+        return self.fitted.micro_batch or self.settings.batch_size
+
+    @property
+    def accumulation(self) -> int:
+        return self.fitted.accumulation or self.settings.accumulation
+
+    def apply(self, micro_batch: int) -> None:
         """Run at `micro_batch` clips per micro-batch from now on, with the accumulation that keeps the
         asked clips per optimizer step; the current epoch continues where it was."""
         repeated = self.sampler.set_micro_batch(micro_batch)
         if repeated:
-            self.logger.warning(f"warning: {repeated} clips of this epoch come again (the new micro-batches start "
-                                "at the boundary before the old position)")
+            self.run_log.logger.warning(f"warning: {repeated} clips of this epoch come again (the new micro-batches "
+                                        "start at the boundary before the old position)")
         self.feed.restart()
         previous_s = self.timer.micro_batches.cautious_s if self.timer.micro_batches.ready else None
-        steps = accumulation_for(self.sampler.batch_size, self.asked_accumulation, micro_batch)
-        self.config.batch_size, self.config.gradient_accumulation_steps = micro_batch, steps
-        self.timer.accumulation = self.pacer.accumulation = steps
+        self.fitted.micro_batch = micro_batch
+        self.fitted.accumulation = accumulation_for(self.settings.batch_size, self.settings.accumulation, micro_batch)
+        self.timer.accumulation = self.fitted.accumulation
         # A smaller micro-batch takes no longer than a bigger one: the old figure is a safe first guess.
         self.timer.micro_batches = Durations(skip=self.timer.micro_batches.skip, prior_s=previous_s)
-        self.state.micro_batch = micro_batch
 
-    def refit(self, micro_batch: int, why: str) -> None:
-        before = (self.config.batch_size, self.config.gradient_accumulation_steps)
-        self.apply_micro_batch(micro_batch)
-        self.state.refits.append({"step": self.state.step, "from": before[0], "to": micro_batch,
-                                  "accumulation": self.config.gradient_accumulation_steps, "why": why})
-        self.logger.warning(f"warning: {why}: micro-batch {before[0]} -> {micro_batch} clips, gradient accumulation "
-                            f"{before[1]} -> {self.config.gradient_accumulation_steps} (the same "
-                            f"{self.sampler.batch_size * self.asked_accumulation} clips a step)")
-        self.run_log.event("batch_refit", step=self.state.step, micro_batch=micro_batch,
-                           accumulation=self.config.gradient_accumulation_steps, why=why)
+    def refit(self, micro_batch: int, why: str, steps_done: int) -> None:
+        before = (self.micro_batch, self.accumulation)
+        self.apply(micro_batch)
+        self.fitted.refits.append({"step": steps_done, "from": before[0], "to": micro_batch,
+                                   "accumulation": self.accumulation, "why": why})
+        self.run_log.logger.warning(
+            f"warning: {why}: micro-batch {before[0]} -> {micro_batch} clips, gradient accumulation {before[1]} -> "
+            f"{self.accumulation} (the same {self.settings.batch_size * self.settings.accumulation} clips a step)")
+        self.run_log.event("batch_refit", step=steps_done, micro_batch=micro_batch, accumulation=self.accumulation,
+                           why=why)
 
-    def fit_batch(self) -> bool:
+    def fit_before_training(self, steps_done: int) -> bool:
         """The probe (when on): refit until the longest clips fit. False when not even one clip fits."""
-        if not probe_enabled(self.config.fit_batch, self.device):
+        step = self.step
+        if not probe_enabled(self.settings.fit_batch, step.device):
             return True
-        hop = self.feed.hop
         while True:
-            batch = longest_batch(self.feed.examples, self.config.batch_size, hop, self.device)
-            error = try_micro_batch(self.step, batch)
-            if not self.dist.any(bool(error)):
-                self.logger.info(f"batch fit: {len(batch)} clips of up to {int(batch.frame_lengths.max())} frames fit "
-                                 f"in one micro-batch (forward, backward and update tried)")
+            batch = longest_batch(self.feed.examples, self.micro_batch, self.feed.hop, step.device)
+            error = try_micro_batch(step, batch)
+            if not step.dist.any(bool(error)):
+                self.run_log.logger.info(f"batch fit: {len(batch)} clips of up to {int(batch.frame_lengths.max())} "
+                                         "frames fit in one micro-batch (forward, backward and update tried)")
                 return True
-            smaller = smaller_micro_batch(self.config.batch_size)
+            smaller = smaller_micro_batch(self.micro_batch)
             if smaller is None:
-                self.logger.error(f"error: one clip at a time does not fit in GPU memory (the longest, "
-                                  f"{int(batch.frame_lengths.max())} frames: {error}); a smaller --batch_size cannot "
-                                  f"help: {OUT_OF_MEMORY_ADVICE}; nothing was trained")
+                self.run_log.logger.error(
+                    f"error: one clip at a time does not fit in GPU memory (the longest, {int(batch.frame_lengths.max())} "
+                    f"frames: {error}); a smaller --batch_size cannot help: {OUT_OF_MEMORY_ADVICE}; nothing was trained")
                 return False
             where = error or "in another process"
-            self.refit(smaller, f"out of memory on {len(batch)} of the longest clips before training ({where})")
+            self.refit(smaller, f"out of memory on {len(batch)} of the longest clips before training ({where})",
+                       steps_done)
 
-    def refit_during_training(self, what: str, rewind: bool) -> bool:
-        """The first out-of-memory error of the run's training: refit once (True), with the window about to
-        be run again from its start when `rewind`. False when it was used already or the micro-batch is 1."""
-        smaller = smaller_micro_batch(self.config.batch_size)
-        if self.state.refit_in_training or smaller is None:
-            return False
-        self.state.refit_in_training = True
-        if rewind and self.boundary is not None:  # the same clips and random state again
-            self.sampler.state = self.boundary.sampler
-            restore_rng(self.boundary.rng)
-        self.refit(smaller, f"out of memory during training at step {self.state.step + 1} ({what})")
-        if rewind:
-            self.window_start()  # the boundary in the new micro-batches
-        if self.plan is not None:
-            self.write_plan()
-        return True
+    def can_refit(self) -> bool:
+        """Whether training's one refit is still there to use (and a smaller micro-batch exists)."""
+        return not self.fitted.refit_in_training and smaller_micro_batch(self.micro_batch) is not None
 
-    def batch_fit_summary(self) -> dict:
+    def refit_once_in_training(self, what: str, step_number: int) -> None:
+        """The first out-of-memory error of the run's training (when can_refit): half the micro-batch."""
+        self.fitted.refit_in_training = True
+        self.refit(smaller_micro_batch(self.micro_batch), f"out of memory during training at step {step_number} ({what})",
+                   step_number - 1)
+
+    def summary(self) -> dict:
         """For plan.json and the run's summary."""
-        return {"batch_size": self.sampler.batch_size, "micro_batch": self.config.batch_size,
-                "gradient_accumulation_steps": self.config.gradient_accumulation_steps,
-                "batch_refits": list(self.state.refits)}
+        return {"batch_size": self.settings.batch_size, "micro_batch": self.micro_batch,
+                "gradient_accumulation_steps": self.accumulation, "batch_refits": list(self.fitted.refits)}

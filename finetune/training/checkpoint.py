@@ -17,7 +17,6 @@ import json
 import pickle
 import random
 import re
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -33,42 +32,6 @@ NAME_PATTERN = re.compile(r"checkpoint_epoch_(\d+)(?:_step_(\d+))?\.pt$")
 
 class CheckpointError(ToolError):
     """A checkpoint cannot be used to resume; the message says why and what to do."""
-
-
-@dataclass
-class TrainingState:
-    step: int = 0  # optimizer steps done
-    epoch: int = 0  # epochs completed
-    samples_seen: int = 0
-    time_used_s: float = 0.0  # of the budget, across all processes of this run
-    best_score: float = float("inf")  # best evaluation measure (MCD, dB)
-    best_step: int = -1
-    best_eligible: bool = True  # the kept model met the timing rule (False: the nearest to it, a fallback)
-    best_timing_error: float = 0.0  # its distance from the rule's band (finetune/reporting/selection.py)
-    evals_since_best: int = 0
-    micro_batch_s_estimate: float = 0.0  # cautious seconds per micro-batch when saved (0: unknown)
-    update_s_estimate: float = 0.0  # cautious seconds per optimizer update when saved
-    export_s_estimate: float = 0.0  # seconds the last model export took (kept for the final save)
-    eval_s_estimate: float = 0.0  # seconds the last evaluation took
-    checkpoint_s_estimate: float = 0.0  # seconds the last checkpoint took
-    eval_group_s_estimate: float = 0.0  # seconds of the slowest group of held-out clips in the last evaluation
-    eval_sentence_s_estimate: float = 0.0  # seconds of its slowest test sentence
-    eval_batch_size: int = 0  # held-out clips synthesised at once, as last used (0: the device's default)
-    lr_scale: float = 1.0  # lowered each time a NaN storm sent the run back to its last good state
-    rollbacks: int = 0  # times that happened
-    discriminator_warmup_done: int = 0  # discriminator-only steps run (a new discriminator's warm-up)
-    discriminator_warmup_finished: bool = False  # the warm-up ended (margin reached, step limit or budget)
-    micro_batch: int = 0  # clips per micro-batch after fitting the batch to GPU memory (0: --batch_size as asked)
-    refits: list = field(default_factory=list)  # each refit: step, from, to, accumulation, why
-    refit_in_training: bool = False  # the one refit an out-of-memory error during training gets was used
-    discriminator_warmup_s: float = 0.0  # seconds the warm-up has taken so far (all processes of the run)
-    discriminator_warmup_allowed_s: float = 0.0  # its time cap, fixed when it first started (0: not started)
-    discriminator_warmup_margins: list = field(default_factory=list)  # its latest margins (the window it ends on)
-    discriminator_warmup_first: dict = field(default_factory=dict)  # its first applied step's losses (closing line)
-    discriminator_warmup_last: dict = field(default_factory=dict)  # its latest applied step's losses
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 # ---------------------------------------------------------------- random state

@@ -22,17 +22,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from finetune.system.atomic import recover, replace_dir, staging_dir, write_text_atomic
-from finetune.system.errors import ToolError
+from finetune.data.corrections import FeedbackError
 from finetune.reporting.evaluation import EvalResult, Evaluator, describe_cut
 
 HISTORY = "history.json"
-
-
-class FeedbackError(ToolError):
-    """A round (or a rollback) cannot run as asked; the message says what to do."""
 
 
 def listing(folder: Path) -> list[tuple[str, int, int]]:
@@ -41,13 +35,6 @@ def listing(folder: Path) -> list[tuple[str, int, int]]:
         return []
     return sorted((p.relative_to(folder).as_posix(), p.stat().st_size, p.stat().st_mtime_ns)
                   for p in folder.rglob("*") if p.is_file())
-
-
-def replay_sample(item_ids: list[str], corrections: int, ratio: float, seed: int) -> list[str]:
-    """`ratio` original clips per correction (all of them when there are fewer), drawn with `seed`."""
-    wanted = min(len(item_ids), int(round(ratio * corrections)))
-    chosen = np.random.default_rng(seed).choice(len(item_ids), size=wanted, replace=False)
-    return [item_ids[i] for i in sorted(chosen)]
 
 
 def change_pct(before: float, after: float) -> float:

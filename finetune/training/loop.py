@@ -1,57 +1,59 @@
-"""The training loop shared by train_vits.py and train_feedback.py.
+"""The training loop shared by train_vits.py and train_feedback.py. `run()` is its phases, in order, each
+skipping itself where a resumed run has done it already:
 
-    batch fit  on CUDA, the longest clips are tried once as one micro-batch; on out-of-memory the
-               micro-batch halves and the accumulation doubles (finetune/training/batch_fit.py)
-    baseline   a fresh run first evaluates the starting model (timed; the final save is measured too)
-    warm-up    a new discriminator facing a pretrained generator trains alone first, at its own learning
-               rate, until it tells real from generated (the generator does not change meanwhile)
-    benchmark  the first optimizer steps (--benchmark_samples clips) are ordinary training steps; with
-               the timed evaluation, export and checkpoint they give the plan (plan.json): how many
-               steps fit, how often to evaluate
-    train      steps until the deadline (finetune/training/pacing.py decides, a micro-batch at a time), an epoch
-               limit or early stopping; evaluations keep the best model, checkpoints at each epoch end
-               and every --checkpoint_every_minutes, the plan re-estimated at each evaluation
-    finish     a final evaluation (unless the last one saw these weights), the last weights' export
-               (last_model), best_model copied to the output folder, and a checkpoint, all inside the budget
-               (each evaluation has a time limit that keeps what must follow it free, finetune/training/pacing.py,
-               and is cut short or skipped at it)
+    fit the batch   on CUDA, the longest clips tried once as one micro-batch; on out-of-memory the
+                    micro-batch halves and the accumulation doubles (finetune/training/batch_fit.py)
+    baseline        a fresh run evaluates the starting model (timed; the final save is measured too); a
+                    resumed process primes its evaluation instead
+    warm-up         a new discriminator facing a pretrained generator trains alone first, until it tells
+                    real from generated (finetune/training/warmup.py)
+    benchmark       the first optimizer steps (--benchmark_samples clips) are ordinary training steps; with
+                    the timed evaluation, export and checkpoint they give the plan (plan.json)
+    train           steps until the deadline (finetune/training/pacing.py decides, a micro-batch at a time),
+                    an epoch limit or early stopping; evaluations keep the best model
+                    (finetune/training/evaluating.py), checkpoints at each epoch end and every
+                    --checkpoint_every_minutes, the plan re-estimated at each evaluation
+    finish          a final evaluation (unless the last one saw these weights), best_model copied to the
+                    output folder, a checkpoint, the last weights' export: all inside the budget
 
-Ctrl-C or SIGTERM (finetune/system/interrupt.py) is honoured at the next safe point, wherever the run is: the
-sampler position and random state go back to the last completed optimizer step, a checkpoint is
-written, and the loop returns "interrupted". Many non-finite steps in a row send the run back to its
-last good state at a lower learning rate (finetune/training/recovery.py); the first out-of-memory error
-in training refits the batch once (finetune/training/batch_fit.py). Saving is finetune/training/saving.py.
+A step of the warm-up or of training is one window of micro-batches through the optimizer
+(finetune/training/window.py). Ctrl-C or SIGTERM (finetune/system/interrupt.py) is honoured at the next
+safe point: the window under way is rewound, a checkpoint is written, and the loop returns
+"interrupted". Many non-finite steps in a row send the run back to its last good state at a lower
+learning rate (finetune/training/recovery.py); the first out-of-memory error in training refits the
+batch once.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
-from finetune.system.cpu_threads import CpuThreads
-from finetune.training.batch_fit import OUT_OF_MEMORY_ADVICE, BatchFitting
-from finetune.training.budget import Budget, Plan, StepTimer
-from finetune.training.checkpoint import TrainingState, capture_rng
 from finetune.data.examples import Example
-from finetune.training.distributed import Distributed
-from finetune.reporting.evaluation import EvalResult, Evaluator
-from finetune.reporting.model_card import CardFacts
 from finetune.data.feed import MicroBatchFeed
-from finetune.system.interrupt import StopRequest, StopRequested
-from finetune.training.ending import LoopResult, RunEnding
-from finetune.training.milestones import Milestones
-from finetune.training.pacing import Costs, Pacer
-from finetune.system.profile import section
-from finetune.training.recovery import Divergence, LastGoodState
-from finetune.reporting.run_log import RunLog
-from finetune.data.sampler import BucketSampler, SamplerState
-from finetune.training.saving import Saver
-from finetune.training.step import StepResult, TrainStep
+from finetune.data.sampler import BucketSampler
+from finetune.reporting.model_card import CardFacts
+from finetune.system.cpu_threads import CpuThreads
 from finetune.system.errors import ToolError
+from finetune.system.interrupt import StopRequested
+from finetune.training.batch_fit import OUT_OF_MEMORY_ADVICE, BatchFitter
+from finetune.training.budget import Plan, StepTimer
+from finetune.training.checkpointing import Checkpoints
+from finetune.training.context import LoopContext
+from finetune.training.ending import LoopResult, summary
+from finetune.training.evaluating import Evaluations
+from finetune.training.exports import Exports
+from finetune.training.pacing import Costs, Pacer
+from finetune.training.recovery import Divergence, LastGoodState
+from finetune.training.run_settings import LoopSettings
+from finetune.training.saving import Saver
+from finetune.training.state import TrainingState
+from finetune.training.step import TrainStep
+from finetune.training.warmup import BUDGET_END, DiscriminatorWarmup
+from finetune.training.window import StepOutcome, WindowRunner
+from finetune.vits.generator import train_mode
 
 
 class BudgetTooSmall(ToolError):
@@ -59,292 +61,352 @@ class BudgetTooSmall(ToolError):
 
 
 @dataclass
-class LoopConfig:
-    """What the loop runs with: the shared training flags it reads (finetune/settings.py), taken by name
-    from the recipe's config by `from_flags`, and what the recipe decided beyond them."""
+class TrainingParts:
+    """What a run trains and judges: the optimizer step (its generator and discriminator), the tokenizer
+    saved with them, the clips and their sampler, the evaluator, the parts kept frozen."""
 
-    batch_size: int
-    gradient_accumulation_steps: int
-    learning_rate: float
-    discriminator_learning_rate: float
-    lr_floor_ratio: float
-    warmup_steps: int
-    benchmark_samples: int
-    val_every: int  # 0: planned
-    max_epochs: int  # 0: no cap
-    log_every_seconds: float
-    seed: int
-    discriminator_warmup_steps: int  # discriminator-only steps before joint training, as decided (0: none)
-    num_workers: int  # as resolved for the device
-    discriminator_warmup_learning_rate: float = 2e-4  # constant, the original VITS rate: a new discriminator must learn fast
-    discriminator_warmup_margin: float = 0.5  # the warm-up ends when real minus generated scores reach this
-    discriminator_warmup_share: float = 0.2  # the warm-up takes at most this share of the time left at its start
-    early_stopping_patience: int = 0  # evaluations without improvement; 0: off
-    keep_checkpoints: int = 1
-    checkpoint_every_minutes: float = 30.0
-    reserve_after_s: float = 0.0  # time the caller needs after the loop returns (kept out of the plan)
-    checkpoints: bool = True  # False: none at all (short runs that are never resumed: feedback rounds)
-    fit_batch: str = "auto"  # the batch fitted to GPU memory before training: auto (on with CUDA), on, off
-
-    @classmethod
-    def from_flags(cls, flags, **decided) -> "LoopConfig":
-        """Every field the recipe's config has, by name; `decided` gives the rest (and overrides)."""
-        names = {f.name for f in dataclasses.fields(cls)} - set(decided)
-        return cls(**{name: getattr(flags, name) for name in names if hasattr(flags, name)}, **decided)
-
-    @property
-    def checkpoint_every_s(self) -> float:
-        return 60 * self.checkpoint_every_minutes
+    step: TrainStep
+    tokenizer: object
+    examples: list[Example]
+    sampler: BucketSampler
+    evaluator: object  # finetune/reporting/evaluation.py Evaluator, or a recipe's own with its interface
+    frozen_parts: list[str] = field(default_factory=list)
 
 
 @dataclass
-class RunPaths:
-    run_dir: Path  # checkpoints, logs, metrics, plan, samples
-    output_dir: Path  # the final model: a copy of best_model, the voice an app should load
+class SaveExtras:
+    """What the recipe adds to what the run saves."""
 
-    @property
-    def best_dir(self) -> Path:
-        return self.run_dir / "best_model"
-
-    @property
-    def last_dir(self) -> Path:
-        """The weights of the last step (output_dir holds the best model's)."""
-        return self.run_dir / "last_model"
-
-    @property
-    def samples_dir(self) -> Path:
-        return self.run_dir / "samples"
+    checkpoint: dict = field(default_factory=dict)  # in every checkpoint: config, model config, tokenizer, data
+    card: CardFacts | None = None  # what exported folders' model cards say (none: no card)
 
 
-@dataclass
-class Decision:
-    run: bool
-    reason: str = ""
-
-
-@dataclass
-class StepOutcome:
-    result: StepResult
-    epoch_ended: bool
-    last: bool  # the run's last step
-    first_update: bool  # the optimizers had no state before it (their state is made at the first update)
-
-
-@dataclass
-class Boundary:
-    """The state after the last completed optimizer step, to go back to when a stop comes mid-window."""
-
-    sampler: SamplerState
-    rng: dict
-
-
-class TrainingLoop(Milestones, RunEnding, BatchFitting):
-    """One run's training: phases, decisions and steps here; evaluation, saving and planning in
-    Milestones (finetune/training/milestones.py); the final saves, a clean stop and the result in
-    RunEnding (finetune/training/ending.py)."""
-
-    def __init__(self, *, model, tokenizer, discriminator, step: TrainStep, examples: list[Example],
-                 evaluator: Evaluator, budget: Budget, sampler: BucketSampler, state: TrainingState,
-                 config: LoopConfig, paths: RunPaths, logger, run_log: RunLog, device: torch.device, hop: int,
-                 frozen_parts: list[str], checkpoint_extra: dict, stop: StopRequest, plan: Plan | None = None,
-                 dist: Distributed = Distributed(), step_callback: Callable[["TrainingLoop"], None] | None = None,
-                 export_extra: Callable[[], dict] | None = None, resumed_from: Path | None = None,
-                 card: CardFacts | None = None):
-        self.model, self.tokenizer, self.discriminator, self.step = model, tokenizer, discriminator, step
-        self.evaluator, self.budget, self.sampler, self.state = evaluator, budget, sampler, state
-        self.config, self.paths, self.logger, self.run_log = config, paths, logger, run_log
-        self.device, self.frozen_parts, self.checkpoint_extra = device, frozen_parts, checkpoint_extra
-        self.stop, self.dist, self.step_callback = stop, dist, step_callback
-        self.export_extra = export_extra or (lambda: {})
-        self.card = card  # what the model cards of exported folders say (finetune/reporting/model_card.py)
-        self.timer = StepTimer(config.gradient_accumulation_steps, prior_micro_batch_s=state.micro_batch_s_estimate or None,
-                               prior_update_s=state.update_s_estimate or None)
-        self.costs = Costs(eval_s=state.eval_s_estimate, export_s=state.export_s_estimate,
-                           checkpoint_s=state.checkpoint_s_estimate, after_loop_s=config.reserve_after_s,
-                           checkpoints=config.checkpoints)
-        self.pacer = Pacer(budget, self.timer, self.costs, config.gradient_accumulation_steps, config.checkpoint_every_s,
-                           config.max_epochs, config.warmup_steps, config.learning_rate, config.lr_floor_ratio, plan)
-        self.feed = MicroBatchFeed(examples, sampler, hop, config.num_workers, config.seed, device)
-        self.saver = Saver(model, tokenizer, discriminator, self.costs, budget.clock.now, logger,
-                           config.keep_checkpoints, dist.is_main)
-        self.divergence = Divergence(rollbacks=state.rollbacks)
-        self.last_good = LastGoodState(model, discriminator, resumed_from)
-        restore_eval_estimates(evaluator, state)
-        self.last_eval: EvalResult | None = None
-        self.last_eval_step = -1  # the step the last evaluation saw (known to every process)
-        self.rng_by_rank: list[dict] = []
-        self.last_checkpoint: Path | None = resumed_from
-        self.last_checkpoint_at = budget.clock.now()
-        self.train_s = 0.0
+class TrainingLoop:
+    def __init__(self, parts: TrainingParts, context: LoopContext, settings: LoopSettings, state: TrainingState,
+                 plan: Plan | None = None, saves: SaveExtras | None = None,
+                 step_callback: Callable[["TrainingLoop"], None] | None = None):
+        self.parts, self.context, self.settings, self.state = parts, context, settings, state
+        self.step, self.sampler = parts.step, parts.sampler
+        self.model, self.discriminator = parts.step.model, parts.step.discriminator
+        self.saves, self.step_callback = saves or SaveExtras(), step_callback
+        estimates, budget = state.estimates, context.budget
+        self.timer = StepTimer(settings.batch.accumulation, prior_micro_batch_s=estimates.micro_batch_s or None,
+                               prior_update_s=estimates.update_s or None)
+        self.costs = Costs(eval_s=estimates.eval_s, export_s=estimates.export_s, checkpoint_s=estimates.checkpoint_s,
+                           after_loop_s=settings.reserve_after_s, checkpoints=settings.checkpoints.enabled)
+        self.pacer = Pacer(budget, self.timer, self.costs, settings.checkpoints.every_s, settings.max_epochs,
+                           settings.schedule, plan)
+        device = parts.step.device
+        self.feed = MicroBatchFeed(parts.examples, self.sampler, parts.step.features.config.hop_length,
+                                   settings.batch.num_workers, settings.batch.seed, device)
+        # On CPU, fewer torch threads while other processes take the cores (finetune/system/cpu_threads.py).
+        cpu_threads = CpuThreads(context.logger, torch.get_num_threads, torch.set_num_threads) if device.type == "cpu" else None
+        self.windows = WindowRunner(self.step, self.feed, self.sampler, budget.clock, context.stop, cpu_threads)
+        self.fitter = BatchFitter(settings.batch, state.batch, self.step, self.sampler, self.feed, self.timer,
+                                  context.run_log)
+        self.saver = Saver(self.model, parts.tokenizer, self.discriminator, self.costs, budget.clock.now, context.logger,
+                           settings.checkpoints.keep, context.dist.is_main)
+        self.exports = Exports(self.saver, self.saves.card, context.paths, context.run_log)
+        self.evaluations = Evaluations(context, parts.evaluator, self.exports, state, self.pacer, self.model,
+                                       parts.frozen_parts, settings.evaluation.early_stopping_patience)
+        self.divergence = Divergence(rollbacks=state.setbacks.rollbacks)
+        self.last_good = LastGoodState(self.model, self.discriminator, context.resumed_from)
+        self.checkpoints = Checkpoints(context, self.saver, state, self.checkpoint_payload, self.last_good.saved)
+        self.warmup = DiscriminatorWarmup(settings.warmup, state.warmup, context)
+        self.train_s = 0.0  # seconds inside optimizer steps (warm-up and training)
         self.last_lr = 0.0
-        self.early_stop = False
+        self.resumed_with_plan = plan is not None  # its plan is made again as training starts
+        self.finishing = False  # the final evaluation and saves have begun
         self.final_saved = False
         self.final_source = ""  # what the output folder holds: best_model (step N) or the last weights
-        self.final_eval_skipped = False  # the final evaluation had no time for a single clip
-        self.finishing = False  # the final evaluation and saves have begun
-        self.boundary: Boundary | None = None  # set while an accumulation window runs
-        # On CPU, fewer torch threads while other processes take the cores (finetune/system/cpu_threads.py).
-        self.cpu_threads = CpuThreads(logger, torch.get_num_threads, torch.set_num_threads) \
-            if device.type == "cpu" else None
-        self.adopt_fitted_batch()  # a resumed run keeps the micro-batch its checkpoint was fitted to
+
+    # ------------------------------------------------------------ the phases
 
     @property
     def plan(self) -> Plan | None:
         return self.pacer.plan
 
     @property
-    def steps_per_epoch(self) -> int:
-        return -(-self.sampler.batches_per_epoch // self.config.gradient_accumulation_steps)
+    def stop(self):
+        return self.context.stop
 
-    # ------------------------------------------------------------ decisions
+    def run(self) -> LoopResult:
+        run_log = self.context.run_log
+        run_log.open_display(self.plan.total_steps if self.plan else 0, self.state.step, self.settings.log_every_seconds)
+        try:
+            self.checkpoints.check_room()  # first: a disk that cannot hold one checkpoint stops before any work
+            if not self.fitter.fit_before_training(self.state.step):  # a run that cannot fit one clip stops too
+                return self.result("out_of_memory")
+            self.context.on_main(self.measure_report)
+            self.costs.report_s = self.context.dist.broadcast(self.costs.report_s)
+            self.baseline_evaluation()
+            reason = self.discriminator_warmup() or self.benchmark() or self.train()
+            return self.finish(reason)
+        except StopRequested:
+            return self.stop_cleanly()
+        finally:
+            run_log.close()
 
-    def decide(self) -> Decision:
-        """Whether to run another step (shared by all processes: one collective for both flags)."""
-        stop, no_room = self.dist.any_of(self.stop.requested, not self.pacer.may_start_step())
-        if stop:
-            return Decision(False, "interrupted")
-        if self.early_stop:
-            return Decision(False, "early_stopping")
-        if self.config.max_epochs and self.state.epoch >= self.config.max_epochs:
-            return Decision(False, "max_epochs")
-        plan = self.plan
-        if plan is not None and plan.limited_by == "max_epochs" and self.state.step >= plan.total_steps:
-            return Decision(False, "max_epochs")
-        if no_room:
-            return Decision(False, "deadline")
-        return Decision(True)
+    @property
+    def fresh(self) -> bool:
+        """Nothing done yet: no plan, no warm-up step, no training step."""
+        warmup = self.state.warmup
+        return self.plan is None and self.state.step == 0 and warmup.done == 0 and not warmup.finished
 
-    def micro_batches(self, pacer: Pacer):
-        """The micro-batches of one window, one at a time: (batch, whether it is the window's last).
-        Times each into the pacer's timer; ends the window early when the deadline leaves no room for
-        another; a stop request is honoured before each but the first."""
-        self.window_epoch_ended = False
-        clock, index = self.budget.clock, 0
-        while True:
-            index += 1
-            stop, last = self.dist.any_of(index > 1 and self.stop.requested, pacer.micro_batch_is_last(index))
+    def baseline_evaluation(self) -> None:
+        """A fresh run: evaluate the starting model, and measure what the final save will cost. A resumed
+        process primes its evaluation instead (finetune/training/evaluating.py)."""
+        context = self.context
+        if not self.fresh:
+            self.evaluations.prime()
+            return
+        self.evaluations.evaluate()
+        if self.costs.export_s == 0.0:  # nothing was exported: the starting model is outside the timing rule
+            context.on_main(lambda: self.saver.measure_export(context.paths.run_dir))
+            self.costs.export_s = context.dist.broadcast(self.costs.export_s)
+        if context.dist.any(not self.pacer.room_for(0.0)):
+            budget = context.budget
+            raise BudgetTooSmall(
+                f"the budget of {budget.target_s:.0f}s cannot hold training: {budget.used_s():.0f}s went to start-up, "
+                f"loading and the first evaluation ({self.costs.eval_s:.1f}s), and the final save alone needs about "
+                f"{self.costs.final_s:.0f}s (evaluation, export {self.costs.export_s:.1f}s, checkpoint) plus a "
+                f"{budget.safety_s:.0f}s margin: raise --target_hours")
+        per_step = self.settings.batch.batch_size * self.settings.batch.accumulation
+        context.logger.info(f"benchmark: {self.benchmark_steps} training steps of {per_step} clips, timed after the "
+                            "first 2 micro-batches")
+
+    def discriminator_warmup(self) -> str | None:
+        """A new discriminator trains alone; a stop reason if its steps failed for good, else None."""
+        warmup, progress = self.warmup, self.state.warmup
+        if self.plan is not None or not warmup.needed():
+            return None
+        pacer = warmup.start(self.costs, self.timer.accumulation, self.settings.checkpoints.every_s)
+        ended = f"the step limit (--discriminator_warmup_steps {self.settings.warmup.steps})"
+        while progress.done < self.settings.warmup.steps:
+            stop, no_room = self.context.dist.any_of(self.stop.requested, warmup.out_of_room(pacer))
             if stop:
                 raise StopRequested(self.stop.signal_name or "SIGTERM")
-            if self.cpu_threads is not None:
-                self.cpu_threads.adjust()
-            started = clock.now()
-            with section("data"):
-                batch, epoch_ended = self.feed.take()
-            self.window_epoch_ended = epoch_ended
-            yield batch, last or epoch_ended
-            pacer.timer.micro_batches.add(clock.now() - started)
-            if last or epoch_ended:
-                return
+            if no_room:
+                ended = BUDGET_END
+                break
+            started = self.context.now()
+            self.step.set_learning_rates(0.0, self.settings.warmup.learning_rate * self.state.setbacks.lr_scale)
+            accumulated = self.windows.accumulate(pacer, generator=False)
+            outcome = self.windows.update(accumulated, pacer)
+            self.count_samples(accumulated.window.used, outcome.epoch_ended)
+            reached = warmup.record(outcome, self.context.now() - started)
+            failure = self.after_failure(outcome, f"discriminator warm-up step {progress.done}")
+            if failure:
+                return failure
+            if reached:
+                ended = reached
+                break
+            if self.context.dist.any(pacer.checkpoint_due(outcome.epoch_ended, self.checkpoints.since_last_s())):
+                self.checkpoints.write(end_of_epoch=outcome.epoch_ended)
+        warmup.end(ended)
+        self.retake_last_good()
+        return None
+
+    @property
+    def benchmark_steps(self) -> int:
+        per_step = self.settings.batch.batch_size * self.settings.batch.accumulation
+        return max(3, -(-self.settings.benchmark_samples // per_step))
+
+    def benchmark(self) -> str | None:
+        """The first steps, timed, then the plan; a stop reason if training ended during them. A resumed run
+        that planned already skips this (its plan is re-estimated as training starts)."""
+        if self.plan is not None:
+            return None
+        if self.state.step < self.benchmark_steps:  # a run resumed after its benchmark plans at once
+            reason = self.training_steps(until=self.benchmark_steps)
+            if reason:
+                return reason
+            self.checkpoints.write(end_of_epoch=self.sampler.state.position == 0)  # the plan counts its cost
+        self.make_plan()
+        return None
+
+    def train(self) -> str:
+        if self.resumed_with_plan:  # planned again for what is left now, at this machine's speed
+            self.make_plan()
+        return self.training_steps()
+
+    def training_steps(self, until: int | None = None) -> str | None:
+        """Optimizer steps until a stop reason (or, with `until`, that many steps: None)."""
+        while until is None or self.state.step < until:
+            decision = self.decide()
+            if decision:
+                if decision == "deadline" and self.state.step == 0:
+                    self.context.logger.warning("warning: the budget left no room for a single training step")
+                return decision
+            outcome = self.training_step()
+            if self.step_callback is not None:
+                self.step_callback(self)
+            failure = self.after_failure(outcome)
+            if failure:
+                return failure
+            if outcome.last:
+                return "max_epochs" if self.plan and self.plan.limited_by == "max_epochs" else "deadline"
+            if until is not None and self.state.step >= until:
+                return None  # the benchmark's end: its checkpoint and the plan follow
+            self.after_step(outcome.epoch_ended)
+        return None
+
+    def after_step(self, epoch_ended: bool) -> None:
+        """What falls due after a planned step: an evaluation (and a new plan), a checkpoint."""
+        if self.pacer.eval_due(self.state.step):
+            self.evaluations.evaluate()
+            self.replan()
+        # Joint: the periodic one depends on each process's own clock, and writing one is a collective.
+        if self.context.dist.any(self.pacer.checkpoint_due(epoch_ended, self.checkpoints.since_last_s())):
+            self.checkpoints.write(end_of_epoch=epoch_ended)
+
+    def finish(self, reason: str) -> LoopResult:
+        """The end of a run that was not stopped: on a failure, the best model trained so far published;
+        otherwise the final evaluation (unless the last one saw these weights), best_model copied to the
+        output folder, a checkpoint, then the last weights' export. In that order of worth: on a full disk
+        the final saves may free older checkpoints, and last_model/ (the checkpoint holds the same
+        weights) is the one left out. A stop request meanwhile still publishes (stop_cleanly): the budget
+        is spent, so no resume would."""
+        if reason == "interrupted":
+            raise StopRequested(self.stop.signal_name or "SIGINT")
+        if reason == "out_of_memory":
+            self.publish_trained_best()  # nothing more fits on the card; what the run learnt still reaches the app
+            return self.result(reason)
+        self.finishing = True
+        if self.evaluations.last_step != self.state.step:
+            self.evaluations.evaluate(final=True)
+        self.final_saved = self.context.dist.broadcast(self.context.on_main(self.save_final))
+        self.checkpoints.write(end_of_epoch=self.sampler.state.position == 0, final=True)
+        self.context.on_main(lambda: self.exports.export(self.context.paths.last_dir, {
+            "training_summary.json": self.final_summary()}, self.state.step, self.last_evaluation_here()))
+        return self.result(reason)
+
+    def stop_cleanly(self) -> LoopResult:
+        """After a stop request: back to the last completed step if it came mid-window, then a checkpoint
+        (and, in the final evaluation, the output folder first)."""
+        self.windows.rewind()
+        train_mode(self.model, self.parts.frozen_parts)
+        if self.finishing and not self.final_saved:
+            self.final_saved = self.context.dist.broadcast(self.context.on_main(self.save_final))
+        path = self.checkpoints.write(end_of_epoch=False, final=True)
+        return self.result("interrupted", checkpoint=path)
 
     # ------------------------------------------------------------ one step
 
-    def window_start(self) -> None:
-        self.boundary = Boundary(sampler=SamplerState(self.sampler.state.epoch, self.sampler.state.position),
-                                 rng=capture_rng())
+    def decide(self) -> str:
+        """Why no further step should run ("" when one should), shared by all processes (one collective)."""
+        stop, no_room = self.context.dist.any_of(self.stop.requested, not self.pacer.may_start_step())
+        plan, max_epochs = self.plan, self.settings.max_epochs
+        if stop:
+            return "interrupted"
+        if self.evaluations.early_stop:
+            return "early_stopping"
+        if max_epochs and self.state.epoch >= max_epochs:
+            return "max_epochs"
+        if plan is not None and plan.limited_by == "max_epochs" and self.state.step >= plan.total_steps:
+            return "max_epochs"
+        return "deadline" if no_room else ""
 
-    def train_one(self) -> "StepOutcome":
-        """One optimizer step of generator and discriminator."""
-        step = self.state.step + 1
-        started = self.budget.clock.now()
-        self.window_start()
-        profile = self.run_log.profile.activate()
+    def training_step(self) -> StepOutcome:
+        """One optimizer step of generator and discriminator: the window (run again at a smaller micro-batch
+        after the run's first out-of-memory error), whether it is the run's last, its learning rate, the
+        update."""
+        number, started = self.state.step + 1, self.context.now()
+        profile = self.context.run_log.profile.activate()
         try:
-            window = self.step.accumulate_window(self.micro_batches(self.pacer), self.config.gradient_accumulation_steps)
-            if window.oom and self.refit_during_training(window.oom, rewind=True):  # once: the same clips, smaller
-                window = self.step.accumulate_window(self.micro_batches(self.pacer), self.config.gradient_accumulation_steps)
-            outcome = self.finish_step(step, started, window)
+            accumulated = self.windows.accumulate(self.pacer)
+            if accumulated.window.oom and self.refit(accumulated.window.oom, number, rewind=True):
+                accumulated = self.windows.accumulate(self.pacer)  # the same clips again, in smaller micro-batches
+            used, epoch_ended = accumulated.window.used, accumulated.epoch_ended
+            cut_short = used < self.timer.accumulation and not epoch_ended
+            last = self.context.dist.any(self.pacer.step_is_last(number, cut_short, self.due_after_s(number, epoch_ended)))
+            lr = self.pacer.learning_rate(number, last) * self.state.setbacks.lr_scale
+            self.step.set_learning_rates(lr, lr * self.settings.schedule.discriminator_ratio)
+            outcome = self.windows.update(accumulated, self.pacer, last)
+            elapsed = self.context.now() - started
+            self.train_s += elapsed
+            self.last_lr, self.state.step = lr, number
+            self.count_samples(used, epoch_ended)
+            self.report_step(outcome, lr, used * self.fitter.micro_batch / max(elapsed, 1e-9), used)
             profile.end_step()
+            return outcome
         finally:
             profile.deactivate()
-        return outcome
 
-    def finish_step(self, step: int, started: float, window) -> "StepOutcome":
-        """After a window: decide whether it is the last step, set the learning rate, apply the update."""
-        epoch_ended = self.window_epoch_ended
-        cut_short = window.used < self.config.gradient_accumulation_steps and not epoch_ended
-        due = self.after_step_s(step, epoch_ended)
-        last = self.dist.any(self.pacer.step_is_last(step, cut_short, due))
-        lr = self.pacer.learning_rate(step, last) * self.state.lr_scale
-        ratio = self.config.discriminator_learning_rate / self.config.learning_rate
-        self.step.set_learning_rates(lr, lr * ratio)
-        first_update = not self.step.optimizer_g.state
-        update_started = self.budget.clock.now()
-        result = self.step.apply(window)
-        self.timer.updates.add(self.budget.clock.now() - update_started)
-        self.boundary = None
-        elapsed = self.budget.clock.now() - started
-        self.train_s += elapsed
-        self.last_lr, self.state.step = lr, step
-        samples = window.used * self.config.batch_size
-        self.state.samples_seen += samples
+    def refit(self, what: str, number: int, rewind: bool = False) -> bool:
+        """The run's one refit after running out of memory in training (then plan.json says so); `rewind`:
+        back to the start of the window under way first (its clips and random state, to be run again)."""
+        if not self.fitter.can_refit():
+            return False
+        if rewind:
+            self.windows.rewind()
+        self.fitter.refit_once_in_training(what, number)
+        if self.plan is not None:
+            self.write_plan()
+        return True
+
+    def count_samples(self, micro_batches: int, epoch_ended: bool) -> None:
+        self.state.samples_seen += micro_batches * self.fitter.micro_batch
         if epoch_ended:
             self.state.epoch += 1
-        self.report_step(result, lr, samples / max(elapsed, 1e-9), window.used)
-        return StepOutcome(result, epoch_ended, last, first_update)
 
-    def after_step_s(self, step: int, epoch_ended: bool) -> float:
+    def due_after_s(self, step: int, epoch_ended: bool) -> float:
         """Seconds of what falls due after this step: an evaluation (and the best model's export), a checkpoint."""
         evaluation = self.costs.eval_s + self.costs.export_s if self.pacer.eval_due(step) else 0.0
-        since = self.budget.clock.now() - self.last_checkpoint_at
-        checkpoint = self.costs.checkpoint_s if self.pacer.checkpoint_due(epoch_ended, since) else 0.0
+        checkpoint = self.costs.checkpoint_s if self.pacer.checkpoint_due(epoch_ended, self.checkpoints.since_last_s()) else 0.0
         return evaluation + checkpoint
 
-    def report_step(self, result: StepResult, lr: float, samples_per_s: float, used: int) -> None:
+    def report_step(self, outcome: StepOutcome, lr: float, samples_per_s: float, used: int) -> None:
+        result, state, sampler, dist = outcome.result, self.state, self.sampler, self.context.dist
         if not result.applied:
-            self.logger.warning(f"step {self.state.step}: skipped ({result.reason}); losses {result.losses}")
-        plan = self.plan
-        total, epochs = (plan.total_steps, plan.epochs) if plan else (0, 0.0)
-        position = self.state.epoch + self.sampler.state.position / max(1, self.sampler.batches_per_epoch)
-        left_in_epoch = (self.sampler.batches_per_epoch - self.sampler.state.position) / self.config.gradient_accumulation_steps
+            self.context.logger.warning(f"step {state.step}: skipped ({result.reason}); losses {result.losses}")
+        total, epochs = (self.plan.total_steps, self.plan.epochs) if self.plan else (0, 0.0)
+        accumulation = self.timer.accumulation
+        left_in_epoch = (sampler.batches_per_epoch - sampler.state.position) / accumulation
         step_s = self.timer.step_s if self.timer.ready else 0.0
-        ratio = self.config.discriminator_learning_rate / self.config.learning_rate
-        fields = dict(step=self.state.step, total=total, epoch=position, epochs=epochs, lr=lr, samples_per_s=samples_per_s,
-                      epoch_eta_s=left_in_epoch * step_s, run_eta_s=max(0, total - self.state.step) * step_s,
-                      deadline_s=self.budget.left_s())
-        losses = self.dist.mean(result.losses)  # every process's share of the window, averaged
-        samples_per_s = self.dist.sum(samples_per_s)
-        fields["samples_per_s"] = samples_per_s
-        scalars = {"lr": lr, "discriminator_lr": lr * ratio, "samples_per_s": samples_per_s,
-                   "grad_norm_generator": result.grad_norm_generator,
+        samples_per_s = dist.sum(samples_per_s)
+        fields = dict(step=state.step, total=total, epoch=state.epoch + sampler.state.position / max(1, sampler.batches_per_epoch),
+                      epochs=epochs, lr=lr, samples_per_s=samples_per_s, epoch_eta_s=left_in_epoch * step_s,
+                      run_eta_s=max(0, total - state.step) * step_s, deadline_s=self.context.budget.left_s())
+        losses = dist.mean(result.losses)  # every process's share of the window, averaged
+        scalars = {"lr": lr, "discriminator_lr": lr * self.settings.schedule.discriminator_ratio,
+                   "samples_per_s": samples_per_s, "grad_norm_generator": result.grad_norm_generator,
                    "grad_norm_discriminator": result.grad_norm_discriminator,
-                   "time_used_s": self.budget.used_s(), "micro_batches": used, **self.step.scaler_figures()}
-        self.run_log.step(self.budget.clock.now(), fields, used, self.config.gradient_accumulation_steps, losses, scalars)
+                   "time_used_s": self.context.budget.used_s(), "micro_batches": used, **self.step.scaler_figures()}
+        self.context.run_log.step(self.context.now(), fields, used, accumulation, losses, scalars)
 
     # ------------------------------------------------------------ when steps keep failing
 
     def after_failure(self, outcome: StepOutcome, at: str = "") -> str | None:
         """A stop reason when training cannot go on, else None (after going back to the last good state
         if the failures call for it). `at` names the step for the log (default: the training step)."""
-        at = at or f"step {self.state.step}"
-        result = outcome.result
+        at, result, setbacks, logger = at or f"step {self.state.step}", outcome.result, self.state.setbacks, self.context.logger
         if result.update_failed and not outcome.first_update:
-            self.refit_during_training(result.reason, rewind=False)  # once; the torn update is rolled back below
+            self.refit(result.reason, self.state.step + 1)  # once; the torn update is rolled back below
         action = self.divergence.record(result.applied, result.reason.startswith("non-finite"), result.update_failed)
         if action == "ok":
             return None
         if result.update_failed and outcome.first_update:
             self.go_back()
-            self.logger.error("error: the optimizers' state does not fit in GPU memory (the first update ran out of "
-                              "it): freeze parts (--freeze posterior_encoder), use a narrower --discriminator_width, "
-                              "or a GPU with more memory; nothing was trained")
+            logger.error("error: the optimizers' state does not fit in GPU memory (the first update ran out of it): "
+                         "freeze parts (--freeze posterior_encoder), use a narrower --discriminator_width, or a GPU "
+                         "with more memory; nothing was trained")
             return "out_of_memory"
         went_back, restored = self.go_back()
         if not went_back:
             return "out_of_memory"
         where = self.last_good.describe() + (f" (step {restored})" if restored is not None else "")
         if action == "give_up":
-            self.logger.error(f"error: training keeps failing ({result.reason}) after going back "
-                              f"{self.divergence.rollbacks} times: stopped with the last good weights, {where}. "
-                              "Lower --learning_rate, or check the data")
+            logger.error(f"error: training keeps failing ({result.reason}) after going back {self.divergence.rollbacks} "
+                         f"times: stopped with the last good weights, {where}. Lower --learning_rate, or check the data")
             return "diverged"
-        self.state.lr_scale *= self.divergence.policy.lr_factor
-        self.state.rollbacks = self.divergence.rollbacks
+        setbacks.lr_scale *= self.divergence.policy.lr_factor
+        setbacks.rollbacks = self.divergence.rollbacks
         what = (f"{result.reason} at {at}" if result.update_failed else
                 f"{result.reason} in {self.divergence.policy.max_in_row} steps in a row ({at})")
-        self.logger.warning(f"warning: {what}: went back to {where}; learning rate now x{self.state.lr_scale:g} "
-                            "of the schedule")
-        self.run_log.event("rollback", step=self.state.step, at=at, to=where, lr_scale=self.state.lr_scale,
-                           reason=result.reason)
+        logger.warning(f"warning: {what}: went back to {where}; learning rate now x{setbacks.lr_scale:g} of the schedule")
+        self.context.run_log.event("rollback", step=self.state.step, at=at, to=where, lr_scale=setbacks.lr_scale,
+                                   reason=result.reason)
         return None
 
     def go_back(self) -> tuple[bool, int | None]:
@@ -355,116 +417,108 @@ class TrainingLoop(Milestones, RunEnding, BatchFitting):
             restored = self.last_good.restore(self.model, self.discriminator, self.step)
         except torch.OutOfMemoryError as error:  # torch.cuda.OutOfMemoryError is this type
             failed = str(error).strip().splitlines()[0] if str(error).strip() else "out of memory"
-        if self.dist.any(bool(failed)):
+        if self.context.dist.any(bool(failed)):
             where = failed or "on another process"
-            self.logger.error(f"error: going back to {self.last_good.describe()} ran out of GPU memory ({where}): "
-                              f"stopped; best_model is what the run keeps. {OUT_OF_MEMORY_ADVICE}")
+            self.context.logger.error(f"error: going back to {self.last_good.describe()} ran out of GPU memory "
+                                      f"({where}): stopped; best_model is what the run keeps. {OUT_OF_MEMORY_ADVICE}")
             return False, None
         return True, restored
 
-    @property
-    def benchmark_steps(self) -> int:
-        per_step = self.config.batch_size * self.config.gradient_accumulation_steps
-        return max(3, -(-self.config.benchmark_samples // per_step))
-
-    # ------------------------------------------------------------ phases
-
-    def baseline(self) -> None:
-        """A fresh run: evaluate the starting model, and measure what the final save will cost."""
-        self.evaluate()
-        if self.costs.export_s == 0.0:  # nothing was exported: the starting model is outside the timing rule
-            self.on_main(lambda: self.saver.measure_export(self.paths.run_dir))
-            self.costs.export_s = self.dist.broadcast(self.costs.export_s)
-        if self.dist.any(not self.pacer.room_for(0.0)):
-            raise BudgetTooSmall(
-                f"the budget of {self.budget.target_s:.0f}s cannot hold training: {self.budget.used_s():.0f}s went to "
-                f"start-up, loading and the first evaluation ({self.costs.eval_s:.1f}s), and the final save alone "
-                f"needs about {self.costs.final_s:.0f}s (evaluation, export {self.costs.export_s:.1f}s, checkpoint) "
-                f"plus a {self.budget.safety_s:.0f}s margin: raise --target_hours")
-        self.logger.info(f"benchmark: {self.benchmark_steps} training steps of "
-                         f"{self.config.batch_size * self.config.gradient_accumulation_steps} clips, timed after the first 2 micro-batches")
-
-    def run(self) -> LoopResult:
-        self.run_log.open_display(self.plan.total_steps if self.plan else 0, self.state.step, self.config.log_every_seconds)
-        try:
-            self.check_room()  # first: a disk that cannot hold one checkpoint stops before any work
-            if not self.fit_batch():  # first: a run that cannot fit one clip stops before any work
-                return self.result("out_of_memory", checkpoint=self.last_checkpoint)
-            self.on_main(self.measure_report)
-            fresh = self.plan is None and self.state.discriminator_warmup_done == 0 \
-                and not self.state.discriminator_warmup_finished
-            if not fresh:  # a resumed process: no baseline evaluation to pay the first one's costs
-                self.on_main(self.prime_evaluation)
-            self.costs.report_s, self.costs.eval_s = self.dist.broadcast((self.costs.report_s, self.costs.eval_s))
-            reason = None
-            if self.plan is None:
-                if fresh:
-                    self.baseline()
-                reason = self.warm_up_discriminator()
-                if reason is None and self.state.step >= self.benchmark_steps:  # resumed after its benchmark
-                    self.replan()
-                    self.write_plan()
-            else:
-                self.replan()
-                self.write_plan()
-            reason = reason or self.train_until_stop()
-            if reason == "interrupted":
-                raise StopRequested(self.stop.signal_name or "SIGINT")
-            if reason == "out_of_memory":
-                self.publish_best()  # nothing more fits on the card; what the run learnt still reaches the app
-            else:
-                self.finish()
-            return self.result(reason, checkpoint=self.last_checkpoint)
-        except StopRequested:
-            return self.stop_cleanly()
-        finally:
-            self.run_log.close()
-
-    def warm_up_discriminator(self) -> str | None:
-        """A new discriminator's warm-up (finetune/training/warmup.py); a stop reason if it failed for good."""
-        from finetune.training.warmup import warm_up
-
-        return warm_up(self)
-
-    def train_until_stop(self) -> str:
-        while True:
-            decision = self.decide()
-            if not decision.run:
-                if decision.reason == "deadline" and self.state.step == 0:
-                    self.logger.warning("warning: the budget left no room for a single training step")
-                return decision.reason
-            outcome = self.train_one()
-            if self.step_callback is not None:
-                self.step_callback(self)
-            failure = self.after_failure(outcome)
-            if failure:
-                return failure
-            if outcome.last:
-                return "max_epochs" if self.plan and self.plan.limited_by == "max_epochs" else "deadline"
-            self.after_step(outcome.epoch_ended)
-
-    def after_step(self, epoch_ended: bool) -> None:
-        if self.plan is None and self.state.step >= self.benchmark_steps:
-            self.checkpoint(end_of_epoch=epoch_ended)  # first: the plan counts what a checkpoint costs
-            self.replan()
-            self.write_plan()
+    def retake_last_good(self) -> None:
+        """After the warm-up, the warmed discriminator becomes the state to go back to: a checkpoint (which
+        also keeps it from a kill), or, where the run writes none or the write failed, a copy in RAM."""
+        if self.state.warmup.done == 0:
             return
-        if self.pacer.eval_due(self.state.step):
-            self.evaluate()
-            self.replan()
-        # Joint: the periodic one depends on each process's own clock, and writing one is a collective.
-        if self.dist.any(self.pacer.checkpoint_due(epoch_ended, self.budget.clock.now() - self.last_checkpoint_at)):
-            self.checkpoint(end_of_epoch=epoch_ended)
+        path = self.checkpoints.write(end_of_epoch=False) if self.settings.checkpoints.enabled else None
+        if path is None:
+            self.last_good.retake(self.model, self.discriminator)
 
+    # ------------------------------------------------------------ planning, saving, reporting
 
-def restore_eval_estimates(evaluator, state: TrainingState) -> None:
-    """A resumed run's evaluator starts from what its checkpoint's last evaluation cost, piece by piece
-    (its first evaluation is then limited from its first clip on; feedback evaluators keep their own)."""
-    if hasattr(evaluator, "group_s"):
-        evaluator.group_s = state.eval_group_s_estimate or evaluator.group_s
-        evaluator.sentence_s = state.eval_sentence_s_estimate or evaluator.sentence_s
-        if state.eval_batch_size:  # smaller than the device's default after an evaluation ran out of memory
-            evaluator.batch_size = min(evaluator.batch_size, state.eval_batch_size)
+    @property
+    def steps_per_epoch(self) -> int:
+        return -(-self.sampler.batches_per_epoch // self.timer.accumulation)
+
+    def replan(self) -> Plan:
+        eval_every = self.plan.eval_every if self.plan else self.settings.evaluation.every
+        plan = self.context.dist.broadcast(self.pacer.replan(self.steps_per_epoch, self.state.step, eval_every))
+        self.pacer.plan = plan  # one plan (and learning-rate schedule) for every process
+        self.context.run_log.set_total(plan.total_steps)
+        return plan
+
+    def make_plan(self) -> None:
+        self.replan()
+        self.write_plan()
+
+    def write_plan(self) -> None:
+        plan, budget = self.plan, self.context.budget
+        record = plan.to_dict()
+        record.update(budget_target_s=budget.target_s, time_used_s=round(budget.used_s(), 2),
+                      batches_per_epoch=self.sampler.batches_per_epoch,
+                      micro_batch_s=round(self.timer.micro_batches.mean_s, 4), update_s=round(self.timer.updates.mean_s, 4))
+        record.update(self.fitter.summary())  # the micro-batch the run fitted to memory, and each refit
+        self.context.run_log.plan(record, f"plan: {plan.total_steps} optimizer steps ({plan.epochs:.2f} epochs of "
+                                  f"{plan.steps_per_epoch} steps) in the {budget.left_s():.0f}s left; {plan.step_s:.3f}s a "
+                                  f"step, evaluation every {plan.eval_every} steps ({plan.eval_s:.1f}s each), checkpoint "
+                                  f"{plan.checkpoint_s:.1f}s, final save {plan.final_s:.1f}s; warmup {plan.warmup_steps} "
+                                  f"steps; limited by {plan.limited_by}")
+
+    def checkpoint_payload(self, rng_by_rank: list) -> dict:
+        """What a checkpoint holds (the state first takes what the run's estimates are now)."""
+        estimates = self.state.estimates
+        estimates.micro_batch_s, estimates.update_s = self.timer.micro_batch_s, self.timer.update_s
+        estimates.export_s, estimates.eval_s = self.costs.export_s, self.costs.eval_s
+        estimates.checkpoint_s = self.costs.checkpoint_s
+        self.evaluations.keep_estimates()
+        return {"model": self.model.state_dict(),
+                "discriminator": {"config": self.discriminator.config.to_dict(), "state": self.discriminator.state_dict(),
+                                  "warmup_steps": self.settings.warmup.steps},
+                "train_step": self.step.state_dict(), "state": self.state.to_dict(), "sampler": self.sampler.state_dict(),
+                "rng": rng_by_rank[0], "rng_by_rank": rng_by_rank, "plan": self.plan.to_dict() if self.plan else None,
+                **self.saves.checkpoint}
+
+    def measure_report(self) -> None:
+        """report.html once before anything is timed: its imports (matplotlib) are paid here, and what it
+        costs is known before the first evaluation is limited by it."""
+        started = self.context.now()
+        self.context.run_log.write_report()
+        self.costs.report_s = max(self.costs.report_s, self.context.now() - started)
+
+    def last_evaluation_here(self) -> dict | None:
+        """The last evaluation's figures when it saw the weights as they are now."""
+        last = self.evaluations.last
+        return last.summary() if last is not None and last.step == self.state.step else None
+
+    def save_final(self) -> bool:
+        """OUTPUT_DIR: a copy of best_model, or the last weights when there is none; its
+        training_summary.json says which."""
+        paths, best = self.context.paths, self.state.best
+        has_best = (paths.best_dir / "config.json").is_file()
+        self.final_source = f"best_model (step {best.step})" if has_best else "the last weights (no best_model)"
+        extra = {"training_summary.json": self.final_summary()}
+        if not has_best:
+            return self.exports.export(paths.output_dir, extra, self.state.step, self.last_evaluation_here(), final=True)
+        return self.exports.publish_best(extra, best.step)
+
+    def publish_trained_best(self) -> None:
+        """best_model copied to the output folder, when a trained one is there (a run stopped by a failure:
+        its last weights are not worth publishing, and the starting model is no news to the app)."""
+        trained = self.state.best.step > 0 and (self.context.paths.best_dir / "config.json").is_file()
+        if self.context.dist.broadcast(trained):
+            self.final_saved = self.context.dist.broadcast(self.context.on_main(self.save_final))
+
+    def final_summary(self) -> dict:
+        return {**self.summary("finished"), "final_model_holds": self.final_source}
+
+    def summary(self, reason: str) -> dict:
+        return summary(self, reason)
+
+    def result(self, reason: str, checkpoint=...) -> LoopResult:
+        """The result; `checkpoint`: the one to name (default: the newest this run wrote or resumed)."""
+        return LoopResult(stop_reason=reason, state=self.state, plan=self.plan, last_eval=self.evaluations.last,
+                          last_lr=self.last_lr, data_wait_s=self.feed.wait_s, train_s=self.train_s,
+                          checkpoint=self.checkpoints.last if checkpoint is ... else checkpoint,
+                          save_failures=self.saver.failures, final_saved=self.final_saved)
 
 
 def run_with_signals(loop: TrainingLoop) -> LoopResult:

@@ -54,11 +54,14 @@ class Costs:
 
 
 class Pacer:
-    def __init__(self, budget: Budget, timer: StepTimer, costs: Costs, accumulation: int, checkpoint_every_s: float,
-                 max_epochs: int, warmup_steps: int, peak_lr: float, lr_floor_ratio: float, plan: Plan | None = None):
+    """The deadline decisions over a budget, a step timer (whose `accumulation` is the window's size now)
+    and the costs of what follows training. `schedule` (finetune/training/run_settings.py) gives the
+    learning-rate curve; a pacer without one (the discriminator's warm-up) decides time only."""
+
+    def __init__(self, budget: Budget, timer: StepTimer, costs: Costs, checkpoint_every_s: float, max_epochs: int = 0,
+                 schedule=None, plan: Plan | None = None):
         self.budget, self.timer, self.costs, self.plan = budget, timer, costs, plan
-        self.accumulation, self.checkpoint_every_s, self.max_epochs = accumulation, checkpoint_every_s, max_epochs
-        self.warmup_steps, self.peak_lr, self.lr_floor_ratio = warmup_steps, peak_lr, lr_floor_ratio
+        self.checkpoint_every_s, self.max_epochs, self.schedule = checkpoint_every_s, max_epochs, schedule
 
     def room_for(self, seconds: float) -> bool:
         """Whether `seconds` of work still leave the final save and the safety margin (the final save as
@@ -75,7 +78,7 @@ class Pacer:
 
     def micro_batch_is_last(self, index: int) -> bool:
         """Before running micro-batch `index` (1-based) of a window: whether it must be the window's last."""
-        return index >= self.accumulation or not self.room_for(2 * self.timer.micro_batch_s + self.timer.update_s)
+        return index >= self.timer.accumulation or not self.room_for(2 * self.timer.micro_batch_s + self.timer.update_s)
 
     def eval_due(self, step: int) -> bool:
         return self.plan is not None and step % self.plan.eval_every == 0
@@ -109,14 +112,15 @@ class Pacer:
 
     def learning_rate(self, step: int, last: bool) -> float:
         """The cosine spans the plan; the last step is at the floor wherever it falls."""
+        schedule = self.schedule
         total = step if last else (self.plan.total_steps if self.plan else 10**9)
-        warmup = self.plan.warmup_steps if self.plan else self.warmup_steps
-        return learning_rate(step, max(total, step), warmup, self.peak_lr, self.lr_floor_ratio)
+        warmup = self.plan.warmup_steps if self.plan else schedule.warmup_steps
+        return learning_rate(step, max(total, step), warmup, schedule.learning_rate, schedule.lr_floor_ratio)
 
     def replan(self, steps_per_epoch: int, steps_done: int, eval_every: int) -> Plan:
         costs = self.costs
         self.plan = make_plan(self.budget.left_s(), self.timer.step_s, costs.eval_s + costs.export_s,
                               costs.checkpoint_s if costs.checkpoints else 0.0, costs.final_s, steps_per_epoch,
-                              steps_done, self.warmup_steps, self.budget.safety_s, eval_every=eval_every,
+                              steps_done, self.schedule.warmup_steps, self.budget.safety_s, eval_every=eval_every,
                               max_epochs=self.max_epochs, checkpoint_every_s=self.checkpoint_every_s)
         return self.plan

@@ -102,12 +102,13 @@ def generator_from_checkpoint(payload: dict) -> LoadedGenerator:
                            description=f"resumed at step {payload['state']['step']}")
 
 
-def build_generator(model_name: str, payload: dict | None, texts: list[str], sample_rate: int) -> LoadedGenerator:
-    """From the checkpoint alone when resuming (the hub is not asked); else --model_name, resolved here."""
+def build_generator(model_name: str, payload: dict | None, texts: list[str]) -> LoadedGenerator:
+    """From the checkpoint alone when resuming (the hub is not asked); else --model_name, resolved here (a
+    scratch model's vocabulary is the texts' characters)."""
     if payload is not None:
         return generator_from_checkpoint(payload)
     vocabulary = sorted(set("".join(texts)))
-    loaded = load_generator(resolve_model(model_name), vocabulary, sample_rate)
+    loaded = load_generator(resolve_model(model_name), vocabulary)
     ready_for_training(loaded.model)
     return loaded
 
@@ -131,9 +132,10 @@ class DiscriminatorChoice:
     warmup_steps: int  # steps before its gradients reach the generator
 
 
-def build_discriminator(path: str | None, width: float, periods: list[int], payload: dict | None,
+def build_discriminator(path: str | None, width: float, periods: list[int] | None, payload: dict | None,
                         generator_pretrained: bool, warmup_steps: int) -> DiscriminatorChoice:
-    """From the checkpoint when resuming; else loaded from --discriminator; else new. A new
+    """From the checkpoint when resuming; else loaded from --discriminator; else new (`periods` None: the
+    standard VITS ones). A new
     discriminator facing a pretrained generator is warmed up first (finetune/training/warmup.py), so its first,
     uninformed gradients do not pull the generator away from what it already says well."""
     if payload is not None:
@@ -148,7 +150,8 @@ def build_discriminator(path: str | None, width: float, periods: list[int], payl
         loaded = load_discriminator(path)
         size = parameter_count(loaded.discriminator) / 1e6
         return DiscriminatorChoice(loaded.discriminator, f"discriminator loaded from {loaded.source}, {size:.1f}M parameters", 0)
-    discriminator = Discriminator(DiscriminatorConfig(periods=tuple(periods), width=width))
+    config = DiscriminatorConfig(width=width) if periods is None else DiscriminatorConfig(periods=tuple(periods), width=width)
+    discriminator = Discriminator(config)
     size = parameter_count(discriminator) / 1e6
     warmup = warmup_steps if generator_pretrained else 0
     note = (f"; it trains alone (at most {warmup} steps) before its gradients reach the pretrained generator" if warmup

@@ -24,134 +24,85 @@ from __future__ import annotations
 
 from collections import deque
 
-from finetune.training.budget import StepTimer
-from finetune.system.interrupt import StopRequested
-from finetune.training.pacing import Pacer
 from finetune.system.progress import format_duration
+from finetune.training.budget import StepTimer
+from finetune.training.context import LoopContext
+from finetune.training.pacing import Costs, Pacer
+from finetune.training.run_settings import WarmupSettings
+from finetune.training.state import WarmupProgress
+from finetune.training.window import StepOutcome
 
 MARGIN_WINDOW = 20  # steps the margin is averaged over before the warm-up may end
+BUDGET_END = "the budget (it may take at most --discriminator_warmup_share of the time left)"
 
 
-def warm_up(loop) -> str | None:
-    """Run the discriminator alone until it separates real from generated speech (its score margin, over
-    the last MARGIN_WINDOW steps, reaches --discriminator_warmup_margin), for at most
-    --discriminator_warmup_steps steps and --discriminator_warmup_share of the time left. Nothing to do
-    for a loaded discriminator, or one a resumed run already warmed up. Returns a stop reason when
-    its steps keep failing ("diverged", "out_of_memory"), else None."""
-    config, state, budget = loop.config, loop.state, loop.budget
-    limit = config.discriminator_warmup_steps
-    if state.discriminator_warmup_finished or state.discriminator_warmup_done >= limit:
-        return None
-    if state.discriminator_warmup_allowed_s <= 0:  # its first start; a resumed warm-up keeps its cap
-        state.discriminator_warmup_allowed_s = config.discriminator_warmup_share * budget.left_s()
-    pacer = Pacer(budget, StepTimer(config.gradient_accumulation_steps), loop.costs, config.gradient_accumulation_steps, config.checkpoint_every_s,
-                  0, 0, config.discriminator_warmup_learning_rate, 1.0)
-    left_s = state.discriminator_warmup_allowed_s - state.discriminator_warmup_s
-    loop.logger.info(f"discriminator warm-up: alone at learning rate {config.discriminator_warmup_learning_rate:g} until its "
-                     f"real-minus-generated margin reaches {config.discriminator_warmup_margin:g}, at most "
-                     f"{limit - state.discriminator_warmup_done} steps and {format_duration(max(0.0, left_s))}; "
-                     "the generator is untouched" + (f" (resumed at step {state.discriminator_warmup_done})"
-                                                     if state.discriminator_warmup_done else ""))
-    started_s = state.discriminator_warmup_s
-    ended, failure = run_steps(loop, pacer)
-    if failure:
-        return failure
-    state.discriminator_warmup_finished = True
-    retake_last_good(loop)
-    report_end(loop, ended, state.discriminator_warmup_s - started_s)
-    return None
+class DiscriminatorWarmup:
+    """What the warm-up decides and reports; the training loop runs its steps (finetune/training/loop.py)."""
 
+    def __init__(self, settings: WarmupSettings, progress: WarmupProgress, context: LoopContext):
+        self.settings, self.progress, self.context = settings, progress, context
+        self.margins: deque[float] = deque(progress.margins, maxlen=MARGIN_WINDOW)
+        self.started_s = progress.seconds
 
-def run_steps(loop, pacer: Pacer) -> tuple[str, str | None]:
-    """Warm-up steps until one of its ends: (what ended it, a stop reason if its steps keep failing)."""
-    config, state = loop.config, loop.state
-    limit = config.discriminator_warmup_steps
-    margins: deque[float] = deque(state.discriminator_warmup_margins, maxlen=MARGIN_WINDOW)
-    while state.discriminator_warmup_done < limit:
-        left_s = state.discriminator_warmup_allowed_s - state.discriminator_warmup_s
-        stop, no_room = loop.dist.any_of(loop.stop.requested, not pacer.may_start_step()
-                                         or (pacer.timer.ready and pacer.timer.cautious_step_s > left_s))
-        if stop:
-            raise StopRequested(loop.stop.signal_name or "SIGTERM")
-        if no_room:
-            return "the budget (it may take at most --discriminator_warmup_share of the time left)", None
-        outcome = one_step(loop, pacer)
-        failure = loop.after_failure(outcome, f"discriminator warm-up step {state.discriminator_warmup_done}")
-        if failure:
-            return "", failure
-        if outcome.result.applied:
-            margins.append(outcome.result.losses["margin"])
-            state.discriminator_warmup_margins = list(margins)
-            state.discriminator_warmup_first = state.discriminator_warmup_first or dict(outcome.result.losses)
-            state.discriminator_warmup_last = dict(outcome.result.losses)
-        if len(margins) == MARGIN_WINDOW and sum(margins) / MARGIN_WINDOW >= config.discriminator_warmup_margin:
-            return "separating real from generated", None
-        checkpoint_if_due(loop, pacer, outcome.epoch_ended)
-    return f"the step limit (--discriminator_warmup_steps {limit})", None
+    def needed(self) -> bool:
+        """Nothing to do for a loaded discriminator, or one a resumed run already warmed up."""
+        return not self.progress.finished and self.progress.done < self.settings.steps
 
+    def start(self, costs: Costs, accumulation: int, checkpoint_every_s: float) -> Pacer:
+        """Its time cap (fixed at its first start: a resumed warm-up keeps it), its start line, and the
+        pacer of its steps (a timer of its own: its steps cost less than training's)."""
+        progress, settings = self.progress, self.settings
+        if progress.allowed_s <= 0:
+            progress.allowed_s = settings.share * self.context.budget.left_s()
+        left_s = progress.allowed_s - progress.seconds
+        self.context.logger.info(
+            f"discriminator warm-up: alone at learning rate {settings.learning_rate:g} until its real-minus-generated "
+            f"margin reaches {settings.margin:g}, at most {settings.steps - progress.done} steps and "
+            f"{format_duration(max(0.0, left_s))}; the generator is untouched"
+            + (f" (resumed at step {progress.done})" if progress.done else ""))
+        return Pacer(self.context.budget, StepTimer(accumulation), costs, checkpoint_every_s)
 
-def one_step(loop, pacer: Pacer):
-    """One discriminator-only step (its outcome: applied, or dropped and why), timed into the warm-up's
-    share of the budget."""
-    from finetune.training.loop import StepOutcome
+    def out_of_room(self, pacer: Pacer) -> bool:
+        """Whether the next step would not fit: the run's deadline, or the warm-up's own time cap."""
+        left_s = self.progress.allowed_s - self.progress.seconds
+        return not pacer.may_start_step() or (pacer.timer.ready and pacer.timer.cautious_step_s > left_s)
 
-    state, clock = loop.state, loop.budget.clock
-    started = clock.now()
-    loop.step.set_learning_rates(0.0, loop.config.discriminator_warmup_learning_rate * state.lr_scale)
-    loop.window_start()
-    window = loop.step.accumulate_window(loop.micro_batches(pacer), loop.config.gradient_accumulation_steps, generator=False)
-    first_update = not loop.step.optimizer_d.state
-    update_started = clock.now()
-    result = loop.step.apply(window)
-    pacer.timer.updates.add(clock.now() - update_started)
-    loop.boundary = None
-    state.discriminator_warmup_done += 1
-    state.samples_seen += window.used * loop.config.batch_size
-    if loop.window_epoch_ended:
-        state.epoch += 1
-    state.discriminator_warmup_s += clock.now() - started
-    if not result.applied:
-        loop.logger.warning(f"discriminator warm-up step {state.discriminator_warmup_done}: skipped ({result.reason})")
-    else:
-        show(loop, result.losses)
-    return StepOutcome(result, loop.window_epoch_ended, last=False, first_update=first_update)
+    def record(self, outcome: StepOutcome, seconds: float) -> str:
+        """A step done: counted, its losses kept and shown. Returns why the warm-up ends now ("" when not:
+        it ends once the margin, averaged over the last MARGIN_WINDOW steps, reaches its target)."""
+        progress, losses = self.progress, outcome.result.losses
+        progress.done += 1
+        progress.seconds += seconds
+        if not outcome.result.applied:
+            self.context.logger.warning(f"discriminator warm-up step {progress.done}: skipped ({outcome.result.reason})")
+            return ""
+        self.margins.append(losses["margin"])
+        progress.margins = list(self.margins)
+        progress.first = progress.first or dict(losses)
+        progress.last = dict(losses)
+        self.show(losses)
+        full = len(self.margins) == MARGIN_WINDOW
+        return "separating real from generated" if full and sum(self.margins) / MARGIN_WINDOW >= self.settings.margin else ""
 
+    def show(self, losses: dict[str, float]) -> None:
+        context = self.context
+        line = (f"discriminator warm-up {self.progress.done}/{self.settings.steps} | disc {losses['discriminator']:.3f} "
+                f"margin {losses['margin']:.3f} | deadline in {format_duration(context.budget.left_s())}")
+        display = context.run_log.display
+        if display is not None and context.dist.is_main:
+            display.step(context.now(), line, f"disc {losses['discriminator']:.3f}", advance=False)
 
-def show(loop, losses: dict[str, float]) -> None:
-    state = loop.state
-    line = (f"discriminator warm-up {state.discriminator_warmup_done}/{loop.config.discriminator_warmup_steps} | "
-            f"disc {losses['discriminator']:.3f} margin {losses['margin']:.3f} | "
-            f"deadline in {format_duration(loop.budget.left_s())}")
-    if loop.run_log.display is not None and loop.dist.is_main:
-        loop.run_log.display.step(loop.budget.clock.now(), line, f"disc {losses['discriminator']:.3f}", advance=False)
-
-
-def checkpoint_if_due(loop, pacer: Pacer, epoch_ended: bool) -> None:
-    """Every --checkpoint_every_minutes and at an epoch's end, as in training (joint: writing is a collective)."""
-    since = loop.budget.clock.now() - loop.last_checkpoint_at
-    if loop.dist.any(pacer.checkpoint_due(epoch_ended, since)):
-        loop.checkpoint(end_of_epoch=epoch_ended)
-
-
-def retake_last_good(loop) -> None:
-    """The warmed-up discriminator becomes the state to go back to: a checkpoint (which also keeps it
-    from a kill), or, where the run writes none or the write failed, a copy in RAM."""
-    if loop.state.discriminator_warmup_done == 0:
-        return
-    path = loop.checkpoint(end_of_epoch=False) if loop.config.checkpoints else None
-    if path is None:
-        loop.last_good.retake(loop.model, loop.discriminator)
-
-
-def report_end(loop, ended: str, seconds: float) -> None:
-    state = loop.state
-    first, last = state.discriminator_warmup_first, state.discriminator_warmup_last
-    if not first or not last:
-        return
-    level = loop.logger.info if ended.startswith("separating") else loop.logger.warning
-    level(f"discriminator warm-up ended by {ended}: {state.discriminator_warmup_done} steps in "
-          f"{format_duration(seconds)}; loss {first['discriminator']:.3f} -> {last['discriminator']:.3f}, "
-          f"real-minus-generated score margin {first['margin']:.3f} -> {last['margin']:.3f}")
-    loop.run_log.event("discriminator_warmup", steps=state.discriminator_warmup_done, ended_by=ended,
-                       first_loss=first["discriminator"], last_loss=last["discriminator"],
-                       first_margin=first["margin"], last_margin=last["margin"])
+    def end(self, ended: str) -> None:
+        """The closing line and event: what ended it, its steps and time, first and last loss and margin."""
+        progress, context = self.progress, self.context
+        progress.finished = True
+        first, last = progress.first, progress.last
+        if not first or not last:
+            return
+        level = context.logger.info if ended.startswith("separating") else context.logger.warning
+        level(f"discriminator warm-up ended by {ended}: {progress.done} steps in "
+              f"{format_duration(progress.seconds - self.started_s)}; loss {first['discriminator']:.3f} -> "
+              f"{last['discriminator']:.3f}, real-minus-generated score margin {first['margin']:.3f} -> {last['margin']:.3f}")
+        context.run_log.event("discriminator_warmup", steps=progress.done, ended_by=ended,
+                              first_loss=first["discriminator"], last_loss=last["discriminator"],
+                              first_margin=first["margin"], last_margin=last["margin"])

@@ -31,6 +31,7 @@ from finetune.system.model_source import ModelSource, ModelSourceError, load_tok
 transformers_logging.disable_progress_bar()  # "Writing model shards" bars would interleave with our log lines
 
 BLANK_TOKEN = "<pad>"  # id 0 in scratch vocabularies: the blank VitsTokenizer puts between characters
+SCRATCH_SAMPLE_RATE = 16_000  # a scratch model's rate, as MMS's (a pretrained model brings its own)
 
 # Architectures for --model_name scratch:<size>. "mms" is VitsConfig's default, the MMS-TTS shape.
 SCRATCH_CONFIGS: dict[str, dict] = {
@@ -146,7 +147,7 @@ def pretrained_generator(source: ModelSource) -> LoadedGenerator:
                            description=f"{source.name} ({params:.1f}M parameters)")
 
 
-def load_generator(source: ModelSource, vocabulary: list[str], sample_rate: int) -> LoadedGenerator:
+def load_generator(source: ModelSource, vocabulary: list[str], sample_rate: int = SCRATCH_SAMPLE_RATE) -> LoadedGenerator:
     """Pretrained weights from a local folder, or a scratch model whose vocabulary is `vocabulary`."""
     if source.is_scratch:
         return scratch_generator(source.scratch_size or "tiny", vocabulary, sample_rate)

@@ -1,0 +1,101 @@
+"""A feedback round's data: the user's corrected recordings, prepared like the corpus, and a replay
+sample of the original corpus against forgetting (train_feedback.py).
+
+Corrections come as a recording app saves them, pairs `<name>.wav` + `<name>.txt` (any audio format and
+rate), or in the LJSpeech layout (`wavs/` + `metadata.csv`). They are prepared with the starting model's
+vocabulary and rate, into the round's folder; a bad one is dropped with its reason, as in preparation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from finetune.data import prepare, sources
+from finetune.data.corpus import load_examples, read_metadata
+from finetune.data.text import TextNormalizer
+from finetune.system import model_source
+from finetune.system.errors import ToolError
+
+FEEDBACK_DIRS = ("training/feedback", "feedback")  # where corrections are looked for, in order
+
+
+class FeedbackError(ToolError):
+    """A round (or a rollback) cannot run as asked; the message says what to do."""
+
+
+def feedback_folder(feedback_dir: str | None) -> Path:
+    """--feedback_dir, else the first of FEEDBACK_DIRS that exists."""
+    if feedback_dir:
+        return Path(feedback_dir)
+    for candidate in FEEDBACK_DIRS:
+        if Path(candidate).is_dir():
+            return Path(candidate)
+    raise FeedbackError(f"no corrections: record them into {FEEDBACK_DIRS[0]}/ as pairs <name>.wav + <name>.txt "
+                        "(or wavs/ + metadata.csv), or pass --feedback_dir")
+
+
+def corrections_source(folder: Path) -> sources.Source:
+    """The corrections in either layout: LJSpeech (metadata.csv + wavs/) or audio + .txt pairs."""
+    try:
+        if (folder / "metadata.csv").is_file() or not folder.is_dir():
+            source = sources.ljspeech_source(folder, flag="--feedback_dir")
+        elif sources.looks_like_pairs(folder):
+            source = sources.pairs_source(folder, flag="--feedback_dir")
+        else:
+            raise FeedbackError(f"{folder} holds no corrections: expected pairs <name>.wav + <name>.txt, or wavs/ + "
+                                "metadata.csv (see train_feedback.py --review)")
+    except sources.SourceError as error:
+        raise FeedbackError(str(error)) from error
+    if source.count == 0:
+        raise FeedbackError(f"{folder}/metadata.csv lists no corrections: record some first "
+                            "(see train_feedback.py --review)")
+    return source
+
+
+def prepare_corrections(folder: Path, out: Path, base_model: Path, min_seconds: float, max_seconds: float,
+                        logger) -> dict:
+    """The corrections in `folder` prepared like the corpus (the base model's vocabulary and rate) into
+    `out`; returns the preparation report. FeedbackError when none is usable."""
+    source = corrections_source(folder)
+    model = model_source.resolve_model(str(base_model))
+    settings = prepare.ClipSettings(sample_rate=model_source.model_sample_rate(model), trim_db=40.0, trim_margin_s=0.05,
+                                    peak=0.95, min_seconds=min_seconds, max_seconds=max_seconds)
+    preparer = prepare.Preparer(out, TextNormalizer(model_source.model_vocabulary(model)), settings, num_workers=1)
+    report = prepare.write_outputs(out, preparer.run(source), 0.0, {"source": source.description})
+    logger.info(f"corrections: {report['counts']['kept']} of {report['counts']['items']} usable"
+                + "".join(f"; {d['id']} dropped: {d['reason']} ({d['detail']})" for d in report["dropped"]))
+    if not report["counts"]["kept"]:
+        raise FeedbackError(f"none of the corrections in {folder} can be used; reasons are in {out}/prepare_report.json")
+    return report
+
+
+def replay_sample(item_ids: list[str], corrections: int, ratio: float, seed: int) -> list[str]:
+    """`ratio` original clips per correction (all of them when there are fewer), drawn with `seed`."""
+    wanted = min(len(item_ids), int(round(ratio * corrections)))
+    chosen = np.random.default_rng(seed).choice(len(item_ids), size=wanted, replace=False)
+    return [item_ids[i] for i in sorted(chosen)]
+
+
+def replay_clips(data_dir: Path, corrections: int, ratio: float, seed: int, tokenizer, hop: int, sample_rate: int,
+                 logger) -> list:
+    """The original corpus's replay sample as examples (none with `ratio` 0, said as a warning)."""
+    if ratio == 0:
+        logger.warning("warning: --replay_ratio 0: training on the corrections alone risks forgetting the rest")
+        return []
+    if not (data_dir / "metadata.csv").is_file():
+        raise FeedbackError(f"{data_dir}/metadata.csv not found: the original corpus is needed for replay "
+                            "(--data_dir), or pass --replay_ratio 0")
+    rows = read_metadata(data_dir / "metadata.csv")
+    chosen = set(replay_sample([i for i, _ in rows], corrections, ratio, seed))
+    examples, _ = load_examples(data_dir, "metadata.csv", tokenizer, hop, sample_rate, only_ids=chosen)
+    return examples
+
+
+def held_out_originals(data_dir: Path) -> None:
+    """The original corpus's held-out clips must exist: they show whether a round damaged the rest."""
+    path = data_dir / "metadata_val.csv"
+    if not path.is_file() or not read_metadata(path):
+        raise FeedbackError(f"{path} is missing or empty: held-out original clips are needed to check that nothing "
+                            "else got worse (prepare the corpus with --val_fraction > 0)")

@@ -1,0 +1,154 @@
+"""The run's evaluations: scored on the main process inside a time limit, best_model kept by the
+selection rule (finetune/reporting/selection.py; never a partial score), early stopping, and what an
+evaluation costs, measured for the plan. Every process of a data-parallel run then shares the verdicts.
+"""
+
+from __future__ import annotations
+
+from finetune.reporting.evaluation import EvalResult
+from finetune.reporting.selection import NONE_YET, Standing, better, chosen_as, standing
+from finetune.training.context import LoopContext
+from finetune.training.exports import Exports
+from finetune.training.pacing import Pacer
+from finetune.training.state import TrainingState
+from finetune.vits.generator import train_mode
+
+
+class Evaluations:
+    def __init__(self, context: LoopContext, evaluator, exports: Exports, state: TrainingState, pacer: Pacer,
+                 model, frozen_parts: list[str], patience: int):
+        self.context, self.evaluator, self.exports, self.state, self.pacer = context, evaluator, exports, state, pacer
+        self.model, self.frozen_parts, self.patience = model, frozen_parts, patience
+        self.last: EvalResult | None = None  # the latest evaluation (main process)
+        self.last_step = -1  # the step the latest one saw (known to every process)
+        self.early_stop = False
+        self.final_skipped = False  # the final evaluation had no time for a single clip
+        self.restore_estimates()
+
+    @property
+    def costs(self):
+        return self.pacer.costs
+
+    def restore_estimates(self) -> None:
+        """A resumed run's evaluator starts from what its checkpoint's last evaluation cost, piece by piece
+        (its first evaluation is then limited from its first clip on), at the group size that fit."""
+        estimates, evaluator = self.state.estimates, self.evaluator
+        if hasattr(evaluator, "group_s"):  # feedback evaluators keep their own
+            evaluator.group_s = estimates.eval_group_s or evaluator.group_s
+            evaluator.sentence_s = estimates.eval_sentence_s or evaluator.sentence_s
+            if estimates.eval_batch_size:  # smaller than the device's default after one ran out of memory
+                evaluator.batch_size = min(evaluator.batch_size, estimates.eval_batch_size)
+
+    def keep_estimates(self) -> None:
+        """What the evaluator learnt about its costs, into the state a checkpoint saves."""
+        estimates = self.state.estimates
+        estimates.eval_group_s = getattr(self.evaluator, "group_s", None) or 0.0
+        estimates.eval_sentence_s = getattr(self.evaluator, "sentence_s", None) or 0.0
+        estimates.eval_batch_size = getattr(self.evaluator, "batch_size", 0)
+
+    def evaluate(self, final: bool = False) -> EvalResult | None:
+        """Evaluate on the main process, inside its time limit (the final one leaves room for the final
+        save only; one inside the run for the final save as well); every process then shares its verdicts
+        (best model, early stopping, what it cost) and its stop, if one came during it."""
+        result = self.context.on_main(lambda: self._evaluate(final))
+        costs, best = self.costs, self.state.best
+        shared = self.context.dist.broadcast({"early_stop": self.early_stop, "costs": (costs.eval_s, costs.export_s,
+                                              costs.report_s), "last_step": self.last_step, "best": vars(best).copy()})
+        self.early_stop, self.last_step = shared["early_stop"], shared["last_step"]
+        costs.eval_s, costs.export_s, costs.report_s = shared["costs"]
+        vars(best).update(shared["best"])
+        return result
+
+    def kept_standing(self) -> Standing:
+        """The standing of the model in best_model (NONE_YET before any)."""
+        best = self.state.best
+        return NONE_YET if best.step < 0 else Standing(best.eligible, best.timing_error, best.score)
+
+    def _evaluate(self, final: bool) -> EvalResult:
+        """The main process's part: score (cut short at its time limit), keep the best model, log."""
+        context, best, step = self.context, self.state.best, self.state.step
+        started = context.now()
+        result = self.evaluator.evaluate(self.model, step, context.stop, self.pacer.evaluation_limit(final))
+        train_mode(self.model, self.frozen_parts)
+        if result.skipped:
+            self.report_skipped(result, final)
+            return result
+        candidate = standing(result.eligible, result.length_ratio, result.mcd_db, self.evaluator.rule.max_length_ratio)
+        partial = result.clips_scored < result.clips_planned  # a mean over fewer clips is not comparable
+        improved, export_s = not partial and better(candidate, self.kept_standing()), 0.0
+        if improved:
+            result.chosen_as = chosen_as(candidate, result.length_ratio, result.ineligible_reason)
+            summary = {**result.summary(), "chosen_as": result.chosen_as}
+            improved = self.exports.export(context.paths.best_dir, {"eval.json": {**summary, "per_clip": result.per_clip_dict()}},
+                                           step, summary)
+            export_s = self.costs.export_s if improved else 0.0
+        if improved:
+            best.score, best.step, best.evals_since = result.mcd_db, step, 0
+            best.eligible, best.timing_error = candidate.eligible, candidate.timing_error
+        else:
+            best.evals_since += 1
+        self.early_stop = bool(self.patience and best.evals_since >= self.patience)
+        self.last, self.last_step = result, result.step
+        scored = context.now()
+        context.run_log.evaluation(result, self.evaluator.describe(result), improved, self.best_note(improved),
+                                   best.score, getattr(self.evaluator, "example_mels", None))
+        self.costs.report_s = context.now() - scored
+        # What an evaluation costs the budget: scoring, logging and the report; a best model's export apart.
+        # One cut short cost less than a whole one will: the estimate only grows from it.
+        spent = context.now() - started - export_s
+        self.costs.eval_s = max(self.costs.eval_s, spent) if result.cut_short else spent
+        context.run_log.eval_s += spent
+        return result
+
+    def best_note(self, improved: bool) -> str:
+        """What the evaluation line says about best_model."""
+        best = self.state.best
+        fallback = not best.eligible
+        if improved:
+            return ("nearest to the timing rule so far: saved best_model as a fallback" if fallback
+                    else "best so far: saved best_model")
+        if best.step < 0:
+            return "no model kept yet (no finite score)"
+        return f"best {best.score:.3f} at step {best.step}" + (", a fallback: none within the timing rule yet" if fallback else "")
+
+    def report_skipped(self, result: EvalResult, final: bool) -> None:
+        """An evaluation that had no time for a single clip: said, counted, and otherwise without effect."""
+        context = self.context
+        which = "final evaluation" if final else f"evaluation at step {result.step}"
+        self.final_skipped = final
+        kept = self.pacer.after_evaluation_s(final) + context.budget.safety_s
+        clip = getattr(self.evaluator, "group_s", None)
+        context.logger.warning(f"warning: {which} skipped: {max(0.0, context.budget.left_s()):.1f}s were left, "
+                               f"{kept:.1f}s of them kept for what follows (the final save"
+                               f"{'' if final else ' with its evaluation'}, the safety margin)"
+                               + (f", and a clip takes about {clip:.1f}s" if clip else "") + ": the deadline comes first")
+        context.run_log.event("eval_skipped", step=result.step, final=final, time_left_s=round(context.budget.left_s(), 2),
+                              clips_planned=result.clips_planned)
+
+    def prime(self) -> None:
+        """A process that does not start with the baseline evaluation (a resumed one) pays the first
+        evaluation's one-time costs now and measures what a clip costs on this machine now, so that its
+        first evaluation, often the final one, is neither a surprise nor planned at an older, faster
+        machine's cost (on the main process; the others learn the estimate)."""
+        self.context.on_main(self._prime)
+        self.costs.eval_s = self.context.dist.broadcast(self.costs.eval_s)
+
+    def _prime(self) -> None:
+        prime, context = getattr(self.evaluator, "prime", None), self.context
+        if prime is None:
+            return
+        started, before = context.now(), self.evaluator.expected_s()
+        prime(self.model, self.pacer.evaluation_limit(final=False))  # room kept for the final save after it
+        train_mode(self.model, self.frozen_parts)
+        # The last evaluation's cost with its clips and sentences re-priced at what they cost now.
+        self.costs.eval_s = max(self.costs.eval_s, self.costs.eval_s + self.evaluator.expected_s() - before)
+        context.logger.info(f"evaluation primed in {context.now() - started:.1f}s: a whole one is expected to "
+                            f"take {self.costs.eval_s:.1f}s")
+
+    def last_summary(self) -> dict | None:
+        """The last evaluation's step and how much of it was done (a final one may be cut short)."""
+        if self.last is None:
+            return None
+        result = self.last
+        return {"step": result.step, "mcd_db": round(result.mcd_db, 4), "clips_scored": result.clips_scored,
+                "clips_planned": result.clips_planned, "cut_short": result.cut_short or None}

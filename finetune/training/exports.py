@@ -1,0 +1,56 @@
+"""Model folders a run writes (best_model, last_model, the output folder), each with its model card.
+
+The writing itself, timed, atomic and safe on a full disk, is finetune/training/saving.py's Saver; this
+adds what each folder says about itself (finetune/reporting/model_card.py) and counts the time spent.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from finetune.reporting.model_card import CardFacts
+from finetune.training.context import RunPaths
+from finetune.training.saving import Saver
+
+
+class Exports:
+    def __init__(self, saver: Saver, card: CardFacts | None, paths: RunPaths, run_log):
+        self.saver, self.card, self.paths, self.run_log = saver, card, paths, run_log
+
+    def export(self, folder: Path, extra_json: dict, step: int, evaluation: dict | None = None,
+               final: bool = False) -> bool:
+        """The model as it is now, into `folder`, with `extra_json` files and its card; False when it could
+        not be written (the previous folder, if any, is intact)."""
+        saved = self.saver.export(folder, {**extra_json, **self.card_file(folder, step, evaluation)}, final)
+        self.run_log.export_s += self.saver.costs.export_s if saved else 0.0
+        return saved
+
+    def card_file(self, folder: Path, step: int, evaluation: dict | None, role: str = "") -> dict[str, str]:
+        """{"README.md": the model card} for a folder (none when the recipe gave no card facts)."""
+        if self.card is None:
+            return {}
+        from finetune.reporting.model_card import card_text
+
+        roles = {self.paths.best_dir: f"the best model of its run (step {step})",
+                 self.paths.last_dir: f"the last weights of its run (step {step})"}
+        steps = int(evaluation.get("step", step)) if evaluation else step
+        return {"README.md": card_text(self.card, role or roles.get(folder, folder.name), steps, evaluation)}
+
+    def publish_best(self, summary: dict, best_step: int) -> bool:
+        """The output folder (the voice an app loads): a copy of best_model with `summary` (its
+        training_summary.json) and a card of its own. False when it could not be written."""
+        best = self.paths.best_dir
+        card = self.card_file(self.paths.output_dir, best_step, read_evaluation(best),
+                              f"the final model of its run, a copy of best_model (step {best_step})")
+        return self.saver.publish(best, self.paths.output_dir, {**summary, **card})
+
+
+def read_evaluation(folder: Path) -> dict | None:
+    """A model folder's eval.json without its per-clip figures (None when it has none)."""
+    path = folder / "eval.json"
+    if not path.is_file():
+        return None
+    evaluation = json.loads(path.read_text(encoding="utf-8"))
+    evaluation.pop("per_clip", None)
+    return evaluation
