@@ -23,6 +23,7 @@ from pathlib import Path
 from finetune.cli import ConfigError, config_to_dict, flag, parse_config
 from finetune.system.model_source import ModelSourceError, model_sample_rate, model_vocabulary, resolve_model
 from finetune.data.prepare import ClipSettings, Preparer, write_outputs
+from finetune.data.quality import QualityLimits
 from finetune.data.sources import SourceError, open_source
 from finetune.data.text import TextNormalizer
 from finetune.system.errors import ToolError
@@ -37,8 +38,9 @@ class PrepareConfig:
     audio_column: str | None = flag(None, "audio column (default: the first of audio, path, file, ...)")
     text_column: str | None = flag(None, "text column (default: the first of sentence, text, transcription, ...)")
     id_column: str | None = flag(None, "column to name clips by (default: the audio file name, else the row)")
-    speaker_column: str | None = flag(None, "keep one speaker: the column naming speakers (e.g. client_id)")
-    speaker: str | None = flag(None, "with --speaker_column: the speaker to keep (default: the one with most clips)")
+    speaker_column: str | None = flag(None, "the column naming each clip's speaker (default: client_id, speaker_id or "
+                                            "speaker when the source has one; Common Voice's client_id is found)")
+    speaker: str | None = flag(None, "keep only this speaker's clips (default: every speaker, each named in metadata.csv)")
     data_dir: str = flag("training", "output folder")
     model_name: str = flag("facebook/mms-tts-kmr-script_latin",
                            "model whose vocabulary and sample rate the text and audio must fit: hub id, "
@@ -52,6 +54,15 @@ class PrepareConfig:
     peak: float = flag(0.95, "peak level after normalisation (fraction of full scale)")
     num_workers: int = flag(os.cpu_count() or 1, "parallel worker processes for audio")
     max_samples: int = flag(0, "use only the first N items of the source (0: all)")
+    min_snr_db: float = flag(0.0, "drop clips whose noise estimate (loud frames over the noise floor) is below this, "
+                                  "in dB (0: keep all; 15-20 drops noisy recordings)")
+    max_clipping: float = flag(0.0, "drop clips with more than this share of clipped samples (0: keep all; e.g. 0.001)")
+    max_silence: float = flag(0.0, "drop clips that are more than this share silence (0: keep all; e.g. 0.6)")
+    max_rate_deviation: float = flag(0.0, "drop clips whose characters a second differ from their speaker's median by "
+                                          "more than this share (0: keep all; 0.5 drops likely mismatched transcripts)")
+    dnsmos: bool = flag(False, "also measure each kept clip's DNSMOS (needs requirements-naturalness.txt; about 0.1 s "
+                               "a clip on a CPU core)")
+    min_dnsmos: float = flag(0.0, "with --dnsmos: drop clips whose DNSMOS overall is below this (0: keep all; e.g. 2.5)")
 
     def __post_init__(self):
         problems = []
@@ -71,8 +82,11 @@ class PrepareConfig:
             problems.append(f"--num_workers {self.num_workers}: must be 1 or more")
         if self.max_samples < 0:
             problems.append(f"--max_samples {self.max_samples}: must be 0 (all) or more")
-        if self.speaker and not self.speaker_column:
-            problems.append("--speaker needs --speaker_column (the column that names speakers)")
+        for name in ("min_snr_db", "max_clipping", "max_silence", "max_rate_deviation", "min_dnsmos"):
+            if getattr(self, name) < 0:
+                problems.append(f"--{name} {getattr(self, name)}: must be 0 (off) or more")
+        if self.min_dnsmos and not self.dnsmos:
+            problems.append("--min_dnsmos needs --dnsmos (the measure it reads)")
         if problems:
             raise ConfigError(problems)
 
@@ -87,8 +101,32 @@ def print_summary(report: dict, data_dir: Path) -> None:
     if report["out_of_vocabulary_characters"]:
         chars = ", ".join(f"{c!r} x{n}" for c, n in list(report["out_of_vocabulary_characters"].items())[:15])
         print(f"  characters the vocabulary lacks: {chars}")
-    print(f"wrote {data_dir}/metadata.csv, metadata_val.csv, wavs/; every drop is listed in "
-          f"{data_dir}/prepare_report.json")
+    speakers = report["speakers"]
+    if len(speakers) > 1:
+        top = ", ".join(f"{name} ({entry['clips']} clips, {entry['hours']:.2f} h, {entry['val_clips']} held out)"
+                        for name, entry in list(speakers.items())[:3])
+        print(f"{len(speakers)} speakers; most hours: {top}. train_vits.py speaks as the first unless given "
+              "--target_speaker")
+    print(f"wrote {data_dir}/metadata.csv, metadata_val.csv, quality.csv, wavs/; every drop is listed in "
+          f"{data_dir}/prepare_report.json, each speaker and the clips' quality in {data_dir}/prepare_report.html")
+
+
+def measure_dnsmos(tally, data_dir: Path) -> None:
+    """DNSMOS overall of each kept clip, into its quality (the optional speechmos extra)."""
+    from finetune.data.audio import read_pcm16
+    from finetune.reporting import naturalness
+    from finetune.system.progress import Progress
+
+    if not naturalness.available():
+        raise ConfigError([f"--dnsmos: its optional extra is not installed ({naturalness.INSTALL_HINT})"])
+    scorer = naturalness.load_naturalness(True)
+    progress = Progress("dnsmos", total=len(tally.kept), unit="clips")
+    for item_id, clip in tally.kept.items():
+        if clip.quality.get("dnsmos") is None:
+            samples, rate = read_pcm16(data_dir / "wavs" / f"{item_id}.wav")
+            clip.quality["dnsmos"] = round(scorer.overall(samples.astype("float32") / 32768.0, rate), 3)
+        progress.update()
+    progress.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,13 +152,17 @@ def main(argv: list[str] | None = None) -> int:
                             min_seconds=config.min_seconds, max_seconds=config.max_seconds)
     preparer = Preparer(data_dir, normalizer, settings, config.num_workers)
     tally = preparer.run(source)
+    if config.dnsmos:
+        measure_dnsmos(tally, data_dir)
 
-    # Outputs: train/validation metadata and the report.
+    # Outputs: train/validation metadata, each clip's quality, the report and its page.
+    limits = QualityLimits(config.min_snr_db, config.max_clipping, config.max_silence, config.max_rate_deviation,
+                           config.min_dnsmos)
     report = write_outputs(data_dir, tally, config.val_fraction, {
         "source": source.description, "config": config_to_dict(config), "settings": asdict(settings),
         "vocabulary": "open (scratch model)" if normalizer.vocabulary is None else "".join(sorted(normalizer.vocabulary)),
         **source.notes, "elapsed_s": round(time.monotonic() - started, 2),
-    })
+    }, limits)
     print_summary(report, data_dir)
     if not report["counts"]["kept"]:
         print("error: no clip survived preparation; the reasons are above and in prepare_report.json",

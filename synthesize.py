@@ -28,6 +28,8 @@ class SynthesizeConfig:
     out_dir: str = flag("review", "output folder for --sentences")
     seed: int = flag(0, "random seed of the synthesis noise")
     speaking_rate: float = flag(1.0, "above 1 speaks faster, below 1 slower")
+    speaker: str | None = flag(None, "a voice of the multi-speaker model beside a multi-speaker run's model "
+                                     "(MODEL/multi_speaker/speakers.json names them); default: the model's one voice")
     device: str = flag("auto", "cuda, cpu, or auto")
 
     def __post_init__(self):
@@ -53,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     from finetune.vits.synthesis import load_voice, numbered, prepare_lines, read_sentences, speak, speak_for_review
 
     config = parse_config(SynthesizeConfig, argv, __doc__)
-    voice = load_voice(config.model, pick_device(config.device), config.speaking_rate)
+    voice = load_voice(config.model, pick_device(config.device), config.speaking_rate, config.speaker)
     if config.text:
         line = prepare_lines(voice, numbered([config.text]))[0]
         if line.token_ids is None:

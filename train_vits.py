@@ -30,12 +30,14 @@ from finetune.system.run_lock import hold_for_launch
 
 # The parts below need torch and transformers: they load on first use, once the flags are parsed (--help stays fast).
 (atomic, budgeting, checkpoints, context, corpus, distributed, evaluation, generator, hub_upload, interrupt, logs, loop,
- measures, model_card, naturalness, recipe, run_settings, sampler, session, tracking) = lazy_modules(
+ measures, model_card, naturalness, recipe, run_settings, sampler, session, speaker_layers, speakers,
+ tracking) = lazy_modules(
     "finetune.system.atomic", "finetune.training.budget", "finetune.training.checkpoint", "finetune.training.context",
     "finetune.data.corpus", "finetune.training.distributed", "finetune.reporting.evaluation", "finetune.vits.generator",
     "finetune.system.hub_upload", "finetune.system.interrupt", "finetune.reporting.logs", "finetune.training.loop",
     "finetune.reporting.measures", "finetune.reporting.model_card", "finetune.reporting.naturalness", "finetune.recipe",
-    "finetune.training.run_settings", "finetune.data.sampler", "finetune.training.session", "finetune.reporting.tracking")
+    "finetune.training.run_settings", "finetune.data.sampler", "finetune.training.session", "finetune.vits.speakers",
+    "finetune.data.speakers", "finetune.reporting.tracking")
 
 
 @dataclass
@@ -67,6 +69,11 @@ class TrainConfig(TrainingFlags):
                                           "default: on with CUDA when requirements-naturalness.txt is installed, off on CPU)")
     push_to_hub: str | None = flag(None, "after the final save, upload --output_dir to this Hugging Face repository "
                                          "(needs a token: hf auth login); checked before training starts")
+    target_speaker: str | None = flag(None, "a multi-speaker corpus: the voice to speak in, judge and export (default: "
+                                            "the speaker with the most hours; prepare_report.html lists them)")
+    speakers: str = flag("conditioned", "a multi-speaker corpus: conditioned (every clip, each speaker its own "
+                                        "embedding; the target exported alone), pooled (every clip as one voice) or "
+                                        "target_only (the target's clips only)")
     hub_private: bool = flag(True, "create the --push_to_hub repository private (--no-hub_private: public)")
 
     def problems(self) -> list[str]:
@@ -79,6 +86,8 @@ class TrainConfig(TrainingFlags):
                      if v < 0]
         if self.keep_checkpoints < 1:
             problems.append(f"--keep_checkpoints {self.keep_checkpoints}: keep at least 1")
+        if self.speakers not in ("conditioned", "pooled", "target_only"):
+            problems.append(f"--speakers {self.speakers}: choose conditioned, pooled or target_only")
         from finetune.reporting.tracking import check_trackers
 
         problems += check_trackers(self.report_to)
@@ -199,6 +208,7 @@ class Model:
     loaded: object  # finetune.vits.generator.LoadedGenerator: the generator, its tokenizer, where it came from
     frozen_parts: list[str]
     features: object  # finetune.data.features.Features for its rate and hop
+    speakers: object | None  # finetune.data.speakers.Speakers of a multi-speaker corpus, else None
 
 
 def build_model(config: TrainConfig, run: recipe.Run) -> Model:
@@ -208,11 +218,19 @@ def build_model(config: TrainConfig, run: recipe.Run) -> Model:
     loaded = session.build_generator(config.model_name, run.payload, texts)
     run.stop.check()  # loading a model takes seconds: a stop asked for meanwhile is honoured before the data
     session.check_vocabulary(loaded.tokenizer, texts)
+    saved_names = getattr(loaded.model.config, "speaker_names", None) if run.payload else None
+    found = speakers.find_speakers(Path(config.data_dir), config.target_speaker, config.speakers,
+                                   int(loaded.model.config.sampling_rate), saved_names)
+    if found is not None:
+        run.logger.info(found.describe())
+    if found is not None and found.conditioned and not run.payload:  # a resumed run's model has them already
+        loaded.model = speaker_layers.add_speakers(loaded.model, len(found.names), seed=config.seed)
+        loaded.model.config.speaker_names = list(found.names)
     frozen_parts = generator.freeze(loaded.model, config.freeze)
     features = recipe.features_for(loaded.model, run.device)
     run.logger.info(f"generator: {loaded.description}; device {run.device}, {run.precision.name}"
                     + (f"; frozen: {', '.join(frozen_parts)}" if frozen_parts else ""))
-    return Model(loaded, frozen_parts, features)
+    return Model(loaded, frozen_parts, features, found)
 
 
 @dataclass
@@ -232,10 +250,12 @@ def load_data(config: TrainConfig, run: recipe.Run, model: Model) -> Data:
     estimate = corpus.estimate_memory(data_dir, rows, features.config.linear_bins, features.config.n_mels, hop)
     precompute, memory_note = corpus.decide_precompute(estimate, wanted)
     run.logger.info(memory_note)
+    indices = model.speakers.indices() if model.speakers else None  # the speakers trained on, and as whom
+    judged = {model.speakers.target: indices[model.speakers.target]} if model.speakers else None  # the target's clips
     train = corpus.load_corpus(data_dir, "metadata.csv", tokenizer, features, rate, config.max_samples, precompute,
-                               run.device, stop)
-    val = corpus.load_corpus(data_dir, "metadata_val.csv", tokenizer, features, rate, 0, False, run.device, stop) \
-        if (data_dir / "metadata_val.csv").is_file() else None
+                               run.device, stop, speakers=indices)
+    val = corpus.load_corpus(data_dir, "metadata_val.csv", tokenizer, features, rate, 0, False, run.device, stop,
+                             speakers=judged) if (data_dir / "metadata_val.csv").is_file() else None
     if not train.examples:
         raise ConfigError([f"no usable training clips in {data_dir}/metadata.csv ({dict(train.report.skipped)})"])
     for name, part in (("metadata.csv", train), ("metadata_val.csv", val)):
@@ -261,12 +281,15 @@ def build_loop(config: TrainConfig, run: recipe.Run, model: Model, data: Data, s
     choice = session.build_discriminator(config.discriminator, config.discriminator_width, config.discriminator_periods,
                                          run.payload, loaded.pretrained, config.discriminator_warmup_steps)
     run.logger.info(choice.description)
+    target = model.speakers and [e for e in data.train.examples if e.speaker == 0]  # the target's, for want of held-out
+    fallback = corpus.Corpus(target, data.train.report, False, 0.0, 0) if target else data.train
     evaluator = evaluation.Evaluator(
-        session.held_out(data.val, data.train, config.val_samples, run.logger), features, run.device,
+        session.held_out(data.val, fallback, config.val_samples, run.logger), features, run.device,
         features.config.sample_rate, run.folder / "samples",
         session.test_sentences(config.test_sentences, loaded.tokenizer, run.logger), seed=config.seed,
         batch_size=session.eval_batch_size(run.device), rule=measures.TimingRule(config.max_length_ratio),
-        naturalness=naturalness_for(config.naturalness, run.device, run.logger) if run.dist.is_main else None)
+        naturalness=naturalness_for(config.naturalness, run.device, run.logger) if run.dist.is_main else None,
+        speaker=0 if model.speakers and model.speakers.conditioned else None)
     fingerprint = checkpoints.data_fingerprint([e.item_id for e in data.train.examples])
     if run.payload:
         checkpoints.check_same_data(run.payload, fingerprint)

@@ -62,11 +62,11 @@ def make_saved_dataset(folder):
     return folder
 
 
-def test_saved_dataset_dict_at_48k_keeps_the_main_speaker(tmp_path):
+def test_saved_dataset_dict_at_48k_keeps_the_speaker_asked_for(tmp_path):
     saved = make_saved_dataset(tmp_path / "saved")
     out = tmp_path / "out"
     report = run_prepare("--dataset", str(saved), "--data_dir", str(out), "--model_name", "scratch:tiny",
-                         "--speaker_column", "client_id", "--num_workers", "1")
+                         "--speaker_column", "client_id", "--speaker", "speaker_a", "--num_workers", "1")
     assert report["speaker"] == {"column": "client_id", "speaker": "speaker_a", "clips": 4}
     # "Hevok 1..3" carry digits: reported, not silently stripped; "Hevok yek" survives.
     assert report["counts"]["kept"] == 1 and report["dropped_by_reason"] == {"out_of_vocabulary": 3}

@@ -42,17 +42,25 @@ class CorpusError(ToolError):
     """The prepared folder cannot be used as it is; the message says what to run."""
 
 
-def read_metadata(path: Path) -> list[tuple[str, str]]:
-    """id|text lines; a line without '|' is a CorpusError naming the line."""
-    rows = []
+def read_rows(path: Path) -> list[tuple[str, str, str]]:
+    """(id, speaker, text) of each line: `id|speaker|text` (a multi-speaker corpus, every line so) or
+    `id|text` (one speaker: ""). A line without '|' is a CorpusError naming the line."""
+    split = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue
-        item_id, sep, text = line.partition("|")
-        if not sep:
-            raise CorpusError(f"{path}:{number}: expected 'id|text', found {line[:60]!r}")
-        rows.append((item_id, text))
-    return rows
+        parts = line.split("|", 2)
+        if len(parts) < 2:
+            raise CorpusError(f"{path}:{number}: expected 'id|text' or 'id|speaker|text', found {line[:60]!r}")
+        split.append(parts)
+    if split and all(len(parts) == 3 for parts in split):
+        return [(item_id, speaker, text) for item_id, speaker, text in split]
+    return [(parts[0], "", "|".join(parts[1:])) for parts in split]
+
+
+def read_metadata(path: Path) -> list[tuple[str, str]]:
+    """(id, text) of each line of a metadata file (either layout: read_rows)."""
+    return [(item_id, text) for item_id, _, text in read_rows(path)]
 
 
 @dataclass
@@ -81,20 +89,24 @@ def tokenize(tokenizer, text: str) -> np.ndarray:
 
 def load_examples(data_dir: Path, metadata_name: str, tokenizer, hop: int, sample_rate: int,
                   max_samples: int = 0, only_ids: set[str] | None = None,
-                  stop: StopRequest | None = None) -> tuple[list[Example], LoadReport]:
-    """Examples for the metadata file's rows (the first `max_samples`, or just `only_ids`). A stop
-    request raises StopRequested between clips."""
+                  stop: StopRequest | None = None, speakers: dict[str, int] | None = None,
+                  ) -> tuple[list[Example], LoadReport]:
+    """Examples for the metadata file's rows (the first `max_samples`, or just `only_ids`), each with its
+    speaker's index in `speakers` (rows of a speaker not in it are left out; None: all, as speaker 0). A
+    stop request raises StopRequested between clips."""
     path = data_dir / metadata_name
     if not path.is_file():
         raise CorpusError(f"{path} not found: run prepare_data.py --data_dir {data_dir} first")
-    rows = read_metadata(path)
+    rows = read_rows(path)
+    if speakers is not None:
+        rows = [row for row in rows if row[1] in speakers]
     if only_ids is not None:
         rows = [row for row in rows if row[0] in only_ids]
     if max_samples:
         rows = rows[:max_samples]
     examples, report = [], LoadReport()
     progress = Progress(f"load {metadata_name}", total=len(rows), unit="clips") if len(rows) > 2000 else None
-    for item_id, text in rows:
+    for item_id, speaker, text in rows:
         if stop is not None:
             stop.check()
         if progress is not None:
@@ -106,6 +118,7 @@ def load_examples(data_dir: Path, metadata_name: str, tokenizer, hop: int, sampl
             if len(report.examples_skipped) < 50:
                 report.examples_skipped.append(f"{item_id}: {reason}" + (f" ({detail})" if detail else ""))
             continue
+        example.speaker = speakers[speaker] if speakers is not None else 0
         examples.append(example)
     if progress is not None:
         progress.close()
@@ -250,10 +263,11 @@ class Corpus:
 
 
 def load_corpus(data_dir: Path, metadata_name: str, tokenizer, features: Features, sample_rate: int,
-                max_samples: int, precompute: bool, device: torch.device, stop: StopRequest | None = None) -> Corpus:
+                max_samples: int, precompute: bool, device: torch.device, stop: StopRequest | None = None,
+                speakers: dict[str, int] | None = None) -> Corpus:
     started = time.monotonic()
     examples, report = load_examples(data_dir, metadata_name, tokenizer, features.config.hop_length, sample_rate,
-                                     max_samples, stop=stop)
+                                     max_samples, stop=stop, speakers=speakers)
     if precompute and examples:
         precompute_features(examples, features, device, features.config.hop_length, stop=stop)
     return Corpus(examples=examples, report=report, precomputed=precompute, load_s=time.monotonic() - started,

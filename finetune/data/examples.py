@@ -23,6 +23,7 @@ class Example:
     audio: np.ndarray  # [samples] int16, trimmed to frames * hop
     linear: torch.Tensor | None = None  # [bins, frames] float16 when precomputed
     mel: torch.Tensor | None = None  # [n_mels, frames] float16 when precomputed
+    speaker: int = 0  # index into the run's speaker list (0 for a single-speaker corpus)
 
     def frame_count(self, hop: int) -> int:
         return int(self.audio.shape[0]) // hop
@@ -42,6 +43,7 @@ class Batch:
     frame_lengths: torch.Tensor  # [batch] int64
     linear: torch.Tensor | None = None  # [batch, bins, frames]
     mel: torch.Tensor | None = None  # [batch, n_mels, frames]
+    speaker_ids: torch.Tensor | None = None  # [batch] int64
 
     def __len__(self) -> int:
         return len(self.item_ids)
@@ -84,7 +86,8 @@ def collate(examples: list[Example], hop: int) -> Batch:
     return Batch(item_ids=[e.item_id for e in examples], input_ids=input_ids, attention_mask=attention_mask,
                  text_lengths=text_lengths, audio=audio, frame_lengths=frame_lengths,
                  linear=_pad_features([e.linear for e in examples], max_frames),
-                 mel=_pad_features([e.mel for e in examples], max_frames))
+                 mel=_pad_features([e.mel for e in examples], max_frames),
+                 speaker_ids=torch.tensor([e.speaker for e in examples], dtype=torch.long))
 
 
 def _pad_features(features: list[torch.Tensor | None], max_frames: int) -> torch.Tensor | None:

@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from finetune.data import audio
+import numpy as np
+
+from finetune.data import audio, quality
 from finetune.system.atomic import write_text_atomic
 from finetune.system.disk import describe_failure, detached, is_write_failure
 from finetune.system.errors import ToolError
@@ -85,6 +87,7 @@ class ClipResult:
     seconds: float | None = None  # processed length; None when the audio failed
     reason: str | None = None  # drop reason when it failed or its length is out of range
     detail: str = ""
+    quality: dict = field(default_factory=dict)  # finetune/data/quality.py's measures of a kept clip
 
 
 class NotWritten(ToolError):
@@ -126,13 +129,22 @@ def process_clip(job: ClipJob) -> ClipResult:
         if problem is not None:
             return ClipResult(job.item_id, seconds=seconds, reason=problem[0], detail=problem[1])
         write_clip(job.out_path, audio.peak_normalise(trimmed, settings.peak), settings.sample_rate)
-        return ClipResult(job.item_id, seconds=seconds)
+        return ClipResult(job.item_id, seconds=seconds, quality=quality.measure(samples, trimmed, settings.sample_rate))
     except audio.AudioError as error:
         return ClipResult(job.item_id, reason=error.reason, detail=str(error))
     except NotWritten:
         raise  # the disk, not the clip: the preparation stops (Preparer.run keeps what was done)
     except Exception as error:  # a bad item must never stop the run: record it and go on
         return ClipResult(job.item_id, reason="failed", detail=f"{type(error).__name__}: {error}")
+
+
+def measure_written(wav: Path) -> dict:
+    """Quality of a WAV written earlier (its source's clipping is unknown there: None); {} if unreadable."""
+    try:
+        samples, rate = audio.decode(str(wav))
+    except audio.AudioError:
+        return {}
+    return {**quality.measure(np.zeros(0), audio.to_mono(samples), rate), "clipping": None}
 
 
 # ---------------------------------------------------------------- cache of earlier work
@@ -171,7 +183,7 @@ class PrepareCache:
         failed = result.seconds is None
         self.entries[item_id] = {"audio": audio_sig, "settings": settings.audio_signature(),
                                  "seconds": result.seconds, "reason": result.reason if failed else None,
-                                 "detail": result.detail if failed else ""}
+                                 "detail": result.detail if failed else "", "quality": result.quality}
 
     def save(self) -> None:
         write_text_atomic(self.path, json.dumps({"version": CACHE_VERSION, "entries": self.entries}))
@@ -181,10 +193,18 @@ class PrepareCache:
 
 
 @dataclass
+class Kept:
+    text: str
+    seconds: float
+    speaker: str = ""
+    quality: dict = field(default_factory=dict)
+
+
+@dataclass
 class Tally:
     """Everything the report needs, filled in as items finish."""
 
-    kept: dict[str, tuple[str, float]] = field(default_factory=dict)  # id -> (text, seconds)
+    kept: dict[str, Kept] = field(default_factory=dict)
     dropped: list[dict] = field(default_factory=list)
     oov_chars: Counter = field(default_factory=Counter)
     removed_chars: Counter = field(default_factory=Counter)
@@ -210,6 +230,7 @@ class Preparer:
         self.tally = Tally()
         self.texts: dict[str, str] = {}  # id -> normalised text, for items whose audio is in flight
         self.signatures: dict[str, str] = {}
+        self.speakers: dict[str, str] = {}  # id -> speaker, for items that have one
 
     def wav_path(self, item_id: str) -> Path:
         return self.wav_dir / f"{item_id}.wav"
@@ -223,6 +244,8 @@ class Preparer:
                 yield None
                 continue
             seen.add(item.item_id)
+            if item.speaker:
+                self.speakers[item.item_id] = item.speaker
             if item.problem is not None:
                 self.tally.drop(item.item_id, item.problem[0], item.problem[1], item.text)
                 yield None
@@ -258,7 +281,9 @@ class Preparer:
         problem = self.settings.length_problem(entry["seconds"])
         if problem is None and not self.wav_path(item.item_id).is_file():
             return False  # was out of range before (not written), in range now: process it
-        result = ClipResult(item.item_id, seconds=entry["seconds"])
+        result = ClipResult(item.item_id, seconds=entry["seconds"], quality=entry.get("quality") or {})
+        if problem is None and not result.quality:  # cached by an older version: measured from the WAV
+            result.quality = measure_written(self.wav_path(item.item_id))
         if problem is not None:
             result.reason, result.detail = problem
         self.finish(result, reused=True)
@@ -272,7 +297,8 @@ class Preparer:
             self.tally.processed += 1
             self.cache.record(result.item_id, self.signatures.pop(result.item_id), self.settings, result)
         if result.reason is None:
-            self.tally.kept[result.item_id] = (text, result.seconds or 0.0)
+            self.tally.kept[result.item_id] = Kept(text, result.seconds or 0.0, self.speakers.get(result.item_id, ""),
+                                                   result.quality)
         else:
             self.tally.drop(result.item_id, result.reason, result.detail, text)
 
@@ -338,50 +364,134 @@ class Preparer:
 # ---------------------------------------------------------------- outputs
 
 
+MIN_SPEAKER_CLIPS = 10  # a speaker with fewer gives none to the held-out split of a multi-speaker corpus
+HELD_OUT_FLOOR = 10  # clips held out of each speaker with 10 times as many (so its evaluation can tell models apart)
+
+
 def split_validation(ids: list[str], fraction: float) -> set[str]:
     """Held-out ids: the `fraction` of ids (at least 1 when fraction > 0 and there are 2+) whose hashes
     come first. Hash order makes the choice stable across runs and independent of source order."""
     if fraction <= 0 or len(ids) < 2:
         return set()
     count = min(len(ids) - 1, max(1, round(fraction * len(ids))))
-    ranked = sorted(ids, key=lambda i: hashlib.blake2b(i.encode(), digest_size=8).hexdigest())
-    return set(ranked[:count])
+    return set(hash_ranked(ids)[:count])
 
 
-def write_metadata(path: Path, rows: list[tuple[str, str]]) -> None:
-    write_text_atomic(path, "".join(f"{item_id}|{text}\n" for item_id, text in rows))
+def hash_ranked(ids: list[str]) -> list[str]:
+    return sorted(ids, key=lambda i: hashlib.blake2b(i.encode(), digest_size=8).hexdigest())
 
 
-def write_outputs(data_dir: Path, tally: Tally, val_fraction: float, report_extra: dict) -> dict:
-    """metadata.csv, metadata_val.csv and prepare_report.json; returns the report."""
+def split_by_speaker(kept: dict[str, Kept], fraction: float) -> set[str]:
+    """Held-out ids of a corpus: one speaker's as split_validation; with several, each speaker's own share
+    (every voice a run may be asked to speak in has held-out clips of it): `fraction` of each speaker with
+    at least MIN_SPEAKER_CLIPS clips, and at least min(HELD_OUT_FLOOR, a tenth of its clips)."""
+    by_speaker: dict[str, list[str]] = {}
+    for item_id, clip in kept.items():
+        by_speaker.setdefault(clip.speaker, []).append(item_id)
+    if len(by_speaker) < 2:
+        return split_validation(sorted(kept), fraction)
+    held = set()
+    for ids in by_speaker.values():
+        if fraction <= 0 or len(ids) < MIN_SPEAKER_CLIPS:
+            continue
+        count = max(1, round(fraction * len(ids)), min(HELD_OUT_FLOOR, len(ids) // 10))
+        held.update(hash_ranked(ids)[:count])
+    return held
+
+
+def write_metadata(path: Path, rows: list[tuple[str, str, str]], with_speakers: bool) -> None:
+    """`id|text` lines, or `id|speaker|text` (Piper's multi-speaker layout) when `with_speakers`."""
+    lines = (f"{i}|{speaker}|{text}\n" if with_speakers else f"{i}|{text}\n" for i, speaker, text in rows)
+    write_text_atomic(path, "".join(lines))
+
+
+def apply_quality(tally: Tally, limits: quality.QualityLimits) -> None:
+    """Characters a second against each speaker's median, then the drops the limits decide (counted)."""
+    rates: dict[str, list[float]] = {}
+    for clip in tally.kept.values():
+        if clip.seconds > 0:
+            clip.quality["chars_per_s"] = round(len(clip.text) / clip.seconds, 3)
+            rates.setdefault(clip.speaker, []).append(clip.quality["chars_per_s"])
+    medians = {speaker: float(np.median(values)) for speaker, values in rates.items()}
+    for item_id in sorted(tally.kept):
+        clip = tally.kept[item_id]
+        problem = limits.problem(clip.quality, medians.get(clip.speaker, 0.0))
+        if problem is not None:
+            del tally.kept[item_id]
+            tally.drop(item_id, problem[0], problem[1], clip.text)
+
+
+def speaker_table(tally: Tally, val_ids: set[str]) -> dict[str, dict]:
+    """Per speaker: clips, hours, held-out clips and the median of each quality measure, most hours first."""
+    table: dict[str, dict] = {}
+    for item_id, clip in tally.kept.items():
+        entry = table.setdefault(clip.speaker or "(one speaker)", {"clips": 0, "seconds": 0.0, "val": 0, "measures": {}})
+        entry["clips"] += 1
+        entry["seconds"] += clip.seconds
+        entry["val"] += item_id in val_ids
+        for name, value in clip.quality.items():
+            entry["measures"].setdefault(name, []).append(value)
+    ordered = sorted(table.items(), key=lambda kv: -kv[1]["seconds"])
+    return {speaker: {"clips": e["clips"], "hours": round(e["seconds"] / 3600, 4), "val_clips": e["val"],
+                      **{name: quality.summary(values) for name, values in e["measures"].items()}}
+            for speaker, e in ordered}
+
+
+def write_outputs(data_dir: Path, tally: Tally, val_fraction: float, report_extra: dict,
+                  limits: quality.QualityLimits = quality.QualityLimits()) -> dict:
+    """metadata.csv, metadata_val.csv, quality.csv and prepare_report.json (and its page,
+    prepare_report.html); returns the report."""
+    apply_quality(tally, limits)
     ids = sorted(tally.kept)
-    val_ids = split_validation(ids, val_fraction)
-    train_rows = [(i, tally.kept[i][0]) for i in ids if i not in val_ids]
-    val_rows = [(i, tally.kept[i][0]) for i in ids if i in val_ids]
+    val_ids = split_by_speaker(tally.kept, val_fraction)
+    speakers = {clip.speaker for clip in tally.kept.values()}
+    with_speakers = len(speakers) > 1
+    row = lambda i: (i, tally.kept[i].speaker, tally.kept[i].text)  # noqa: E731
+    train_rows = [row(i) for i in ids if i not in val_ids]
+    val_rows = [row(i) for i in ids if i in val_ids]
     try:
-        write_metadata(data_dir / "metadata.csv", train_rows)
-        write_metadata(data_dir / "metadata_val.csv", val_rows)
+        write_metadata(data_dir / "metadata.csv", train_rows, with_speakers)
+        write_metadata(data_dir / "metadata_val.csv", val_rows, with_speakers)
+        write_quality(data_dir / "quality.csv", tally, val_ids)
     except OSError as error:
         raise NotWritten(f"could not write the metadata in {data_dir}: {describe_failure(error, data_dir, 'it', 0)}; "
                          "the clips are kept: free space and run the same command again") from None
-    hours = lambda rows: round(sum(tally.kept[i][1] for i, _ in rows) / 3600, 4)  # noqa: E731
+    hours = lambda rows: round(sum(tally.kept[i].seconds for i, _, _ in rows) / 3600, 4)  # noqa: E731
     report = {
         **report_extra,
         "counts": {
             "items": len(tally.kept) + len(tally.dropped), "kept": len(ids), "train": len(train_rows),
             "val": len(val_rows), "dropped": len(tally.dropped), "reused": tally.reused,
-            "processed": tally.processed,
+            "processed": tally.processed, "speakers": len(speakers),
         },
         "hours": {"kept": hours(train_rows) + hours(val_rows), "train": hours(train_rows), "val": hours(val_rows)},
+        "speakers": speaker_table(tally, val_ids),
         "dropped_by_reason": dict(Counter(d["reason"] for d in tally.dropped).most_common()),
-        "drop_reasons": {k: v for k, v in DROP_REASONS.items()},
+        "drop_reasons": {**DROP_REASONS, **quality.QUALITY_DROP_REASONS},
         "out_of_vocabulary_characters": dict(tally.oov_chars.most_common()),
         "punctuation_removed": dict(tally.removed_chars.most_common()),
         "dropped": tally.dropped,
     }
     try:
         write_text_atomic(data_dir / "prepare_report.json", json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+        from finetune.reporting.prepare_page import write_page
+
+        write_page(data_dir / "prepare_report.html", report, tally)
     except OSError as error:
         raise NotWritten(f"could not write {data_dir}/prepare_report.json: "
                          f"{describe_failure(error, data_dir, 'it', 0)}; free space and run the same command again") from None
     return report
+
+
+QUALITY_COLUMNS = ("snr_db", "clipping", "silence", "chars_per_s", "dnsmos")
+
+
+def write_quality(path: Path, tally: Tally, val_ids: set[str]) -> None:
+    """One line per kept clip: id, speaker, held out or not, seconds and each quality measure."""
+    lines = ["id\tspeaker\tsplit\tseconds\t" + "\t".join(QUALITY_COLUMNS)]
+    for item_id in sorted(tally.kept):
+        clip = tally.kept[item_id]
+        values = ["" if clip.quality.get(name) is None else f"{clip.quality[name]:g}" for name in QUALITY_COLUMNS]
+        lines.append("\t".join([item_id, clip.speaker, "val" if item_id in val_ids else "train",
+                                f"{clip.seconds:.3f}", *values]))
+    write_text_atomic(path, "\n".join(lines) + "\n")

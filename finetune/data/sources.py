@@ -41,6 +41,7 @@ class SourceItem:
     audio_path: str | None = None  # a file to decode
     audio_bytes: bytes | None = None  # encoded audio in memory (datasets); preferred over the path
     problem: tuple[str, str] | None = None  # (drop reason, detail) when the source already knows it is unusable
+    speaker: str = ""  # who recorded it ("": one speaker, or unknown)
 
     def audio_signature(self) -> str:
         """What identifies this clip's audio, cheaply: a hash of the bytes, or path + size + mtime.
@@ -80,12 +81,29 @@ def pick_column(columns: list[str], wanted: str | None, guesses: tuple[str, ...]
                       f"{', '.join(columns)}. Name it with {flag}")
 
 
-def choose_speaker(values: list, speaker: str | None, column: str) -> tuple[str, int]:
-    """The speaker to keep: the one asked for, else the one with the most clips. Returns (speaker, clips)."""
-    counts = Counter(str(v) for v in values)
+SPEAKER_COLUMN_GUESSES = ("client_id", "speaker_id", "speaker")  # Common Voice's first
+
+
+def find_speaker_column(columns: list[str], wanted: str | None) -> str | None:
+    """--speaker_column as given (checked), else a column named like one (Common Voice's client_id), else None."""
+    if wanted:
+        return pick_column(columns, wanted, (), "--speaker_column", "speaker")
+    return next((c for c in SPEAKER_COLUMN_GUESSES if c in columns), None)
+
+
+def speaker_rows(values: list, speaker: str | None, column: str) -> tuple[list[int], dict]:
+    """Which rows to keep (all, or only `speaker`'s) and the note for the report."""
+    values = [str(v) for v in values]
     if speaker is None:
-        chosen, clips = counts.most_common(1)[0]
-        return chosen, clips
+        counts = Counter(values)
+        return list(range(len(values))), {"column": column, "speakers": len(counts)}
+    chosen, clips = choose_speaker(values, speaker, column)
+    return [i for i, v in enumerate(values) if v == chosen], {"column": column, "speaker": chosen, "clips": clips}
+
+
+def choose_speaker(values: list, speaker: str, column: str) -> tuple[str, int]:
+    """The speaker asked for, checked. Returns (speaker, clips)."""
+    counts = Counter(str(v) for v in values)
     if speaker not in counts:
         top = ", ".join(f"{s!r} ({n} clips)" for s, n in counts.most_common(5))
         raise SourceError(f"--speaker {speaker!r} is not in column {column!r}; the speakers with most clips: {top}")
@@ -224,11 +242,13 @@ def manifest_source(path: str | Path, audio_column: str | None, text_column: str
     if id_column:
         pick_column(columns, id_column, (), "--id_column", "id")
     notes = {}
-    if speaker_column:
-        pick_column(columns, speaker_column, (), "--speaker_column", "speaker")
-        chosen, clips = choose_speaker([r[speaker_column] for r in rows], speaker, speaker_column)
-        rows = [r for r in rows if str(r[speaker_column]) == chosen]
-        notes["speaker"] = {"column": speaker_column, "speaker": chosen, "clips": clips}
+    speaker_col = find_speaker_column(columns, speaker_column)
+    if speaker and not speaker_col:
+        raise SourceError(f"--speaker {speaker!r}: {manifest} has no speaker column; name it with --speaker_column "
+                          f"(its columns: {', '.join(columns)})")
+    if speaker_col:
+        keep, notes["speaker"] = speaker_rows([r[speaker_col] for r in rows], speaker, speaker_col)
+        rows = [rows[i] for i in keep]
     if max_samples:
         rows = rows[:max_samples]
 
@@ -236,7 +256,8 @@ def manifest_source(path: str | Path, audio_column: str | None, text_column: str
         for row in rows:
             audio = resolve_manifest_path(manifest.parent, row[audio_col] or "")
             item_id = safe_id(row[id_column] if id_column else row[audio_col] or "item")
-            yield SourceItem(item_id=item_id, text=row[text_col] or "", audio_path=audio)
+            yield SourceItem(item_id=item_id, text=row[text_col] or "", audio_path=audio,
+                             speaker=str(row[speaker_col]) if speaker_col else "")
 
     description = f"manifest {manifest} (audio: {audio_col}, text: {text_col})"
     return Source(description=description, count=len(rows), iterate=iterate, notes=notes)
@@ -316,23 +337,26 @@ def dataset_source(spec: str, split: str, audio_column: str | None, text_column:
     if isinstance(dataset.features[audio_col], datasets.Audio):
         dataset = dataset.cast_column(audio_col, datasets.Audio(decode=False))  # bytes, never torchcodec
     notes = {}
-    if speaker_column:
-        pick_column(columns, speaker_column, (), "--speaker_column", "speaker")
-        values = dataset[speaker_column]
-        chosen, clips = choose_speaker(values, speaker, speaker_column)
-        dataset = dataset.select([i for i, v in enumerate(values) if str(v) == chosen])
-        notes["speaker"] = {"column": speaker_column, "speaker": chosen, "clips": clips}
+    speaker_col = find_speaker_column(columns, speaker_column)
+    if speaker and not speaker_col:
+        raise SourceError(f"--speaker {speaker!r}: {spec} has no speaker column; name it with --speaker_column "
+                          f"(its columns: {', '.join(columns)})")
+    if speaker_col:
+        keep, notes["speaker"] = speaker_rows(dataset[speaker_col], speaker, speaker_col)
+        if len(keep) < len(dataset):
+            dataset = dataset.select(keep)
     if max_samples:
         dataset = dataset.select(range(min(max_samples, len(dataset))))
     base = Path(spec) if Path(spec).is_dir() else None
-    wanted = [c for c in dict.fromkeys([audio_col, text_col, id_column]) if c]
+    wanted = [c for c in dict.fromkeys([audio_col, text_col, id_column, speaker_col]) if c]
     dataset = dataset.select_columns(wanted)
 
     def iterate() -> Iterator[SourceItem]:
         for index, row in enumerate(dataset):
             data, path = audio_reference(row[audio_col], base)
             raw_id = str(row[id_column]) if id_column else (Path(path).name if path else f"{split}_{index:06d}")
-            yield SourceItem(item_id=safe_id(raw_id), text=str(row[text_col] or ""), audio_bytes=data, audio_path=path)
+            yield SourceItem(item_id=safe_id(raw_id), text=str(row[text_col] or ""), audio_bytes=data, audio_path=path,
+                             speaker=str(row[speaker_col]) if speaker_col else "")
 
     description = f"dataset {spec} split {split} (audio: {audio_col}, text: {text_col})"
     return Source(description=description, count=len(dataset), iterate=iterate, notes=notes)

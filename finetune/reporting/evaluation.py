@@ -173,8 +173,9 @@ class Evaluator:
     def __init__(self, examples: list[Example], features: Features, device: torch.device, sample_rate: int,
                  samples_dir: Path | None, test_sentences: list[tuple[str, np.ndarray]], seed: int = 0,
                  batch_size: int = 8, segment_frames: int = 32, rule: TimingRule = TimingRule(),
-                 duration_draws: int = DURATION_DRAWS, naturalness=None):
+                 duration_draws: int = DURATION_DRAWS, naturalness=None, speaker: int | None = None):
         self.examples, self.features, self.device = examples, features, device
+        self.speaker = speaker  # whose voice a speaker-conditioned model speaks in (None: a plain model)
         self.sample_rate, self.samples_dir, self.test_sentences = sample_rate, samples_dir, test_sentences
         self.seed, self.batch_size, self.segment_frames, self.rule = seed, batch_size, segment_frames, rule
         self.duration_draws = duration_draws  # noise draws per clip for its expected length
@@ -245,7 +246,8 @@ class Evaluator:
 
             def say_first_sentence() -> float:
                 started = limit.now()
-                speak(model, [ids], self.device, self.seed, [min(TEST_SENTENCE_MAX_S, ceiling_for_text(len(ids)))])
+                speak(model, [ids], self.device, self.seed, [min(TEST_SENTENCE_MAX_S, ceiling_for_text(len(ids)))],
+                      speaker=self.speaker)
                 return limit.now() - started
 
             self.repeat_twice_within(say_first_sentence, limit, "sentence_s")
@@ -298,8 +300,9 @@ class Evaluator:
         hop = self.features.config.hop_length
         ceilings = [MAX_LENGTH_VS_RECORDING * len(e.audio) / self.sample_rate for e in group]
         tokens = [e.token_ids for e in group]
-        speech = speak(model, tokens, self.device, self.seed + seed_offset, ceilings)
-        draws = duration_draws(model, tokens, self.device, self.seed + seed_offset + DRAW_SEED_OFFSET, self.duration_draws)
+        speech = speak(model, tokens, self.device, self.seed + seed_offset, ceilings, speaker=self.speaker)
+        draws = duration_draws(model, tokens, self.device, self.seed + seed_offset + DRAW_SEED_OFFSET, self.duration_draws,
+                               speaker=self.speaker)
         scores = {}
         for i, example in enumerate(group):
             synthesised = self.features.mel(torch.from_numpy(speech.waveforms[i]).unsqueeze(0).to(self.device))
@@ -343,7 +346,8 @@ class Evaluator:
             if not costs.next_fits(limit):
                 break
             started = limit.now()
-            speech = speak(model, [ids], self.device, self.seed, [min(TEST_SENTENCE_MAX_S, ceiling_for_text(len(ids)))])
+            speech = speak(model, [ids], self.device, self.seed, [min(TEST_SENTENCE_MAX_S, ceiling_for_text(len(ids)))],
+                      speaker=self.speaker)
             path = folder / f"{name}.wav"
             try:
                 folder.mkdir(parents=True, exist_ok=True)

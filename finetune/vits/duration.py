@@ -54,11 +54,15 @@ def with_anchor(x: torch.Tensor) -> torch.Tensor:
     return F.pad(x, (0, 1))
 
 
-def stochastic_duration_nll(predictor, hidden: torch.Tensor, mask: torch.Tensor, durations: torch.Tensor) -> torch.Tensor:
+def stochastic_duration_nll(predictor, hidden: torch.Tensor, mask: torch.Tensor, durations: torch.Tensor,
+                            speaker: torch.Tensor | None = None) -> torch.Tensor:
     """Negative log-likelihood bound of the aligned `durations` (frames per token) under a transformers
-    VitsStochasticDurationPredictor, per clip [batch]; single-speaker (no global conditioning)."""
+    VitsStochasticDurationPredictor, per clip [batch]; `speaker` is the global conditioning g [batch,
+    embedding, 1] of a multi-speaker model (added after conv_pre, detached, as transformers does)."""
     hidden, durations, mask = (with_anchor(x) for x in (hidden, durations, mask))
     text = predictor.conv_pre(torch.detach(hidden))  # the text encoder is not trained through durations
+    if speaker is not None:
+        text = text + predictor.cond(torch.detach(speaker))
     text = predictor.conv_proj(predictor.conv_dds(text, mask)) * mask
     given = predictor.post_conv_pre(durations)
     given = predictor.post_conv_proj(predictor.post_conv_dds(given, mask)) * mask

@@ -87,16 +87,17 @@ def missing_model_files(folder: Path) -> list[str]:
     return missing
 
 
-def load_complete_model(folder: Path, name: str) -> VitsModel:
+def load_complete_model(folder: Path, name: str, speakers: bool = False) -> VitsModel:
     """VitsModel.from_pretrained, refusing what it would accept silently: weights missing from the folder
-    (transformers fills them with random values and only logs it) and multi-speaker models (this tool
-    trains and speaks one voice, without speaker ids). An incomplete folder is named with what it lacks."""
+    (transformers fills them with random values and only logs it) and, unless `speakers`, multi-speaker
+    models (this tool fine-tunes single-voice models; it adds speakers itself). An incomplete folder is
+    named with what it lacks."""
     missing = missing_model_files(Path(folder))
     if missing:
         raise ModelSourceError(f"{name}: the model folder is incomplete, it has no {', '.join(missing)}; download it "
                                "again (hf download facebook/mms-tts-kmr-script_latin --local-dir DIR) or export it again")
     config = VitsConfig.from_pretrained(str(folder))
-    if config.num_speakers > 1:
+    if config.num_speakers > 1 and not speakers:
         raise ModelSourceError(f"{name}: a multi-speaker VITS model ({config.num_speakers} speakers); this tool "
                                "fine-tunes single-speaker models such as MMS-TTS")
     model, info = quiet_from_pretrained(folder)
@@ -198,10 +199,16 @@ def export_model(model: VitsModel, tokenizer: VitsTokenizer, out_dir: str | Path
     swapped in, so a crash mid-save leaves the previous export intact."""
     from finetune.vits.discriminator import save_discriminator
 
+    from finetune.vits import speakers
+
     out_dir = Path(out_dir)
     staging = staging_dir(out_dir)
     try:
-        inference_copy(model).save_pretrained(str(staging), safe_serialization=True)
+        if speakers.speaker_count(model) > 1:  # the target (speaker 0) alone, and the conditioned model beside it
+            speakers.single_speaker(model, 0).save_pretrained(str(staging), safe_serialization=True)
+            speakers.save_conditioned(model, tokenizer, staging / speakers.MULTI_SPEAKER_DIR)
+        else:
+            inference_copy(model).save_pretrained(str(staging), safe_serialization=True)
         tokenizer.save_pretrained(str(staging))
         if discriminator is not None:
             save_discriminator(discriminator, staging / "discriminator.pt")

@@ -82,20 +82,18 @@ def expand_to_frames(durations: torch.Tensor, mask: torch.Tensor) -> tuple[torch
 
 @torch.no_grad()
 def speak_tokens(model, token_ids: list[np.ndarray], device: torch.device, max_clip_s: list[float],
-                 max_token_s: float = MAX_TOKEN_S) -> Speech:
+                 max_token_s: float = MAX_TOKEN_S, speaker: int | None = None) -> Speech:
     """Waveforms for token id sequences with a VitsModel in eval mode, each clip at most its
     `max_clip_s`. Random numbers come from the global generator (callers seed it), drawn as stock
-    transformers draws them. Single-speaker models only."""
+    transformers draws them. `speaker`: whose voice, for a model conditioned on speakers."""
     config = model.config
     hop = math.prod(config.upsample_rates)
     frames_per_s = config.sampling_rate / hop
     count = len(token_ids)
     dtype = model.text_encoder.embed_tokens.weight.dtype
     encoded, hidden, mask = _encode(model, token_ids, device)  # hidden [batch, hidden, tokens], mask [batch, 1, tokens]
-    if config.use_stochastic_duration_prediction:
-        log_duration = model.duration_predictor(hidden, mask, None, reverse=True, noise_scale=model.noise_scale_duration)
-    else:
-        log_duration = model.duration_predictor(hidden, mask, None)
+    g = speaker_conditioning(model, speaker, count, device)
+    log_duration = predict_log_duration(model, hidden, mask, g, model.noise_scale_duration)
     length_scale = 1.0 / model.speaking_rate
     requested = torch.exp(log_duration.float()) * mask * length_scale  # [batch, 1, tokens], may be inf
     ceilings = torch.tensor([s * frames_per_s for s in max_clip_s], device=device, dtype=torch.float32)
@@ -104,8 +102,8 @@ def speak_tokens(model, token_ids: list[np.ndarray], device: torch.device, max_c
     prior_means = torch.matmul(path, encoded.prior_means).transpose(1, 2)  # [batch, flow, frames]
     prior_log_std = torch.matmul(path, encoded.prior_log_variances).transpose(1, 2)
     latents = prior_means + torch.randn_like(prior_means) * torch.exp(prior_log_std) * model.noise_scale
-    latents = model.flow(latents, frame_mask, None, reverse=True)
-    waveform = model.decoder(latents * frame_mask, None).squeeze(1).float().cpu().numpy()  # [batch, samples]
+    latents = model.flow(latents, frame_mask, g, reverse=True)
+    waveform = model.decoder(latents * frame_mask, g).squeeze(1).float().cpu().numpy()  # [batch, samples]
     rendered = torch.clamp_min(durations.sum(dim=(1, 2)), 1).long().tolist()
     wanted = torch.ceil(torch.nan_to_num(requested, nan=float("inf"))).sum(dim=(1, 2)).tolist()
     return Speech(waveforms=[waveform[i, : rendered[i] * hop] for i in range(count)],
@@ -114,7 +112,8 @@ def speak_tokens(model, token_ids: list[np.ndarray], device: torch.device, max_c
 
 
 @torch.no_grad()
-def duration_draws(model, token_ids: list[np.ndarray], device: torch.device, seed: int, draws: int) -> np.ndarray:
+def duration_draws(model, token_ids: list[np.ndarray], device: torch.device, seed: int, draws: int,
+                   speaker: int | None = None) -> np.ndarray:
     """Frames the duration predictor asks for, [texts, draws]: each text's length (before any cap) under
     `draws` independent noise draws at the model's own `noise_scale_duration` and `speaking_rate`, as
     stock transformers computes it (ceil(exp(log duration)) per token, summed). Their mean is the
@@ -128,13 +127,28 @@ def duration_draws(model, token_ids: list[np.ndarray], device: torch.device, see
         torch.manual_seed(seed)
         encoded, hidden, mask = _encode(model, token_ids, device)
         hidden, mask = hidden.repeat_interleave(draws, dim=0), mask.repeat_interleave(draws, dim=0)
-        if config.use_stochastic_duration_prediction:
-            log_duration = model.duration_predictor(hidden, mask, None, reverse=True, noise_scale=model.noise_scale_duration)
-        else:
-            log_duration = model.duration_predictor(hidden, mask, None)
+        g = speaker_conditioning(model, speaker, hidden.shape[0], device)
+        log_duration = predict_log_duration(model, hidden, mask, g, model.noise_scale_duration)
     frames = torch.ceil(torch.exp(log_duration.float()) * mask / model.speaking_rate)  # [texts * draws, 1, tokens]
     totals = torch.nan_to_num(frames, nan=float("inf")).sum(dim=(1, 2)).view(len(token_ids), draws)
     return totals.cpu().numpy()
+
+
+def speaker_conditioning(model, speaker: int | None, count: int, device: torch.device) -> torch.Tensor | None:
+    """g [count, embedding, 1] for one speaker of a conditioned model; None for a plain model."""
+    if speaker is None or not getattr(model.config, "speaker_embedding_size", 0) or model.config.num_speakers <= 1:
+        return None
+    ids = torch.full((count,), int(speaker), dtype=torch.long, device=device)
+    return model.embed_speaker(ids).unsqueeze(-1)
+
+
+def predict_log_duration(model, hidden: torch.Tensor, mask: torch.Tensor, g: torch.Tensor | None,
+                         noise_scale_w) -> torch.Tensor:
+    """log frames per token [batch, 1, tokens], drawn as stock transformers draws them (a deterministic
+    predictor is never conditioned on the speaker: finetune/vits/speakers.py)."""
+    if model.config.use_stochastic_duration_prediction:
+        return model.duration_predictor(hidden, mask, g, reverse=True, noise_scale=noise_scale_w)
+    return model.duration_predictor(hidden, mask, None)
 
 
 def _encode(model, token_ids: list[np.ndarray], device: torch.device):
@@ -157,12 +171,13 @@ def fork_rng(device: torch.device):
     return torch.random.fork_rng(devices=devices)
 
 
-def speak(model, token_ids: list[np.ndarray], device: torch.device, seed: int, max_clip_s: list[float]) -> Speech:
+def speak(model, token_ids: list[np.ndarray], device: torch.device, seed: int, max_clip_s: list[float],
+          speaker: int | None = None) -> Speech:
     """`speak_tokens` seeded with `seed`, inside a forked RNG: the same input gives the same audio, and
     a training run's random state is left exactly as it was (so a resumed run matches an uninterrupted one)."""
     with fork_rng(device):
         torch.manual_seed(seed)
-        return speak_tokens(model, token_ids, device, max_clip_s)
+        return speak_tokens(model, token_ids, device, max_clip_s, speaker=speaker)
 
 
 def synthesise_graph(model, input_ids: torch.Tensor, noise_scale: torch.Tensor, length_scale: torch.Tensor,

@@ -6,6 +6,8 @@
     durations = frames per token -> duration loss (stochastic or deterministic predictor)
     prior expanded to frames by the path -> KL(q(z) || p(z | text))
     a random segment of z (8192 samples) decoded -> audio, compared with the real segment (mel L1)
+    with several speakers, the speaker's embedding conditions the posterior encoder, flow, stochastic
+    duration predictor and decoder (finetune/vits/speakers.py)
     discriminator on real and generated segments -> adversarial and feature-matching losses
 
 Under fp16/bf16 autocast the encoders, decoder and discriminator run in low precision; the flow, the
@@ -26,6 +28,7 @@ from finetune.vits import losses
 from finetune.vits.alignment import maximum_path, prior_log_likelihood
 from finetune.vits.duration import stochastic_duration_nll
 from finetune.vits.fp32_islands import fp32
+from finetune.vits.speakers import conditioning, duration_conditioning
 from finetune.system.profile import section
 from finetune.data.examples import Batch
 from finetune.data.features import Features
@@ -52,13 +55,16 @@ def encode_text(model: VitsModel, input_ids: torch.Tensor, attention_mask: torch
                         logs_p=out.prior_log_variances.transpose(1, 2), mask=mask.transpose(1, 2))
 
 
-def duration_loss(model: VitsModel, text: TextEncoding, durations: torch.Tensor) -> torch.Tensor:
+def duration_loss(model: VitsModel, text: TextEncoding, durations: torch.Tensor,
+                  speaker: torch.Tensor | None = None) -> torch.Tensor:
     """durations: [batch, 1, tokens] frames per token from the alignment. Runs in fp32. The stochastic
-    predictor trains in the original VITS flow order (finetune/vits/duration.py says why)."""
+    predictor trains in the original VITS flow order (finetune/vits/duration.py says why); `speaker`
+    is its conditioning g (finetune/vits/speakers.py), if any."""
     with fp32(durations.device):
         hidden, mask = text.hidden.float(), text.mask.float()
         if model.config.use_stochastic_duration_prediction:
-            nll = stochastic_duration_nll(model.duration_predictor, hidden, mask, durations.float())  # [batch]
+            g = speaker.float() if speaker is not None else None
+            nll = stochastic_duration_nll(model.duration_predictor, hidden, mask, durations.float(), g)  # [batch]
             return torch.sum(nll) / torch.sum(mask)
         log_duration = model.duration_predictor(hidden, mask)  # [batch, 1, tokens]
         return losses.deterministic_duration_loss(log_duration, durations, mask)
@@ -96,12 +102,13 @@ def generator_forward(model: VitsModel, batch: Batch, features: Features, segmen
     if not batch.audio.is_floating_point():
         raise ValueError("batch audio is still int16: move batches with batch.to(device), which scales it to [-1, 1]")
     device = batch.input_ids.device
+    g = conditioning(model, batch.speaker_ids)  # [batch, embedding, 1], None for one speaker
     text = encode_text(model, batch.input_ids, batch.attention_mask)
     linear = batch.linear if batch.linear is not None else features.linear(batch.audio)
     frame_mask = sequence_mask(batch.frame_lengths, linear.shape[-1]).unsqueeze(1)  # [batch, 1, frames]
-    z, _, logs_q = model.posterior_encoder(linear, frame_mask)
+    z, _, logs_q = model.posterior_encoder(linear, frame_mask, g)
     with fp32(device):
-        z_p = model.flow(z.float(), frame_mask)
+        z_p = model.flow(z.float(), frame_mask, g.float() if g is not None else None)
         with torch.no_grad(), section("alignment"):  # the alignment is a target, not a path for gradients
             log_likelihood = prior_log_likelihood(z_p, text.m_p, text.logs_p)  # [batch, frames, tokens]
             path = maximum_path(log_likelihood, batch.frame_lengths, batch.text_lengths)
@@ -109,9 +116,10 @@ def generator_forward(model: VitsModel, batch: Batch, features: Features, segmen
         m_p = torch.matmul(path, text.m_p.float().transpose(1, 2)).transpose(1, 2)  # [batch, flow, frames]
         logs_p = torch.matmul(path, text.logs_p.float().transpose(1, 2)).transpose(1, 2)
     starts = pick_segment_starts(batch.frame_lengths, segment_frames)
-    audio = model.decoder(slice_segments(z, starts, segment_frames))  # [batch, 1, segment_frames * hop]
+    audio = model.decoder(slice_segments(z, starts, segment_frames), g)  # [batch, 1, segment_frames * hop]
+    duration = duration_loss(model, text, durations, duration_conditioning(model, g))
     return GeneratorForward(audio=audio, segment_starts=starts, z_p=z_p, logs_q=logs_q, m_p=m_p, logs_p=logs_p,
-                            frame_mask=frame_mask, duration_loss=duration_loss(model, text, durations),
+                            frame_mask=frame_mask, duration_loss=duration,
                             durations=durations)
 
 
@@ -122,9 +130,10 @@ def generated_segments(model: VitsModel, batch: Batch, features: Features, segme
     alignment search or duration loss (their results would be thrown away), no gradients."""
     linear = batch.linear if batch.linear is not None else features.linear(batch.audio)
     frame_mask = sequence_mask(batch.frame_lengths, linear.shape[-1]).unsqueeze(1)  # [batch, 1, frames]
-    z, _, _ = model.posterior_encoder(linear, frame_mask)
+    g = conditioning(model, batch.speaker_ids)
+    z, _, _ = model.posterior_encoder(linear, frame_mask, g)
     starts = pick_segment_starts(batch.frame_lengths, segment_frames)
-    return model.decoder(slice_segments(z, starts, segment_frames)), starts
+    return model.decoder(slice_segments(z, starts, segment_frames), g), starts
 
 
 def real_segments(batch: Batch, features: Features, starts: torch.Tensor, segment_frames: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -177,8 +186,9 @@ def reconstruction_mel_l1(model: VitsModel, batch: Batch, features: Features) ->
     compare log-mels with the recording over its valid frames. [batch] mean absolute difference."""
     linear = batch.linear if batch.linear is not None else features.linear(batch.audio)
     frame_mask = sequence_mask(batch.frame_lengths, linear.shape[-1]).unsqueeze(1)
-    _, z_mean, _ = model.posterior_encoder(linear, frame_mask)
-    audio = model.decoder(z_mean * frame_mask).squeeze(1)
+    g = conditioning(model, batch.speaker_ids)
+    _, z_mean, _ = model.posterior_encoder(linear, frame_mask, g)
+    audio = model.decoder(z_mean * frame_mask, g).squeeze(1)
     mel_generated = features.mel(audio)
     mel_real = batch.mel if batch.mel is not None else features.mel(batch.audio)
     frames = min(mel_generated.shape[-1], mel_real.shape[-1])

@@ -25,18 +25,30 @@ class Voice:
     normalizer: TextNormalizer
     sample_rate: int
     device: torch.device
+    speaker: int | None = None  # the speaker id a multi-speaker model speaks as
 
 
-def load_voice(model_dir: str | Path, device: torch.device, speaking_rate: float = 1.0) -> Voice:
+def load_voice(model_dir: str | Path, device: torch.device, speaking_rate: float = 1.0,
+               speaker: str | None = None) -> Voice:
+    """The folder's voice; with `speaker` (a name or id in speakers.json), that speaker of the multi-speaker
+    model the folder holds (train_vits.py writes it in multi_speaker/ beside the single voice)."""
     from transformers import VitsTokenizer
 
     from finetune.vits.generator import load_complete_model
+    from finetune.vits.speakers import MULTI_SPEAKER_DIR, speaker_id
 
-    model = load_complete_model(Path(model_dir), str(model_dir)).to(device).eval()
+    folder, speaker_index = Path(model_dir), None
+    if speaker is not None:
+        folder = folder / MULTI_SPEAKER_DIR if (folder / MULTI_SPEAKER_DIR).is_dir() else folder
+        if not (folder / "speakers.json").is_file():
+            raise ValueError(f"--speaker {speaker}: {model_dir} holds one voice (no {MULTI_SPEAKER_DIR}/speakers.json); "
+                             "leave --speaker out")
+        speaker_index = speaker_id(folder, speaker)
+    model = load_complete_model(folder, str(folder), speakers=speaker is not None).to(device).eval()
     model.speaking_rate = speaking_rate
-    tokenizer = VitsTokenizer.from_pretrained(str(model_dir))
+    tokenizer = VitsTokenizer.from_pretrained(str(folder))
     normalizer = TextNormalizer({t for t in tokenizer.encoder if len(t) == 1})
-    return Voice(model, tokenizer, normalizer, int(model.config.sampling_rate), device)
+    return Voice(model, tokenizer, normalizer, int(model.config.sampling_rate), device, speaker_index)
 
 
 @dataclass
@@ -61,7 +73,7 @@ def prepare_lines(voice: Voice, lines: list[tuple[str, str]]) -> list[Line]:
 
 def speak(voice: Voice, token_ids: np.ndarray, seed: int = 0) -> np.ndarray:
     ceiling_s = ceiling_for_text(len(token_ids)) / voice.model.speaking_rate  # slower speech may take longer
-    return speak_bounded(voice.model, [token_ids], voice.device, seed, [ceiling_s]).waveforms[0]
+    return speak_bounded(voice.model, [token_ids], voice.device, seed, [ceiling_s], speaker=voice.speaker).waveforms[0]
 
 
 def speak_to_folder(voice: Voice, lines: list[Line], folder: Path, seed: int = 0, suffix: str = "") -> list[Path]:
