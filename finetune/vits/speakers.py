@@ -55,6 +55,10 @@ def add_speakers(model: VitsModel, count: int, embedding_size: int = EMBEDDING_S
         missing, unexpected = conditioned.load_state_dict(model.state_dict(), strict=False)
         assert not unexpected and all(is_conditioning(name) for name in missing), (missing, unexpected)
         torch.nn.init.normal_(conditioned.embed_speaker.weight, std=EMBEDDING_INIT_STD)
+    # What ready_for_training changed on the modules (not the config) stays as it was: LayerDrop off (else
+    # text encoder layers are skipped at random in training) and the blank's embedding trainable.
+    conditioned.text_encoder.encoder.layerdrop = model.text_encoder.encoder.layerdrop
+    conditioned.text_encoder.embed_tokens.padding_idx = model.text_encoder.embed_tokens.padding_idx
     with torch.no_grad():
         for layer in conditioning_layers(conditioned):
             silence(layer)
