@@ -136,10 +136,10 @@ def duration_draws(model, token_ids: list[np.ndarray], device: torch.device, see
 
 def speaker_conditioning(model, speaker: int | None, count: int, device: torch.device) -> torch.Tensor | None:
     """g [count, embedding, 1] for one speaker of a conditioned model; None for a plain model."""
-    if speaker is None or not getattr(model.config, "speaker_embedding_size", 0) or model.config.num_speakers <= 1:
-        return None
-    ids = torch.full((count,), int(speaker), dtype=torch.long, device=device)
-    return model.embed_speaker(ids).unsqueeze(-1)
+    from finetune.vits.speakers import conditioning
+
+    ids = None if speaker is None else torch.full((count,), int(speaker), dtype=torch.long, device=device)
+    return conditioning(model, ids)
 
 
 def predict_log_duration(model, hidden: torch.Tensor, mask: torch.Tensor, g: torch.Tensor | None,
