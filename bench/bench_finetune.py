@@ -42,6 +42,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from bench.launcher import run_script  # noqa: E402
 from bench.machine import describe  # noqa: E402
 
 OLD_LOSS_PATCH = (  # transformers' own training path for the stochastic duration predictor
@@ -51,11 +52,17 @@ OLD_LOSS_PATCH = (  # transformers' own training path for the stochastic duratio
 
 
 def run(command: list[str], label: str, log: Path) -> float:
+    """`command` ([python, script.py, flags...], or [python, -c, code, flags...]) in a process of its own,
+    its output in `log`; its seconds. A script is forked from bench/launcher.py's server (the imports paid
+    once); code, which patches a module, gets a new interpreter."""
     started = time.perf_counter()
-    with open(log, "w") as out:
-        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
-    if done.returncode != 0:
-        raise SystemExit(f"{label} failed (exit {done.returncode}); see {log}")
+    if command[1].endswith(".py"):
+        code = run_script(Path(command[1]), command[2:], log)
+    else:
+        with open(log, "w") as out:
+            code = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO).returncode
+    if code != 0:
+        raise SystemExit(f"{label} failed (exit {code}); see {log}")
     return time.perf_counter() - started
 
 
@@ -65,8 +72,10 @@ def train(data_dir: Path, run_dir: Path, model: str, hours: float, lr: float, ol
             str(run_dir / "final_model"), "--model_name", model, "--target_hours", str(hours),
             "--discriminator_width", "0.0625", "--learning_rate", str(lr), "--gradient_accumulation_steps", "1",
             "--log_every_seconds", "60", "--val_samples", "16", *extra]
-    code = (OLD_LOSS_PATCH if old_loss else "") + "import sys, train_vits; sys.exit(train_vits.main(sys.argv[1:]))"
-    return run([sys.executable, "-c", code, *argv], f"training {run_dir.name}", run_dir.with_suffix(".log"))
+    if old_loss:  # transformers' duration loss patched in: a new interpreter, the patch in its code
+        code = OLD_LOSS_PATCH + "import sys, train_vits; sys.exit(train_vits.main(sys.argv[1:]))"
+        return run([sys.executable, "-c", code, *argv], f"training {run_dir.name}", run_dir.with_suffix(".log"))
+    return run([sys.executable, str(REPO / "train_vits.py"), *argv], f"training {run_dir.name}", run_dir.with_suffix(".log"))
 
 
 def make_voice_b(source: Path, out: Path, stretch: float, semitones: float) -> None:
@@ -88,9 +97,9 @@ def make_voice_b(source: Path, out: Path, stretch: float, semitones: float) -> N
         sf.write(out / "wavs" / path.name, slower, rate, subtype="PCM_16")
 
 
-def prepare(source: Path, data_dir: Path, model: str, max_samples: int = 0) -> None:
+def prepare(source: Path, data_dir: Path, model: str, max_samples: int = 0, val_fraction: float = 0.05) -> None:
     run([sys.executable, str(REPO / "prepare_data.py"), "--input_dir", str(source), "--data_dir", str(data_dir),
-         "--model_name", model, "--val_fraction", "0.05", "--num_workers", "1" if max_samples else "2",
+         "--model_name", model, "--val_fraction", str(val_fraction), "--num_workers", "1" if max_samples else "2",
          "--max_samples", str(max_samples)],
         f"preparing {data_dir.name}", data_dir.with_suffix(".log"))
 
@@ -119,8 +128,9 @@ def run_figures(run_dir: Path) -> dict:
             "budget_s": end["budget_s"], "loss_scale": end.get("loss_scale_generator")}
 
 
-def score(model_dir: Path, data_dir: Path) -> dict:
-    """MCD-DTW (this tool's evaluation) and the median length ratio by stock transformers, held-out clips."""
+def score(model_dir: Path, data_dir: Path, metadata: str = "metadata_val.csv") -> dict:
+    """MCD-DTW (this tool's evaluation) and the median length ratio by stock transformers, on the clips of
+    `metadata` (the held-out ones by default)."""
     import torch
     from transformers import VitsModel, VitsTokenizer
     from transformers.utils import logging as transformers_logging
@@ -132,7 +142,7 @@ def score(model_dir: Path, data_dir: Path) -> dict:
     transformers_logging.disable_progress_bar()
     model = VitsModel.from_pretrained(str(model_dir)).eval()
     tokenizer = VitsTokenizer.from_pretrained(str(model_dir))
-    examples, _ = load_examples(data_dir, "metadata_val.csv", tokenizer, 256, 16000)
+    examples, _ = load_examples(data_dir, metadata, tokenizer, 256, 16000)
     result = Evaluator(examples, Features(FeatureConfig()), torch.device("cpu"), 16000, None, [], seed=0,
                        batch_size=1).evaluate(model, 0)
     ratios = []
@@ -204,6 +214,17 @@ def smoke(args) -> None:
 
 def make_voice_a(args, work: Path) -> Path:
     """Voice A pretrained from scratch on the demo corpus, and B's data made from it (or both reused)."""
+    voice_a = pretrain_voice_a(args, work)
+    if not (args.reuse and (work / "data_b" / "metadata.csv").is_file()):
+        shutil.rmtree(work / "corpus_b", ignore_errors=True)
+        shutil.rmtree(work / "data_b", ignore_errors=True)
+        make_voice_b(work / "data_a", work / "corpus_b", args.stretch, args.semitones)
+        prepare(work / "corpus_b", work / "data_b", str(voice_a), getattr(args, "smoke_samples", 0))
+    return voice_a
+
+
+def pretrain_voice_a(args, work: Path) -> Path:
+    """Voice A pretrained from scratch on the demo corpus (prepared in work/data_a), or reused."""
     voice_a = work / "voice_a" / "checkpoints" / "best_model"
     samples = getattr(args, "smoke_samples", 0)
     if args.reuse and any((v / "config.json").is_file() for v in (voice_a, work / "voice_a" / "final_model")):
@@ -217,11 +238,6 @@ def make_voice_a(args, work: Path) -> Path:
     if not (voice_a / "config.json").is_file():  # no evaluation was within the timing rule: the last weights
         voice_a = work / "voice_a" / "final_model"
     print(f"voice A: {voice_a}", flush=True)
-    if not (args.reuse and (work / "data_b" / "metadata.csv").is_file()):
-        shutil.rmtree(work / "corpus_b", ignore_errors=True)
-        shutil.rmtree(work / "data_b", ignore_errors=True)
-        make_voice_b(work / "data_a", work / "corpus_b", args.stretch, args.semitones)
-        prepare(work / "corpus_b", work / "data_b", str(voice_a), samples)
     return voice_a
 
 

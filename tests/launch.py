@@ -24,7 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
-PRELOAD = ["torch", "transformers", "train_vits", "train_feedback", "tests.crash_helper"]
+# The recipes, and what they import on first use (a run's parts, librosa, matplotlib, TensorBoard).
+PRELOAD = ["torch", "transformers", "train_vits", "train_feedback", "tests.crash_helper", "finetune.recipe",
+           "finetune.training.loop", "finetune.reporting.evaluation", "finetune.reporting.run_report",
+           "finetune.reporting.tracking", "librosa", "scipy.signal", "matplotlib", "torch.utils.tensorboard"]
 _context = None
 
 

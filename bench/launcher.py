@@ -1,0 +1,53 @@
+"""A recipe script run as a process of its own, forked from a server that imported torch, transformers
+and the recipes once (multiprocessing's forkserver).
+
+Benchmarks that compare what runs produce (bench_finetune.py, bench_speakers.py) launch several
+recipes; a new interpreter pays 5 to 6 s of CPU importing torch and transformers each time. A forked
+process is as separate as one from `python train_vits.py` (its own pid, threads, memory, exit status;
+its output goes to its log), it only skips the imports. Benchmarks that time a launch or measure a
+process's memory (bench_deadline.py, bench_scale.py, bench_train.py) start real interpreters instead.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import runpy
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+# The recipes, and what they import on first use (a run's parts, librosa, matplotlib, TensorBoard): each of
+# these a launch would otherwise import again.
+PRELOAD = ["torch", "transformers", "prepare_data", "train_vits", "check_transcripts", "finetune.recipe",
+           "finetune.training.loop", "finetune.reporting.evaluation", "finetune.reporting.run_report",
+           "finetune.reporting.tracking", "finetune.data.prepare", "librosa", "scipy.signal", "matplotlib",
+           "torch.utils.tensorboard"]
+_context = None
+
+
+def _server():
+    global _context
+    if _context is None:
+        _context = multiprocessing.get_context("forkserver")
+        _context.set_forkserver_preload(PRELOAD)
+    return _context
+
+
+def _child(script: str, argv: list[str], log: str) -> None:
+    """In the forked process: output to the log, the script run as __main__ from the repository root."""
+    handle = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    for fd in (1, 2):
+        os.dup2(handle, fd)
+    os.close(handle)
+    os.chdir(REPO)
+    sys.argv = [script, *argv]
+    runpy.run_path(script, run_name="__main__")  # its sys.exit(status) becomes the process's exit status
+
+
+def run_script(script: Path, argv: list[str], log: Path) -> int:
+    """Run `script` with `argv` in a forked process, its output in `log`; its exit status."""
+    process = _server().Process(target=_child, args=(str(script), [str(a) for a in argv], str(log)))
+    process.start()
+    process.join()
+    return process.exitcode
