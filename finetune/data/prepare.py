@@ -33,6 +33,8 @@ from finetune.data.sources import Source, SourceItem
 from finetune.data.text import TextNormalizer, describe_oov
 
 CACHE_NAME = ".prepare_cache.json"
+RESERVE_NAME = ".prepare_cache.reserve"  # room for the cache while the clips are written (Preparer.reserve_room)
+RESERVE_BYTES_PER_CLIP = 512  # a cache entry is about 300 bytes (its id, signature, text, seconds, quality)
 CACHE_VERSION = 1
 
 # Reasons an item is dropped (keys in the report), with what each means.
@@ -305,6 +307,7 @@ class Preparer:
     def run(self, source: Source) -> Tally:
         progress = Progress("prepare", total=source.count, unit="clips")
         last_save = time.monotonic()
+        reserve = self.reserve_room(source.count)
         try:
             for result in self.results(self.screen(source.iterate()), progress):
                 self.finish(result)
@@ -313,8 +316,25 @@ class Preparer:
                     last_save = time.monotonic()
         finally:
             progress.close()
+            if reserve is not None:
+                reserve.unlink(missing_ok=True)  # the cache's room, kept from the start
             self.save_cache()
         return self.tally
+
+    def reserve_room(self, clips: int) -> Path | None:
+        """A file holding room for the cache (about RESERVE_BYTES_PER_CLIP a clip), made before the first
+        clip and deleted just before the cache is saved: when the disk fills up with clips, the cache of
+        what was done still fits, whatever the clips' sizes. None when even that does not fit."""
+        path = self.data_dir / RESERVE_NAME
+        size = min(max(64 * 1024, RESERVE_BYTES_PER_CLIP * clips), 32 * 2**20)
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            with open(path, "wb") as out:
+                out.write(b"\0" * size)
+            return path
+        except OSError:
+            path.unlink(missing_ok=True)
+            return None
 
     def save_cache(self) -> None:
         """The cache, unless the disk refuses it too (then the next run redoes those clips): never in
