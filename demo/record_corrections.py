@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""For the feedback demo: "record" corrections of reviewed sentences with espeak-ng, the demo corpus's
-speaker, as a user would record them with a microphone.
+"""For the feedback demo: "record" corrections of reviewed sentences with espeak-ng, as the app's users
+would record them with a microphone: in the voices of the demo crowd's other speakers, not the target's
+(ciya), so that a round must learn the words without taking on their voices.
 
 Reads REVIEW_DIR/metadata.csv (id|text, written by train_feedback.py --review) and writes each
 correction as a recording app saves it: FEEDBACK_DIR/<id>.wav (22.05 kHz, as espeak-ng speaks) beside
@@ -15,7 +16,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_corpus import VOICE, espeak_version, voice_settings  # noqa: E402
+from make_corpus import SPEAKERS, espeak_version  # noqa: E402
+
+APP_USERS = ("axin", "baran", "evin")  # who records the corrections: not ciya
 
 
 def main() -> int:
@@ -28,11 +31,11 @@ def main() -> int:
     folder = Path(args.feedback_dir)
     folder.mkdir(parents=True, exist_ok=True)
     for index, (item_id, text) in enumerate(rows):
-        speed_wpm, pitch = voice_settings(index)
-        subprocess.run(["espeak-ng", "-v", VOICE, "-s", str(speed_wpm), "-p", str(pitch), "-w",
+        voice, speed_wpm, pitch, _ = SPEAKERS[APP_USERS[index % len(APP_USERS)]]
+        subprocess.run(["espeak-ng", "-v", voice, "-s", str(speed_wpm), "-p", str(pitch), "-w",
                         str(folder / f"{item_id}.wav"), text], check=True)
         (folder / f"{item_id}.txt").write_text(text + "\n", encoding="utf-8")
-    print(f"{len(rows)} corrections recorded with espeak-ng -> {args.feedback_dir}/")
+    print(f"{len(rows)} corrections recorded with espeak-ng by {', '.join(APP_USERS)} -> {args.feedback_dir}/")
     return 0
 
 
