@@ -13,6 +13,10 @@ Then, on the device (pip install sherpa-onnx):
                                                    tokens="voice_onnx/tokens.txt"))))
     audio = tts.generate("ez bi kurdî diaxivim")        # audio.samples, audio.sample_rate
 
+A model folder of a crowd's run (train_vits.py with several speakers) holds the target's voice and, in
+multi_speaker/, every voice: both are exported, the second to OUT/multi_speaker/ with a sid input and
+speakers.json (name -> sid: GenerationConfig.sid in sherpa-onnx).
+
 After exporting it checks itself: onnxruntime against PyTorch on --check_sentences (same input, no
 noise, so the outputs must agree), and, when sherpa-onnx is installed, that sherpa-onnx loads the folder
 and speaks. Needs the optional packages of requirements-export.txt.
@@ -53,8 +57,9 @@ class ExportConfig:
             raise ConfigError(problems)
 
 
-def check_onnxruntime(voice, out_dir: Path, lines: list, tolerance: float) -> float:
-    """The largest sample difference between onnxruntime and PyTorch over the sentences (no noise)."""
+def check_onnxruntime(voice, out_dir: Path, lines: list, tolerance: float, sid: int | None = None) -> float:
+    """The largest sample difference between onnxruntime and PyTorch over the sentences (no noise), as
+    speaker `sid` of a multi-speaker export."""
     import numpy as np
     import onnxruntime
     import torch
@@ -67,11 +72,13 @@ def check_onnxruntime(voice, out_dir: Path, lines: list, tolerance: float) -> fl
     for line in lines:
         ids = torch.from_numpy(line.token_ids.astype(np.int64)).unsqueeze(0)
         scales = [torch.tensor([0.0]), torch.tensor([1.0]), torch.tensor([0.0])]
+        speaker = None if sid is None else torch.tensor([sid], dtype=torch.int64)
         with torch.no_grad():
-            expected = synthesise_graph(voice.model, ids, *scales)[0, 0].numpy()
-        got = session.run(None, {"x": ids.numpy(), "x_length": np.array([ids.shape[1]], dtype=np.int64),
-                                 "noise_scale": scales[0].numpy(), "length_scale": scales[1].numpy(),
-                                 "noise_scale_w": scales[2].numpy()})[0][0, 0]
+            expected = synthesise_graph(voice.model, ids, *scales, speaker_ids=speaker)[0, 0].numpy()
+        inputs = {"x": ids.numpy(), "x_length": np.array([ids.shape[1]], dtype=np.int64),
+                  "noise_scale": scales[0].numpy(), "length_scale": scales[1].numpy(), "noise_scale_w": scales[2].numpy(),
+                  **({"sid": speaker.numpy()} if speaker is not None else {})}
+        got = session.run(None, inputs)[0][0, 0]
         if got.shape != expected.shape:
             raise ExportError(f"onnxruntime spoke {line.text!r} in {got.shape[0]} samples, PyTorch in {expected.shape[0]}")
         worst = max(worst, float(np.abs(got - expected).max()))
@@ -84,8 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from finetune.vits.onnx_export import export_voice
+    from finetune.vits.speakers import MULTI_SPEAKER_DIR
     from finetune.vits.synthesis import load_voice, numbered, prepare_lines
-    from finetune.reporting.tracking import installed
 
     config = parse_config(ExportConfig, argv, __doc__)
     voice = load_voice(config.model_dir, torch.device("cpu"))
@@ -96,14 +103,48 @@ def main(argv: list[str] | None = None) -> int:
     print(f"exported {config.model_dir} -> {out_dir}/ (model.onnx, tokens.txt, voice.json)")
     worst = check_onnxruntime(voice, out_dir, lines, config.tolerance)
     print(f"onnxruntime equals PyTorch on {len(lines)} sentences (largest sample difference {worst:.1e})")
-    if installed("sherpa_onnx"):
-        from finetune.vits.onnx_export import sherpa_speaks
-
-        seconds = sherpa_speaks(out_dir, voice.normalizer(lines[0].text).text)
-        print(f"sherpa-onnx loads {out_dir} and speaks ({seconds:.2f} s of audio for {lines[0].text!r})")
-    else:
-        print("sherpa-onnx is not installed here: not checked (pip install sherpa-onnx)")
+    check_sherpa(out_dir, voice.normalizer(lines[0].text).text)
+    several = Path(config.model_dir) / MULTI_SPEAKER_DIR
+    if (several / "speakers.json").is_file():  # a crowd's run: its voices too, for apps that choose one
+        export_speakers(several, out_dir / MULTI_SPEAKER_DIR, config, lines)
     return 0
+
+
+def check_sherpa(out_dir: Path, text: str, sid: int | None = None) -> None:
+    from finetune.reporting.tracking import installed
+
+    if not installed("sherpa_onnx"):
+        print("sherpa-onnx is not installed here: not checked (pip install sherpa-onnx)")
+        return
+    from finetune.vits.onnx_export import sherpa_speaks
+
+    seconds = sherpa_speaks(out_dir, text, sid or 0)
+    who = f" as speaker {sid}" if sid is not None else ""
+    print(f"sherpa-onnx loads {out_dir} and speaks{who} ({seconds:.2f} s of audio for {text!r})")
+
+
+def export_speakers(folder: Path, out_dir: Path, config: ExportConfig, lines: list) -> None:
+    """The multi-speaker model beside the single voice: model.onnx with a sid input, tokens.txt, and
+    speakers.json (name -> sid); its first and last speakers checked as the single voice is."""
+    import json
+    import shutil
+
+    import torch
+
+    from finetune.vits.onnx_export import export_voice
+    from finetune.vits.synthesis import load_voice
+
+    names = json.loads((folder / "speakers.json").read_text(encoding="utf-8"))["speakers"]
+    voice = load_voice(folder, torch.device("cpu"), speaker="0")
+    export_voice(voice.model, voice.tokenizer, out_dir, config.language)
+    shutil.copyfile(folder / "speakers.json", out_dir / "speakers.json")
+    print(f"exported {folder} ({len(names)} speakers) -> {out_dir}/ (model.onnx with a sid input, tokens.txt, "
+          "speakers.json)")
+    for sid in sorted({0, len(names) - 1}):
+        worst = check_onnxruntime(voice, out_dir, lines, config.tolerance, sid)
+        print(f"onnxruntime equals PyTorch as speaker {sid} on {len(lines)} sentences (largest sample difference "
+              f"{worst:.1e})")
+    check_sherpa(out_dir, voice.normalizer(lines[0].text).text, len(names) - 1)
 
 
 if __name__ == "__main__":

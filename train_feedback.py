@@ -13,7 +13,9 @@ training run) and its discriminator, trains on the corrections mixed with a repl
 original corpus (against forgetting) with the training loop of train_vits.py, and scores the
 corrections and held-out original clips before and after. The new model is kept, as the next version,
 only when the corrections improved and the originals got no worse than --max_regression percent;
-otherwise the current voice stays as it was. Either way the corrected sentences are rendered before and
+otherwise the current voice stays as it was. The corrections, recorded by other people, train under a
+speaker id of their own (--corrections_voice): they teach the words, not their voices; the voice is
+what is judged, and what the round's model holds. Either way the corrected sentences are rendered before and
 after, for listening, and a report is written.
 
 Exit status: 0 done (accepted or rejected: see the report), 1 bad data or model, 2 bad flags,
@@ -35,13 +37,14 @@ from finetune.system.run_lock import hold_for_launch
 
 # The parts below need torch and transformers: they load on first use, once the flags are parsed (--help stays fast).
 (atomic, audio, budgeting, checkpoints, context, corpus, corrections, distributed, evaluation, feedback, generator,
- interrupt, logs, loop, measures, model_card, model_source, recipe, run_settings, sampler, session, synthesis) = lazy_modules(
+ interrupt, logs, loop, measures, model_card, model_source, recipe, run_settings, sampler, session, speaker_layers,
+ synthesis) = lazy_modules(
     "finetune.system.atomic", "finetune.data.audio", "finetune.training.budget", "finetune.training.checkpoint",
     "finetune.training.context", "finetune.data.corpus", "finetune.data.corrections", "finetune.training.distributed",
     "finetune.reporting.evaluation", "finetune.training.feedback", "finetune.vits.generator", "finetune.system.interrupt",
     "finetune.reporting.logs", "finetune.training.loop", "finetune.reporting.measures", "finetune.reporting.model_card",
     "finetune.system.model_source", "finetune.recipe", "finetune.training.run_settings", "finetune.data.sampler",
-    "finetune.training.session", "finetune.vits.synthesis")
+    "finetune.training.session", "finetune.vits.speakers", "finetune.vits.synthesis")
 
 
 @dataclass
@@ -56,6 +59,11 @@ class FeedbackConfig(TrainingFlags):
     data_dir: str = flag("training", "the original prepared corpus: replay clips and held-out clips come from it")
     output_dir: str = flag("training/voices", "versions folder: current/, v000/, v001/ ..., history.json, rounds/")
     replay_ratio: float = flag(2.0, "original clips replayed per correction (0: none, which risks forgetting)")
+    corrections_voice: str = flag("own", "own: the corrections train under a speaker id of their own (recorded by "
+                                         "other people: they teach pronunciation, the voice stays); voice: as the voice "
+                                         "itself (recorded by its own speaker)")
+    target_speaker: str | None = flag(None, "a multi-speaker --data_dir: whose clips are replayed and judged (default: "
+                                            "the speaker the base model was exported for)")
     target_minutes: float = flag(15.0, "time budget of the round, everything included (minutes)")
     target_hours: float = flag(0.0, "time budget in hours instead (0: use --target_minutes)")
     max_regression: float = flag(2.0, "accept only if the held-out originals' MCD rises by at most this (percent)")
@@ -82,6 +90,8 @@ class FeedbackConfig(TrainingFlags):
         for name in ("replay_ratio", "max_regression", "target_hours"):
             if getattr(self, name) < 0:
                 problems.append(f"--{name} {getattr(self, name)}: must be 0 or more")
+        if self.corrections_voice not in ("own", "voice"):
+            problems.append(f"--corrections_voice {self.corrections_voice}: choose own or voice")
         if self.rollback and self.review:
             problems.append("--rollback and --review are separate actions: give one")
         if self.review and not Path(self.review).is_file():
@@ -192,6 +202,7 @@ class RoundData:
     prepare_report: dict
     hop: int
     rate: int
+    voice: str | None  # the speaker of a multi-speaker corpus whose clips are replayed and judged
 
 
 def start_round(config: FeedbackConfig, versions, base: Path, clock, stop, dist) -> recipe.Run:
@@ -220,18 +231,30 @@ def load_round_data(config: FeedbackConfig, round_: recipe.Run, base: Path) -> R
     loaded = generator.load_generator(model_source.resolve_model(str(base)), [])
     round_.stop.check()  # loading a model takes seconds: a stop asked for meanwhile is honoured here
     model, tokenizer = generator.ready_for_training(loaded.model), loaded.tokenizer
+    if speaker_layers.speaker_count(model) > 1:
+        raise corrections.FeedbackError(f"--base_model {base} speaks several voices: start from the single-voice "
+                                        f"folder train_vits.py exported (the one that holds {base.name}/)")
+    data_dir = Path(config.data_dir)
+    voice = corrections.voice_speaker(data_dir, config.target_speaker, getattr(model.config, "speaker", None))
+    if config.corrections_voice == "own":  # other people's recordings: their own speaker id, the voice its own
+        model = speaker_layers.add_speakers(model, 2, seed=config.seed)
+        model.config.speaker_names = [voice or "voice", "corrections"]
+        round_.logger.info("speakers: the corrections train under a speaker id of their own, the replayed clips as "
+                           f"the voice ({voice or 'the corpus'}); the voice is judged and exported "
+                           "(--corrections_voice voice: the corrections are the voice's own)")
     features = recipe.features_for(model, round_.device)
     hop, rate = features.config.hop_length, features.config.sample_rate
     fixed = corpus.load_corpus(out, "metadata.csv", tokenizer, features, rate, 0, False, round_.device, round_.stop)
-    data_dir = Path(config.data_dir)
-    corrections.held_out_originals(data_dir)
+    for example in fixed.examples if config.corrections_voice == "own" else []:
+        example.speaker = 1
+    corrections.held_out_originals(data_dir, voice)
     originals = corpus.load_corpus(data_dir, "metadata_val.csv", tokenizer, features, rate, config.val_samples, False,
-                                   round_.device, round_.stop)
+                                   round_.device, round_.stop, speakers={voice: 0} if voice else None)
     replay = corrections.replay_clips(data_dir, len(fixed.examples), config.replay_ratio, config.seed, tokenizer, hop,
-                                      rate, round_.logger)
+                                      rate, round_.logger, voice)
     round_.logger.info(f"training data: {len(fixed.examples)} corrections + {len(replay)} replayed original "
                        f"clips; {len(originals.examples)} held-out originals scored")
-    return RoundData(model, tokenizer, features, fixed, originals, replay, prepare_report, hop, rate)
+    return RoundData(model, tokenizer, features, fixed, originals, replay, prepare_report, hop, rate, voice)
 
 
 def starting_point(config: FeedbackConfig, round_: recipe.Run, data: RoundData, base: Path) -> recipe.StartingPoint:
@@ -260,8 +283,9 @@ def fit_round(config: FeedbackConfig, round_: recipe.Run, data: RoundData, start
     """The training loop of train_vits.py on corrections + replay, judged on corrections and originals.
     A round is short and never resumed: no checkpoints, no early stopping, no worker processes."""
     fixed = data.corrections.examples
+    conditioned = speaker_layers.speaker_count(data.model) > 1  # the voice is speaker 0, the corrections' 1
     common = dict(seed=config.seed, batch_size=session.eval_batch_size(round_.device),
-                  rule=measures.TimingRule(config.max_length_ratio))
+                  rule=measures.TimingRule(config.max_length_ratio), speaker=0 if conditioned else None)
     evaluator = feedback.FeedbackEvaluator(
         evaluation.Evaluator(fixed, data.features, round_.device, data.rate, round_.folder / "samples",
                              [(e.item_id, e.token_ids) for e in fixed[:5]], **common),
@@ -302,7 +326,8 @@ def conclude_round(config: FeedbackConfig, round_: recipe.Run, data: RoundData, 
               "replay": len(data.replay)}
     record = {"base_model": str(base), "accepted": decision.accepted, "reason": decision.reason,
               "before": decision.before, "after": decision.after, "candidate_step": decision.candidate_step,
-              "counts": counts, "max_regression_pct": config.max_regression, "steps": result.state.step,
+              "counts": counts, "voice": data.voice, "corrections_voice": config.corrections_voice,
+              "max_regression_pct": config.max_regression, "steps": result.state.step,
               "stop_reason": result.stop_reason, "time_used_s": round(round_.budget.used_s(), 1)}
     version = versions.accept(candidate, round_.folder.name, record) if decision.accepted else None
     if not decision.accepted:

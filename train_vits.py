@@ -74,6 +74,8 @@ class TrainConfig(TrainingFlags):
     speakers: str = flag("conditioned", "a multi-speaker corpus: conditioned (every clip, each speaker its own "
                                         "embedding; the target exported alone), pooled (every clip as one voice) or "
                                         "target_only (the target's clips only)")
+    target_share: float = flag(0.5, "--speakers conditioned: the target's clips are repeated until they are this "
+                                     "share of each epoch's draws (0: as many as it has)")
     hub_private: bool = flag(True, "create the --push_to_hub repository private (--no-hub_private: public)")
 
     def problems(self) -> list[str]:
@@ -86,6 +88,8 @@ class TrainConfig(TrainingFlags):
                      if v < 0]
         if self.keep_checkpoints < 1:
             problems.append(f"--keep_checkpoints {self.keep_checkpoints}: keep at least 1")
+        if not 0 <= self.target_share < 1:
+            problems.append(f"--target_share {self.target_share}: give a share from 0 up to (not including) 1")
         if self.speakers not in ("conditioned", "pooled", "target_only"):
             problems.append(f"--speakers {self.speakers}: choose conditioned, pooled or target_only")
         from finetune.reporting.tracking import check_trackers
@@ -258,6 +262,9 @@ def load_data(config: TrainConfig, run: recipe.Run, model: Model) -> Data:
                              speakers=judged) if (data_dir / "metadata_val.csv").is_file() else None
     if not train.examples:
         raise ConfigError([f"no usable training clips in {data_dir}/metadata.csv ({dict(train.report.skipped)})"])
+    if model.speakers and model.speakers.conditioned and config.target_share > 0:
+        train.examples, note = speakers.weighted_for_target(train.examples, config.target_share)
+        run.logger.info(note)
     for name, part in (("metadata.csv", train), ("metadata_val.csv", val)):
         if part is not None and part.report.skipped:  # each clip left out named, with its reason
             run.logger.warning("warning: " + part.report.describe(f"{data_dir / name}"))
@@ -274,6 +281,29 @@ def load_data(config: TrainConfig, run: recipe.Run, model: Model) -> Data:
     return Data(train, val, buckets, precompute)
 
 
+OTHER_SPEAKERS, OTHER_CLIPS = 3, 3  # a conditioned run reports the 3 speakers with most hours, 3 held-out clips each
+
+
+def other_speakers(config: TrainConfig, run: recipe.Run, model: Model) -> dict:
+    """Evaluators of a few other speakers of a conditioned run, each in its own voice on a few of its held-out
+    clips: what the crowd sounds like beside the target (reported, never judged on)."""
+    data_dir = Path(config.data_dir)
+    if not (model.speakers and model.speakers.conditioned) or not (data_dir / "metadata_val.csv").is_file():
+        return {}
+    features, found = model.features, {}
+    for index, name in list(enumerate(model.speakers.names))[1:]:
+        clips = corpus.load_corpus(data_dir, "metadata_val.csv", model.loaded.tokenizer, features,
+                                   features.config.sample_rate, OTHER_CLIPS, False, run.device, run.stop,
+                                   speakers={name: index}).examples
+        if clips:
+            found[name] = evaluation.Evaluator(clips, features, run.device, features.config.sample_rate, None, [],
+                                               seed=config.seed, batch_size=session.eval_batch_size(run.device),
+                                               rule=measures.TimingRule(config.max_length_ratio), speaker=index)
+        if len(found) == OTHER_SPEAKERS:
+            break
+    return found
+
+
 def build_loop(config: TrainConfig, run: recipe.Run, model: Model, data: Data, step_callback):
     """What is particular to this recipe: its discriminator (the checkpoint's, a given one, or new), its
     held-out evaluation, its checkpoints and trackers, what its saves carry; recipe.build_loop does the rest."""
@@ -281,7 +311,8 @@ def build_loop(config: TrainConfig, run: recipe.Run, model: Model, data: Data, s
     choice = session.build_discriminator(config.discriminator, config.discriminator_width, config.discriminator_periods,
                                          run.payload, loaded.pretrained, config.discriminator_warmup_steps)
     run.logger.info(choice.description)
-    target = model.speakers and [e for e in data.train.examples if e.speaker == 0]  # the target's, for want of held-out
+    # The target's own clips (each once: --target_share repeats them), for want of held-out ones.
+    target = model.speakers and list({e.item_id: e for e in data.train.examples if e.speaker == 0}.values())
     fallback = corpus.Corpus(target, data.train.report, False, 0.0, 0) if target else data.train
     evaluator = evaluation.Evaluator(
         session.held_out(data.val, fallback, config.val_samples, run.logger), features, run.device,
@@ -289,7 +320,7 @@ def build_loop(config: TrainConfig, run: recipe.Run, model: Model, data: Data, s
         session.test_sentences(config.test_sentences, loaded.tokenizer, run.logger), seed=config.seed,
         batch_size=session.eval_batch_size(run.device), rule=measures.TimingRule(config.max_length_ratio),
         naturalness=naturalness_for(config.naturalness, run.device, run.logger) if run.dist.is_main else None,
-        speaker=0 if model.speakers and model.speakers.conditioned else None)
+        speaker=0 if model.speakers and model.speakers.conditioned else None, others=other_speakers(config, run, model))
     fingerprint = checkpoints.data_fingerprint([e.item_id for e in data.train.examples])
     if run.payload:
         checkpoints.check_same_data(run.payload, fingerprint)

@@ -96,3 +96,43 @@ def test_the_script_exports_and_checks_a_saved_model(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "onnxruntime equals PyTorch on 3 sentences" in out
     assert sorted(p.name for p in (tmp_path / "onnx").iterdir()) == ["model.onnx", "tokens.txt", "voice.json"]
+
+
+def test_a_crowd_model_exports_its_voice_and_every_speaker_behind_a_sid_input(tmp_path, capsys):
+    """A conditioned model's folder: the target alone at the top, all speakers in multi_speaker/ with sherpa-onnx's
+    sid input, each checked against PyTorch."""
+    import json
+
+    import onnxruntime
+
+    from finetune.system.model_source import resolve_model
+    from finetune.vits.generator import export_model, load_generator, ready_for_training
+    from finetune.vits.speakers import MULTI_SPEAKER_DIR, add_speakers, conditioning_layers
+    from tests.conftest import KURMANJI_LETTERS
+
+    loaded = load_generator(resolve_model("scratch:tiny"), list(KURMANJI_LETTERS + " "), 16000)
+    model = add_speakers(ready_for_training(loaded.model), 3, seed=0)
+    model.config.speaker_names = ["ciya", "axin", "baran"]
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # as after training: each speaker's conditioning moves the voice
+        for layer in conditioning_layers(model):
+            weight = getattr(getattr(layer, "parametrizations", None), "weight", None)
+            target = weight.original0 if weight is not None else layer.weight
+            target.copy_(0.05 * torch.randn(target.shape, generator=generator))
+    export_model(model, loaded.tokenizer, tmp_path / "model")
+    assert export_onnx.main([str(tmp_path / "model"), str(tmp_path / "onnx")]) == 0
+    out = capsys.readouterr().out
+    assert "onnxruntime equals PyTorch on 3 sentences" in out  # the target alone
+    assert "onnxruntime equals PyTorch as speaker 0" in out and "as speaker 2" in out
+    several = tmp_path / "onnx" / MULTI_SPEAKER_DIR
+    assert json.loads((several / "speakers.json").read_text())["speakers"] == {"ciya": 0, "axin": 1, "baran": 2}
+    assert json.loads((several / "voice.json").read_text())["n_speakers"] == "3"
+    assert json.loads((tmp_path / "onnx" / "voice.json").read_text())["n_speakers"] == "0"
+    session = onnxruntime.InferenceSession(str(several / "model.onnx"), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()][-1] == "sid"
+    ids = np.array([[3, 5, 7, 9, 11, 13]], dtype=np.int64)
+    speech = [session.run(None, {"x": ids, "x_length": np.array([6]), "noise_scale": np.array([0.0], np.float32),
+                                 "length_scale": np.array([1.0], np.float32),
+                                 "noise_scale_w": np.array([0.0], np.float32), "sid": np.array([sid])})[0]
+              for sid in (0, 2)]
+    assert speech[0].shape != speech[1].shape or not np.allclose(speech[0], speech[1])

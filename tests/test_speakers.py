@@ -92,6 +92,20 @@ def test_each_speaker_has_its_own_held_out_clips():
     assert split_by_speaker(one, 0.02) == split_validation(sorted(one), 0.02)  # one speaker: as before
 
 
+def test_a_minority_target_is_drawn_as_often_as_target_share_asks_and_a_majority_once():
+    from types import SimpleNamespace
+
+    from finetune.data.speakers import weighted_for_target
+
+    crowd = [SimpleNamespace(item_id=f"t{i}", speaker=0) for i in range(15)]
+    crowd += [SimpleNamespace(item_id=f"o{i}", speaker=1 + i % 3) for i in range(85)]
+    weighted, note = weighted_for_target(crowd, 0.5)
+    assert len(weighted) == 100 + 15 * 5 and sum(e.speaker == 0 for e in weighted) == 15 * 6  # 90 of 175
+    assert weighted[:100] == crowd and "drawn 6 times an epoch: 51% of the draws" in note
+    same, note = weighted_for_target(crowd[:15] + crowd[15:25], 0.5)  # 15 of 25: more than half already
+    assert len(same) == 25 and "drawn once" in note
+
+
 def test_quality_flags_drop_noisy_clipped_and_silent_clips(tmp_path):
     rng, rate = np.random.default_rng(1), 22050
     clean = [voiced(150, 1.2, rate, rng) for _ in range(3)]
@@ -190,6 +204,12 @@ def test_a_conditioned_run_exports_the_target_alone_and_resumes(crowd, tmp_path,
     assert train_vits.main(argv, clock=clock_for(fake)) == 0
     log = (run / "checkpoints" / "train.log").read_text()
     assert "speakers: 3 in the training data" in log and "exported: bbb222" in log
+    evaluations = [json.loads(line) for line in (run / "checkpoints" / "metrics.jsonl").read_text().splitlines()
+                   if '"kind": "eval"' in line]
+    others = evaluations[-1]["others"]  # the crowd beside the target, in each one's own voice
+    held_out = sum(1 for _, who, _ in read_rows(crowd / "metadata_val.csv") if who == "aaa111")
+    assert "aaa111" in others and "bbb222" not in others and others["aaa111"]["clips"] == min(3, held_out) > 0
+    assert "aaa111: MCD" in log
     config = json.loads((run / "final_model" / "config.json").read_text())
     assert config["num_speakers"] == 1 and config["speaker"] == "bbb222"
     speech = pipeline("text-to-speech", model=str(run / "final_model"))("ez baş im")
@@ -210,3 +230,48 @@ def test_an_unknown_target_speaker_names_the_speakers(crowd, tmp_path):
         train_vits.main(["--data_dir", str(crowd), "--model_name", "scratch:tiny", "--checkpoint_dir",
                          str(tmp_path / "c"), "--output_dir", str(tmp_path / "o"), "--target_speaker", "nobody",
                          "--report_to", "none"])
+
+
+def test_a_feedback_round_keeps_the_corrections_apart_and_judges_the_target(crowd, tmp_path, timed_work):
+    """Corrections recorded by another speaker train under a speaker id of their own; the round replays and
+    judges the target's clips only, and its model is the target's voice alone again."""
+    import shutil
+
+    import train_feedback
+
+    fake, _ = timed_work
+    run = tmp_path / "run"
+    assert train_vits.main(args(crowd, run, "--target_hours", "1", "--max_epochs", "1", "--val_samples", "2",
+                                "--target_speaker", "bbb222"), clock=clock_for(fake)) == 0
+    others = [(i, text) for i, who, text in read_rows(crowd / "metadata.csv") if who == "aaa111"][:3]
+    feedback = tmp_path / "feedback"
+    (feedback / "wavs").mkdir(parents=True)
+    for item_id, _ in others:
+        shutil.copy(crowd / "wavs" / f"{item_id}.wav", feedback / "wavs" / f"{item_id}.wav")
+    (feedback / "metadata.csv").write_text("".join(f"{i}|{t}\n" for i, t in others), encoding="utf-8")
+    fake.t = 0.0
+    code = train_feedback.main(["--feedback_dir", str(feedback), "--base_model", str(run / "final_model"),
+                                "--data_dir", str(crowd), "--output_dir", str(tmp_path / "voices"), "--batch_size", "4",
+                                "--val_samples", "2", "--benchmark_samples", "4", "--max_epochs", "1",
+                                "--target_minutes", "60", "--max_length_ratio", "100", "--log_every_seconds", "60"],
+                               clock=clock_for(fake))
+    assert code == 0
+    round_dir = tmp_path / "voices" / "rounds" / "round_001"
+    report = json.loads((round_dir / "feedback_report.json").read_text())
+    assert report["voice"] == "bbb222" and report["corrections_voice"] == "own"
+    held_out = [r for r in read_rows(crowd / "metadata_val.csv") if r[1] == "bbb222"]
+    assert report["counts"] == {"corrections": 3, "originals": min(2, len(held_out)), "replay": 6}
+    log = (round_dir / "train.log").read_text()
+    assert "the corrections train under a speaker id of their own" in log
+    last = round_dir / "checkpoints" / "last_model"
+    config = json.loads((last / "config.json").read_text())
+    assert config["num_speakers"] == 1 and config["speaker"] == "bbb222"  # the voice alone, for the app
+    assert json.loads((last / MULTI_SPEAKER_DIR / "speakers.json").read_text())["speakers"] == {"bbb222": 0,
+                                                                                              "corrections": 1}
+    # A corpus of several speakers with a base model exported for none of them: the flag that fixes it.
+    from finetune.data.corrections import FeedbackError
+
+    with pytest.raises(FeedbackError, match="--target_speaker nobody is not one of them: name the voice"):
+        train_feedback.main(["--feedback_dir", str(feedback), "--base_model", str(run / "final_model"),
+                             "--data_dir", str(crowd), "--output_dir", str(tmp_path / "v2"), "--target_speaker",
+                             "nobody"])

@@ -8,12 +8,13 @@ vocabulary and rate, into the round's folder; a bad one is dropped with its reas
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
 from finetune.data import prepare, sources
-from finetune.data.corpus import load_examples, read_metadata
+from finetune.data.corpus import load_examples, read_rows
 from finetune.data.text import TextNormalizer
 from finetune.system import model_source
 from finetune.system.errors import ToolError
@@ -79,23 +80,49 @@ def replay_sample(item_ids: list[str], corrections: int, ratio: float, seed: int
 
 
 def replay_clips(data_dir: Path, corrections: int, ratio: float, seed: int, tokenizer, hop: int, sample_rate: int,
-                 logger) -> list:
-    """The original corpus's replay sample as examples (none with `ratio` 0, said as a warning)."""
+                 logger, speaker: str | None = None) -> list:
+    """The original corpus's replay sample as examples (none with `ratio` 0, said as a warning): clips of
+    `speaker` only when the corpus has several."""
     if ratio == 0:
         logger.warning("warning: --replay_ratio 0: training on the corrections alone risks forgetting the rest")
         return []
     if not (data_dir / "metadata.csv").is_file():
         raise FeedbackError(f"{data_dir}/metadata.csv not found: the original corpus is needed for replay "
                             "(--data_dir), or pass --replay_ratio 0")
-    rows = read_metadata(data_dir / "metadata.csv")
+    rows = [(i, text) for i, who, text in read_rows(data_dir / "metadata.csv") if speaker is None or who == speaker]
     chosen = set(replay_sample([i for i, _ in rows], corrections, ratio, seed))
     examples, _ = load_examples(data_dir, "metadata.csv", tokenizer, hop, sample_rate, only_ids=chosen)
     return examples
 
 
-def held_out_originals(data_dir: Path) -> None:
-    """The original corpus's held-out clips must exist: they show whether a round damaged the rest."""
+def held_out_originals(data_dir: Path, speaker: str | None = None) -> None:
+    """The original corpus's held-out clips (of `speaker`, when it has several) must exist: they show whether
+    a round damaged the rest, or moved the voice."""
     path = data_dir / "metadata_val.csv"
-    if not path.is_file() or not read_metadata(path):
-        raise FeedbackError(f"{path} is missing or empty: held-out original clips are needed to check that nothing "
-                            "else got worse (prepare the corpus with --val_fraction > 0)")
+    if not path.is_file() or not [r for r in read_rows(path) if speaker is None or r[1] == speaker]:
+        whose = f" of speaker {speaker}" if speaker else ""
+        raise FeedbackError(f"{path} is missing or has no clips{whose}: held-out original clips are needed to check "
+                            "that nothing else got worse (prepare the corpus with --val_fraction > 0)")
+
+
+def voice_speaker(data_dir: Path, asked: str | None, exported_for: str | None) -> str | None:
+    """Whose clips of a multi-speaker corpus are the voice's: --target_speaker, else the speaker the base
+    model was exported for; None for a single-speaker corpus. A FeedbackError when neither names one of
+    its speakers."""
+    path = data_dir / "metadata.csv"
+    if not path.is_file():
+        return None  # replay_clips says what is missing
+    clips = Counter(speaker for _, speaker, _ in read_rows(path))
+    if set(clips) == {""}:
+        if asked:
+            raise FeedbackError(f"--target_speaker {asked}: {path} names no speakers (one voice); leave it out")
+        return None
+    wanted = asked or exported_for
+    if wanted not in clips:
+        top = ", ".join(f"{s} ({n} clips)" for s, n in clips.most_common(5))
+        why = (f"--target_speaker {asked} is not one of them" if asked else
+               f"the base model was exported for {exported_for}, not one of them" if exported_for else
+               "the base model names none of them")
+        raise FeedbackError(f"{path} has {len(clips)} speakers and {why}: name the voice with --target_speaker "
+                            f"(most clips: {top})")
+    return wanted

@@ -92,3 +92,20 @@ def find_speakers(data_dir: Path, target: str | None, mode: str, sample_rate: in
     for _, speaker, _ in val_rows:
         held[speaker] = held.get(speaker, 0) + 1
     return Speakers(names, hours, held, mode)
+
+
+def weighted_for_target(examples: list, share: float) -> tuple[list, str]:
+    """A conditioned run's training list with the target's clips (speaker 0) repeated so that they are
+    about `share` of every epoch's draws (never fewer than they are), and the line that says so. In a
+    fixed budget the target's voice is learnt from its own clips; the crowd's are there for the text,
+    and at their natural share (15% for a minority target) the target's layers see too few steps."""
+    target = [e for e in examples if e.speaker == 0]
+    others = len(examples) - len(target)
+    if not target or not others or len(target) >= share * len(examples):
+        return examples, (f"speakers: the target's {len(target)} clips are {len(target) / len(examples):.0%} of the "
+                          f"training clips, at least --target_share {share:g}: drawn once an epoch")
+    repeats = max(1, round(share * others / ((1 - share) * len(target))))
+    weighted = examples + target * (repeats - 1)
+    return weighted, (f"speakers: the target's {len(target)} clips ({len(target) / len(examples):.0%} of the training "
+                      f"clips) drawn {repeats} times an epoch: {repeats * len(target) / len(weighted):.0%} of the draws "
+                      f"(--target_share {share:g}; 0 draws each clip once)")

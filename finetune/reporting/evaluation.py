@@ -85,6 +85,7 @@ class EvalResult:
     clips_planned: int = 0  # held-out clips the evaluation was to score
     cut_short: str = ""  # why it stopped before the last clip or test sentence ("" when it did them all)
     sentences_planned: int = 0
+    others: dict[str, dict] = field(default_factory=dict)  # other speakers of the crowd, reported beside it
 
     @property
     def clips_scored(self) -> int:
@@ -105,7 +106,7 @@ class EvalResult:
                 "sentences_written": len(self.samples), "sentences_planned": self.sentences_planned,
                 **({"cut_short": self.cut_short} if self.cut_short else {}),
                 "seconds": round(self.seconds, 2), **{f"val_{k}": round(v, 4) for k, v in self.val_losses.items()},
-                **{k: round(v, 4) for k, v in self.extra.items()}}
+                **{k: round(v, 4) for k, v in self.extra.items()}, **({"others": self.others} if self.others else {})}
 
     def per_clip_dict(self) -> dict[str, dict]:
         return {name: {k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(score).items()
@@ -168,14 +169,20 @@ class Evaluator:
     @staticmethod
     def describe(result: EvalResult) -> str:
         natural = f", naturalness {result.naturalness:.2f}" if result.naturalness is not None else ""
-        return f"MCD {result.mcd_db:.3f} dB{natural}, {describe_timing(result)}{describe_cut(result)}"
+        others = "".join(f"; {name}: MCD {o['mcd_db']:.2f}, length x{o['length_ratio']:.2f}"
+                         for name, o in result.others.items())
+        return f"MCD {result.mcd_db:.3f} dB{natural}, {describe_timing(result)}{describe_cut(result)}{others}"
 
     def __init__(self, examples: list[Example], features: Features, device: torch.device, sample_rate: int,
                  samples_dir: Path | None, test_sentences: list[tuple[str, np.ndarray]], seed: int = 0,
                  batch_size: int = 8, segment_frames: int = 32, rule: TimingRule = TimingRule(),
-                 duration_draws: int = DURATION_DRAWS, naturalness=None, speaker: int | None = None):
+                 duration_draws: int = DURATION_DRAWS, naturalness=None, speaker: int | None = None,
+                 others: dict[str, "Evaluator"] | None = None):
         self.examples, self.features, self.device = examples, features, device
         self.speaker = speaker  # whose voice a speaker-conditioned model speaks in (None: a plain model)
+        # Other speakers of a crowd, each scored on a few of its held-out clips in its own voice after the
+        # target's: reported beside the target's score, never part of choosing best_model.
+        self.others = others or {}
         self.sample_rate, self.samples_dir, self.test_sentences = sample_rate, samples_dir, test_sentences
         self.seed, self.batch_size, self.segment_frames, self.rule = seed, batch_size, segment_frames, rule
         self.duration_draws = duration_draws  # noise draws per clip for its expected length
@@ -205,6 +212,12 @@ class Evaluator:
         result.samples = samples
         result.sentences_planned = len(self.test_sentences) if self.samples_dir is not None else 0
         result.cut_short = "the deadline" if cut or sentences_cut or (self.examples and not scores) else ""
+        for name, other in self.others.items() if scores and not result.cut_short else ():
+            other.group_s = other.group_s or self.group_s  # its first group is timed like the target's
+            scored = other.evaluate(model, step, stop, limit)
+            if not scored.cut_short:
+                result.others[name] = {"mcd_db": round(scored.mcd_db, 4), "length_ratio": round(scored.length_ratio, 4),
+                                       "clips": scored.clips_scored}
         return result
 
     def in_smaller_groups_on_oom(self, work):
@@ -267,7 +280,8 @@ class Evaluator:
         """What a whole evaluation should cost at the latest estimates (0 when none is known yet)."""
         groups = -(-len(self.examples) // self.batch_size)
         sentences = len(self.test_sentences) if self.samples_dir is not None else 0
-        return groups * (self.group_s or 0.0) + sentences * (self.sentence_s or 0.0)
+        others = sum(-(-len(o.examples) // o.batch_size) * (o.group_s or self.group_s or 0.0) for o in self.others.values())
+        return groups * (self.group_s or 0.0) + sentences * (self.sentence_s or 0.0) + others
 
     def score_clips(self, model, stop: StopRequest | None = None, limit: TimeLimit | None = None
                     ) -> tuple[dict[str, ClipScore], dict[str, float], bool]:

@@ -181,14 +181,19 @@ def speak(model, token_ids: list[np.ndarray], device: torch.device, seed: int, m
 
 
 def synthesise_graph(model, input_ids: torch.Tensor, noise_scale: torch.Tensor, length_scale: torch.Tensor,
-                     noise_scale_w: torch.Tensor, token_count: torch.Tensor | None = None) -> torch.Tensor:
+                     noise_scale_w: torch.Tensor, token_count: torch.Tensor | None = None,
+                     speaker_ids: torch.Tensor | None = None) -> torch.Tensor:
     """One text's waveform [1, 1, samples] from token ids [1, tokens], written with tensor operations only
     (no Python numbers taken from tensors), so that it traces into an ONNX graph with dynamic lengths.
     The scales are [1]-shaped tensors (sherpa-onnx's inputs); the same ceilings as `speak_tokens` apply:
     MAX_TOKEN_S a token, `ceiling_for_text` a clip (both stretched by `length_scale`). With both noise
     scales 0 it equals `speak_tokens` (tested). `token_count` [1] (sherpa-onnx's x_length) marks how many
-    of the ids are text; by default all."""
+    of the ids are text; by default all. `speaker_ids` [1] (sherpa-onnx's sid): the speaker of a
+    conditioned model (None for a plain one)."""
+    from finetune.vits.speakers import conditioning, duration_conditioning
+
     config = model.config
+    g = conditioning(model, speaker_ids)
     frames_per_s = config.sampling_rate / math.prod(config.upsample_rates)
     ones = torch.ones_like(input_ids)
     if token_count is not None:
@@ -197,9 +202,10 @@ def synthesise_graph(model, input_ids: torch.Tensor, noise_scale: torch.Tensor, 
     encoded = model.text_encoder(input_ids=input_ids, padding_mask=token_mask, attention_mask=ones)
     hidden, mask = encoded.last_hidden_state.transpose(1, 2), token_mask.transpose(1, 2)  # [1, H, T], [1, 1, T]
     if config.use_stochastic_duration_prediction:
-        log_duration = model.duration_predictor(hidden, mask, None, reverse=True, noise_scale=noise_scale_w)
+        log_duration = model.duration_predictor(hidden, mask, duration_conditioning(model, g), reverse=True,
+                                                noise_scale=noise_scale_w)
     else:
-        log_duration = model.duration_predictor(hidden, mask, None)
+        log_duration = model.duration_predictor(hidden, mask, duration_conditioning(model, g))
     frames = torch.ceil(torch.exp(log_duration) * mask * length_scale)  # [1, 1, T]
     token_cap = torch.floor(MAX_TOKEN_S * frames_per_s * length_scale)
     frames = torch.where(torch.isnan(frames), token_cap, torch.minimum(frames, token_cap))
@@ -216,5 +222,5 @@ def synthesise_graph(model, input_ids: torch.Tensor, noise_scale: torch.Tensor, 
     prior_log_std = torch.matmul(path, encoded.prior_log_variances).transpose(1, 2)
     latents = prior_means + torch.randn_like(prior_means) * torch.exp(prior_log_std) * noise_scale
     frame_mask = torch.ones_like(latents[:, :1])  # [1, 1, F]: one text, no padding
-    latents = model.flow(latents, frame_mask, None, reverse=True)
-    return model.decoder(latents, None)  # [1, 1, samples]
+    latents = model.flow(latents, frame_mask, g, reverse=True)
+    return model.decoder(latents, g)  # [1, 1, samples]

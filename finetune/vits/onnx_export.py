@@ -42,14 +42,16 @@ class ExportError(ToolError):
 
 
 class OnnxVoice(torch.nn.Module):
-    """A VitsModel behind sherpa-onnx's five inputs."""
+    """A VitsModel behind sherpa-onnx's five inputs, and a sixth, `sid` [1] int64, for a multi-speaker one
+    (sherpa-onnx passes its GenerationConfig.sid there when the graph has it)."""
 
     def __init__(self, model):
         super().__init__()
         self.model = model
 
-    def forward(self, x, x_length, noise_scale, length_scale, noise_scale_w):
-        return synthesise_graph(self.model, x, noise_scale, length_scale, noise_scale_w, token_count=x_length)
+    def forward(self, x, x_length, noise_scale, length_scale, noise_scale_w, sid=None):
+        return synthesise_graph(self.model, x, noise_scale, length_scale, noise_scale_w, token_count=x_length,
+                                speaker_ids=sid)
 
 
 def tokens_lines(vocab: dict[str, int]) -> list[str]:
@@ -70,16 +72,22 @@ def tokens_lines(vocab: dict[str, int]) -> list[str]:
 
 def metadata(model, tokenizer, language: str) -> dict[str, str]:
     return {"model_type": "vits", "comment": "mms", "frontend": "characters", "add_blank": "1", "use_eos_bos": "0",
-            "blank_id": str(tokenizer.pad_token_id or 0), "n_speakers": "0",
+            "blank_id": str(tokenizer.pad_token_id or 0), "n_speakers": str(speakers(model)),
             "sample_rate": str(int(model.config.sampling_rate)), "language": language,
             "noise_scale": str(model.noise_scale), "noise_scale_w": str(model.noise_scale_duration),
             "length_scale": str(1.0 / model.speaking_rate)}
 
 
-def example_inputs(tokens: int) -> tuple[torch.Tensor, ...]:
+def speakers(model) -> int:
+    """n_speakers as sherpa-onnx reads it: 0 for a single voice, else how many the sid input chooses from."""
+    return model.config.num_speakers if model.config.speaker_embedding_size and model.config.num_speakers > 1 else 0
+
+
+def example_inputs(tokens: int, with_speaker: bool = False) -> tuple[torch.Tensor, ...]:
     x = torch.randint(1, 5, (1, tokens), dtype=torch.int64)
+    sid = (torch.tensor([0], dtype=torch.int64),) if with_speaker else ()
     return (x, torch.tensor([tokens], dtype=torch.int64), torch.tensor([0.667]), torch.tensor([1.0]),
-            torch.tensor([0.8]))
+            torch.tensor([0.8]), *sid)
 
 
 def export_voice(model, tokenizer, out_dir: Path, language: str) -> Path:
@@ -106,8 +114,10 @@ def write_export(model, tokenizer, staging: Path, language: str) -> None:
         # export_onnx.py checks on sentences of several lengths after exporting.
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
         warnings.filterwarnings("ignore", message="(Exporting aten::index|Constant folding)")
-        torch.onnx.export(voice, example_inputs(23), str(onnx_path), dynamo=False, opset_version=OPSET,
-                          input_names=["x", "x_length", "noise_scale", "length_scale", "noise_scale_w"],
+        several = speakers(model) > 0
+        torch.onnx.export(voice, example_inputs(23, several), str(onnx_path), dynamo=False, opset_version=OPSET,
+                          input_names=["x", "x_length", "noise_scale", "length_scale", "noise_scale_w",
+                                       *(["sid"] if several else [])],
                           output_names=["y"], dynamic_axes={"x": {1: "tokens"}, "y": {2: "samples"}})
     graph = onnx.load(str(onnx_path))
     for key, value in metadata(model, tokenizer, language).items():
@@ -122,7 +132,7 @@ def write_export(model, tokenizer, staging: Path, language: str) -> None:
 SHERPA_PROGRAM = """
 import json, sys
 import sherpa_onnx
-folder, text, noise, noise_w = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+folder, text, noise, noise_w, sid = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
 vits = sherpa_onnx.OfflineTtsVitsModelConfig(model=folder + "/model.onnx", lexicon="", tokens=folder + "/tokens.txt",
                                              data_dir="", noise_scale=noise, noise_scale_w=noise_w, length_scale=1.0)
 config = sherpa_onnx.OfflineTtsConfig(model=sherpa_onnx.OfflineTtsModelConfig(vits=vits, num_threads=1, provider="cpu"))
@@ -130,30 +140,32 @@ if not config.validate():
     sys.exit("sherpa-onnx rejected the configuration")
 tts = sherpa_onnx.OfflineTts(config)
 generation = sherpa_onnx.GenerationConfig()
-generation.sid, generation.speed, generation.silence_scale = 0, 1.0, 1.0
+generation.sid, generation.speed, generation.silence_scale = sid, 1.0, 1.0
 audio = tts.generate(text, generation)
 print(json.dumps({"samples": len(audio.samples), "sample_rate": audio.sample_rate,
                   "peak": max((abs(x) for x in audio.samples), default=0.0)}))
 """
 
 
-def sherpa_speech(out_dir: Path, text: str, noise_scale: float = 0.0, noise_scale_w: float = 0.0) -> dict:
-    """Have sherpa-onnx load the export and speak `text` in a child process (a model it cannot load ends
-    its process, not ours): {"samples", "sample_rate", "peak"}. Pauses are kept at their length."""
+def sherpa_speech(out_dir: Path, text: str, noise_scale: float = 0.0, noise_scale_w: float = 0.0,
+                  sid: int = 0) -> dict:
+    """Have sherpa-onnx load the export and speak `text` (as speaker `sid` of a multi-speaker export) in a
+    child process (a model it cannot load ends its process, not ours): {"samples", "sample_rate", "peak"}.
+    Pauses are kept at their length."""
     import subprocess
     import sys
 
     done = subprocess.run([sys.executable, "-c", SHERPA_PROGRAM, str(out_dir), text, str(noise_scale),
-                           str(noise_scale_w)], capture_output=True, text=True, timeout=300)
+                           str(noise_scale_w), str(sid)], capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         raise ExportError(f"sherpa-onnx could not load or run {out_dir} (exit {done.returncode}): "
                          f"{(done.stderr or done.stdout).strip()[-300:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def sherpa_speaks(out_dir: Path, text: str) -> float:
+def sherpa_speaks(out_dir: Path, text: str, sid: int = 0) -> float:
     """Seconds of audio sherpa-onnx made from `text` with the export (its default noise)."""
-    speech = sherpa_speech(out_dir, text, 0.667, 0.8)
+    speech = sherpa_speech(out_dir, text, 0.667, 0.8, sid)
     if speech["samples"] == 0 or speech["peak"] == 0.0:
         raise ExportError(f"sherpa-onnx loaded {out_dir} but made no audio for {text!r}")
     return speech["samples"] / speech["sample_rate"]
