@@ -269,9 +269,9 @@ def test_a_round_killed_while_making_its_version_leaves_the_voice_and_the_next_r
     voices = Versions(tmp_path / "voices")
     voices.ensure_base(base_run / "checkpoints" / "best_model")
     before = folder_digest(voices.current)
-    # Both rounds are accepted by force: what is tested is what follows acceptance, not whether 2 epochs earn it.
+    # Both rounds are accepted by force: what is tested is what follows acceptance, not whether an epoch earns it.
     round_args = feedback_args(prepared_demo, base_run, tmp_path, feedback, "--learning_rate", "1e-3", "--max_epochs",
-                               "2", "--val_every", "1")
+                               "1", "--val_every", "1")
     killed = launch.run("train_feedback", round_args, faults="accept-version,accept-rounds", n=1)
     assert killed.returncode == -signal.SIGKILL, killed.stderr  # after copying v001, before current/ and the history
     assert (tmp_path / "voices" / "v001").is_dir() and folder_digest(voices.current) == before
