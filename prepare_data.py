@@ -14,6 +14,7 @@ or wrong flags.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -109,6 +110,24 @@ def print_summary(report: dict, data_dir: Path) -> None:
               "--target_speaker")
     print(f"wrote {data_dir}/metadata.csv, metadata_val.csv, quality.csv, wavs/; every drop is listed in "
           f"{data_dir}/prepare_report.json, each speaker and the clips' quality in {data_dir}/prepare_report.html")
+    warning = held_out_warning(report)
+    if warning:
+        print(warning, file=sys.stderr)
+
+
+def held_out_warning(report: dict) -> str | None:
+    """When the clips that will judge training (the held-out ones; with several speakers, those of the
+    speaker with most hours, the default target) are too few to tell close models apart."""
+    from finetune.reporting.measures import MIN_DECIDING_CLIPS, few_held_out
+
+    counts, speakers = report["counts"], report["speakers"]
+    if not counts["val"] or not counts["kept"]:
+        return None  # --val_fraction 0 is a choice; training says what it judges on instead
+    judged = next(iter(speakers.values()))["val_clips"] if len(speakers) > 1 else counts["val"]
+    share = counts["kept"] if len(speakers) <= 1 else next(iter(speakers.values()))["clips"]
+    wanted = min(0.5, math.ceil(100 * MIN_DECIDING_CLIPS / max(1, share)) / 100)
+    return few_held_out(judged, f"prepare again with --val_fraction {wanted:g}" if wanted < 0.5 else
+                        "record more clips of the voice, or prepare with a larger --val_fraction")
 
 
 def measure_dnsmos(tally, data_dir: Path) -> None:

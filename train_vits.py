@@ -321,6 +321,12 @@ def build_loop(config: TrainConfig, run: recipe.Run, model: Model, data: Data, s
         batch_size=session.eval_batch_size(run.device), rule=measures.TimingRule(config.max_length_ratio),
         naturalness=naturalness_for(config.naturalness, run.device, run.logger) if run.dist.is_main else None,
         speaker=0 if model.speakers and model.speakers.conditioned else None, others=other_speakers(config, run, model))
+    held = len(data.val.examples) if data.val else 0
+    warning = measures.few_held_out(len(evaluator.examples), f"raise --val_samples ({held} are held out)"
+                                    if held > len(evaluator.examples) else
+                                    "prepare the corpus with a larger --val_fraction (prepare_data.py)")
+    if warning:
+        run.logger.warning(warning)
     fingerprint = checkpoints.data_fingerprint([e.item_id for e in data.train.examples])
     if run.payload:
         checkpoints.check_same_data(run.payload, fingerprint)

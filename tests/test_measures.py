@@ -48,3 +48,31 @@ def test_mcd_of_a_recording_with_itself_is_zero_and_nan_for_nan_speech():
     broken = log_mel.copy()
     broken[0, 3] = np.nan
     assert math.isnan(mcd_dtw(broken, log_mel))
+
+
+def test_an_evaluation_reports_its_own_noise_as_the_standard_error_of_its_mean_mcd():
+    scores = {f"c{i}": ClipScore(mcd, 1.0, 0.1, False) for i, mcd in enumerate([6.0, 7.0, 8.0, 9.0])}
+    result = judge(10, scores, {}, 1.0, TimingRule())
+    assert result.mcd_se_db == pytest.approx(np.std([6, 7, 8, 9], ddof=1) / 2)
+    assert result.summary()["mcd_se_db"] == pytest.approx(0.6455, abs=1e-4)
+    from finetune.reporting.evaluation import Evaluator
+
+    assert Evaluator.describe(result).startswith("MCD 7.500 ±0.645 dB, length x1.00")
+    one = judge(10, {"c0": ClipScore(6.0, 1.0, 0.1, False)}, {}, 1.0, TimingRule())
+    assert "mcd_se_db" not in one.summary() and Evaluator.describe(one).startswith("MCD 6.000 dB")  # unknown
+
+
+def test_a_held_out_split_too_small_to_decide_is_said_with_the_flag_that_fixes_it():
+    import prepare_data
+
+    def report(kept, val, speakers=None):
+        return {"counts": {"kept": kept, "val": val}, "speakers": speakers or {"": {"clips": kept, "val_clips": val}}}
+
+    # 121 clips at the default --val_fraction 0.02: 2 held out.
+    warning = prepare_data.held_out_warning(report(121, 2))
+    assert "2 held-out clips judge every evaluation" in warning and "--val_fraction 0.14" in warning
+    assert prepare_data.held_out_warning(report(1000, 20)) is None
+    assert prepare_data.held_out_warning(report(121, 0)) is None  # --val_fraction 0: asked for
+    crowd = {"axin": {"clips": 125, "val_clips": 12}, "ciya": {"clips": 54, "val_clips": 5}}
+    assert "12 held-out clips" in prepare_data.held_out_warning(report(179, 17, crowd))  # the default target's
+    assert "record more clips" in prepare_data.held_out_warning(report(20, 1))  # 16 of 20 would be over half

@@ -86,6 +86,7 @@ class EvalResult:
     cut_short: str = ""  # why it stopped before the last clip or test sentence ("" when it did them all)
     sentences_planned: int = 0
     others: dict[str, dict] = field(default_factory=dict)  # other speakers of the crowd, reported beside it
+    mcd_se_db: float = float("nan")  # standard error of the mean MCD over the clips scored: the measure's own noise
 
     @property
     def clips_scored(self) -> int:
@@ -97,7 +98,9 @@ class EvalResult:
         return not self.per_clip
 
     def summary(self) -> dict:
-        return {"step": self.step, "mcd_db": round(self.mcd_db, 4), "length_ratio": round(self.length_ratio, 4),
+        return {"step": self.step, "mcd_db": round(self.mcd_db, 4),
+                **({"mcd_se_db": round(self.mcd_se_db, 4)} if np.isfinite(self.mcd_se_db) else {}),
+                "length_ratio": round(self.length_ratio, 4),
                 "length_ratio_spread": round(self.length_ratio_spread, 4),
                 **({"naturalness": round(self.naturalness, 4)} if self.naturalness is not None else {}),
                 "duration_error": round(self.duration_error, 4), "eligible": self.eligible,
@@ -134,7 +137,14 @@ def judge(step: int, scores: dict[str, ClipScore], val_losses: dict[str, float],
     return EvalResult(step=step, mcd_db=mcd, per_clip=scores, val_losses=val_losses, seconds=seconds,
                       length_ratio=ratio, length_ratio_spread=draw_spread(scores), duration_error=error,
                       eligible=not reason, ineligible_reason=reason,
-                      naturalness=float(np.mean(natural)) if natural else None, clips_planned=planned)
+                      naturalness=float(np.mean(natural)) if natural else None, clips_planned=planned,
+                      mcd_se_db=standard_error([s.mcd_db for s in scores.values()]))
+
+
+def standard_error(values: list[float]) -> float:
+    """Of their mean: sample standard deviation / sqrt(n); nan with fewer than 2 finite values (unknown)."""
+    finite = np.array([v for v in values if np.isfinite(v)])
+    return float(np.std(finite, ddof=1) / np.sqrt(len(finite))) if len(finite) >= 2 else float("nan")
 
 
 def draw_spread(scores: dict[str, ClipScore]) -> float:
@@ -171,7 +181,8 @@ class Evaluator:
         natural = f", naturalness {result.naturalness:.2f}" if result.naturalness is not None else ""
         others = "".join(f"; {name}: MCD {o['mcd_db']:.2f}, length x{o['length_ratio']:.2f}"
                          for name, o in result.others.items())
-        return f"MCD {result.mcd_db:.3f} dB{natural}, {describe_timing(result)}{describe_cut(result)}{others}"
+        noise = f" ±{result.mcd_se_db:.3f}" if np.isfinite(result.mcd_se_db) else ""  # one standard error
+        return f"MCD {result.mcd_db:.3f}{noise} dB{natural}, {describe_timing(result)}{describe_cut(result)}{others}"
 
     def __init__(self, examples: list[Example], features: Features, device: torch.device, sample_rate: int,
                  samples_dir: Path | None, test_sentences: list[tuple[str, np.ndarray]], seed: int = 0,

@@ -92,3 +92,17 @@ class TimingRule:
 
     def describe(self) -> str:
         return f"{1.0 / self.max_length_ratio:.2f}-{self.max_length_ratio:.2f}"
+
+
+# Held-out clips below which evaluations cannot tell close models apart: the standard error of a mean MCD
+# over n clips is the clips' spread / sqrt(n), and models a few percent apart need n in the tens.
+MIN_DECIDING_CLIPS = 16
+
+
+def few_held_out(clips: int, fix: str) -> str | None:
+    """The warning for evaluations on `clips` held-out clips, naming what fixes it; None when enough."""
+    if clips >= MIN_DECIDING_CLIPS:
+        return None
+    return (f"warning: {clips} held-out clip{'s' if clips != 1 else ''} judge every evaluation: too few to tell "
+            f"close models apart (each evaluation reports its MCD's standard error, ±); {fix} "
+            f"(at least {MIN_DECIDING_CLIPS})")
