@@ -123,11 +123,14 @@ def held_out_warning(report: dict) -> str | None:
     counts, speakers = report["counts"], report["speakers"]
     if not counts["val"] or not counts["kept"]:
         return None  # --val_fraction 0 is a choice; training says what it judges on instead
-    judged = next(iter(speakers.values()))["val_clips"] if len(speakers) > 1 else counts["val"]
-    share = counts["kept"] if len(speakers) <= 1 else next(iter(speakers.values()))["clips"]
+    several = len(speakers) > 1
+    name, first = next(iter(speakers.items())) if several else ("", {})
+    judged, share = (first["val_clips"], first["clips"]) if several else (counts["val"], counts["kept"])
     wanted = min(0.5, math.ceil(100 * MIN_DECIDING_CLIPS / max(1, share)) / 100)
     return few_held_out(judged, f"prepare again with --val_fraction {wanted:g}" if wanted < 0.5 else
-                        "record more clips of the voice, or prepare with a larger --val_fraction")
+                        "record more clips of the voice, or prepare with a larger --val_fraction",
+                        f" of {name} (the default --target_speaker; another's are in prepare_report.html)" if several
+                        else "")
 
 
 def measure_dnsmos(tally, data_dir: Path) -> None:

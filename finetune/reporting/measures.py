@@ -99,10 +99,11 @@ class TimingRule:
 MIN_DECIDING_CLIPS = 16
 
 
-def few_held_out(clips: int, fix: str) -> str | None:
-    """The warning for evaluations on `clips` held-out clips, naming what fixes it; None when enough."""
+def few_held_out(clips: int, fix: str, whose: str = "") -> str | None:
+    """The warning for evaluations on `clips` held-out clips (`whose`: " of SPEAKER"), naming what fixes it;
+    None when enough."""
     if clips >= MIN_DECIDING_CLIPS:
         return None
-    return (f"warning: {clips} held-out clip{'s' if clips != 1 else ''} judge every evaluation: too few to tell "
+    return (f"warning: {clips} held-out clip{'s' if clips != 1 else ''}{whose} judge every evaluation: too few to tell "
             f"close models apart (each evaluation reports its MCD's standard error, ±); {fix} "
             f"(at least {MIN_DECIDING_CLIPS})")
