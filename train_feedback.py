@@ -231,9 +231,6 @@ def load_round_data(config: FeedbackConfig, round_: recipe.Run, base: Path) -> R
     loaded = generator.load_generator(model_source.resolve_model(str(base)), [])
     round_.stop.check()  # loading a model takes seconds: a stop asked for meanwhile is honoured here
     model, tokenizer = generator.ready_for_training(loaded.model), loaded.tokenizer
-    if speaker_layers.speaker_count(model) > 1:
-        raise corrections.FeedbackError(f"--base_model {base} speaks several voices: start from the single-voice "
-                                        f"folder train_vits.py exported (the one that holds {base.name}/)")
     data_dir = Path(config.data_dir)
     voice = corrections.voice_speaker(data_dir, config.target_speaker, getattr(model.config, "speaker", None))
     if config.corrections_voice == "own":  # other people's recordings: their own speaker id, the voice its own

@@ -290,17 +290,19 @@ def other_speakers(config: TrainConfig, run: recipe.Run, model: Model) -> dict:
     data_dir = Path(config.data_dir)
     if not (model.speakers and model.speakers.conditioned) or not (data_dir / "metadata_val.csv").is_file():
         return {}
-    features, found = model.features, {}
-    for index, name in list(enumerate(model.speakers.names))[1:]:
-        clips = corpus.load_corpus(data_dir, "metadata_val.csv", model.loaded.tokenizer, features,
-                                   features.config.sample_rate, OTHER_CLIPS, False, run.device, run.stop,
-                                   speakers={name: index}).examples
-        if clips:
-            found[name] = evaluation.Evaluator(clips, features, run.device, features.config.sample_rate, None, [],
+    held = {speaker for _, speaker, _ in corpus.read_rows(data_dir / "metadata_val.csv")}
+    chosen = [(name, index) for index, name in enumerate(model.speakers.names) if index and name in held]
+    chosen = dict(chosen[:OTHER_SPEAKERS])  # the names come by hours: the first with held-out clips
+    features = model.features
+    clips = corpus.load_corpus(data_dir, "metadata_val.csv", model.loaded.tokenizer, features,
+                               features.config.sample_rate, 0, False, run.device, run.stop, speakers=chosen).examples
+    found = {}
+    for name, index in chosen.items():
+        mine = [e for e in clips if e.speaker == index][:OTHER_CLIPS]
+        if mine:
+            found[name] = evaluation.Evaluator(mine, features, run.device, features.config.sample_rate, None, [],
                                                seed=config.seed, batch_size=session.eval_batch_size(run.device),
                                                rule=measures.TimingRule(config.max_length_ratio), speaker=index)
-        if len(found) == OTHER_SPEAKERS:
-            break
     return found
 
 

@@ -99,7 +99,8 @@ def load_complete_model(folder: Path, name: str, speakers: bool = False) -> Vits
     config = VitsConfig.from_pretrained(str(folder))
     if config.num_speakers > 1 and not speakers:
         raise ModelSourceError(f"{name}: a multi-speaker VITS model ({config.num_speakers} speakers); this tool "
-                               "fine-tunes single-speaker models such as MMS-TTS")
+                               "fine-tunes single-speaker models such as MMS-TTS (a multi_speaker/ folder that "
+                               "train_vits.py exported: give the folder that holds it, the target's voice alone)")
     model, info = quiet_from_pretrained(folder)
     mismatched = [f"{key}: {tuple(saved)} in the folder, {tuple(expected)} in this model"
                   for key, saved, expected in sorted(info.get("mismatched_keys") or [], key=lambda m: m[0])]
