@@ -42,6 +42,10 @@ class TrainingFlags:
     max_length_ratio: float = flag(1.25, "timing rule: a model whose median length ratio (synthesised / recorded) "
                                           "lies outside [1/X, X] is kept as best_model only while none is inside "
                                           "(the nearest, as a fallback)")
+    inference_settings: str = flag("fitted", "what the exported config.json speaks with: fitted (speaking_rate and "
+                                             "noise_scale_duration fitted on the held-out recordings, so that one "
+                                             "request speaks at their tempo) or model (the model's own)",
+                                   choices=["fitted", "model"])
     mel_loss_weight: float = flag(45.0, "weight of the mel L1 loss (VITS c_mel)")
     kl_loss_weight: float = flag(1.0, "weight of the KL loss (VITS c_kl)")
     duration_loss_weight: float = flag(1.0, "weight of the duration loss")

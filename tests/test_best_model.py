@@ -15,7 +15,7 @@ import train_vits
 from finetune.reporting.evaluation import ClipScore, judge
 from finetune.reporting.measures import TimingRule
 from finetune.reporting.model_card import card_facts, card_text
-from finetune.reporting.selection import NONE_YET, better, chosen_as, standing, timing_error
+from finetune.reporting.selection import NONE_YET, better, chosen_as, judge_candidate, standing, timing_error
 from tests.conftest import DEMO_CORPUS, clock_for
 from tests.test_train import args, metrics
 
@@ -49,6 +49,54 @@ def test_the_choice_is_explained():
     assert "within the timing rule" in chosen_as(standing(True, 1.0, 5.0, 1.25), 1.0, "")
     text = chosen_as(standing(False, 0.7, 5.0, 1.25), 0.7, "median length ratio 0.70 is outside 0.80-1.25")
     assert text.startswith("fallback") and "x0.70" in text and "0.80-1.25" in text
+
+
+# ---------------------------------------------------------------- beyond the noise
+
+
+def scored(step: int, clips: dict[str, float], eligible: bool = True):
+    return standing(eligible, 1.0 if eligible else 0.7, float(np.mean(list(clips.values()))), 1.25, clips, step)
+
+
+def test_two_clips_cannot_decide_so_the_longer_trained_model_is_kept():
+    # The case of issue 28: step 100 at 7.411 dB, step 246 at 7.418 dB, on 2 held-out clips.
+    kept = scored(100, {"a": 6.9, "b": 7.922})
+    later = scored(246, {"a": 7.1, "b": 7.736})
+    verdict = judge_candidate(later, kept)
+    assert later.score > kept.score and verdict.replace and "within the noise of step 100" in verdict.why
+
+
+def test_a_kept_model_better_beyond_the_noise_stays():
+    rng = np.random.default_rng(0)
+    base = {f"c{i}": 7.0 + rng.normal(0, 1.0) for i in range(16)}  # clips differ a lot; the models, steadily
+    kept = scored(100, base)
+    worse = scored(200, {k: v + 0.3 + rng.normal(0, 0.05) for k, v in base.items()})
+    verdict = judge_candidate(worse, kept)
+    assert not verdict.replace and "step 100 is better beyond the noise" in verdict.why
+    better_one = scored(300, {k: v - 0.3 + rng.normal(0, 0.05) for k, v in base.items()})
+    assert "better beyond the noise" in judge_candidate(better_one, kept).why and better(better_one, kept)
+    # Unpaired, the same shift is lost in the clips' spread (a standard error of 0.25 dB): pairing finds it.
+    assert np.std(list(base.values())) / 4 > 0.2
+
+
+def test_the_kept_model_is_better_beyond_the_noise_than_every_later_one():
+    rng = np.random.default_rng(1)
+    base = {f"c{i}": 7.0 + rng.normal(0, 1.0) for i in range(16)}
+    wobble = {name: 0.3 * (-1) ** i for i, name in enumerate(base)}  # how each clip moves, step to step
+    runs = [scored(100, base), scored(200, {k: v + 0.1 + wobble[k] for k, v in base.items()}),  # within the noise
+            scored(300, {k: v + 0.2 for k, v in base.items()}), scored(400, {k: v + 0.5 for k, v in base.items()})]
+    kept, history = NONE_YET, []
+    for candidate in runs:
+        kept = candidate if better(candidate, kept) else kept
+        history.append(kept.step)
+    assert history == [100, 200, 300, 300]  # ties go to training, one at a time; 400 is worse than 300 beyond it
+    assert "step 300 is better beyond the noise" in judge_candidate(runs[3], runs[2]).why
+
+
+def test_without_clip_scores_the_means_decide_and_a_tie_goes_to_the_later():
+    kept, same = standing(True, 1.0, 7.0, 1.25, step=5), standing(True, 1.0, 7.0, 1.25, step=9)
+    assert better(same, kept) and not better(standing(True, 1.0, 7.01, 1.25, step=9), kept)
+    assert better(standing(False, 0.75, 3.0, 1.25, {"a": 1.0, "b": 5.0}, 7), standing(False, 0.6, 9.0, 1.25, step=3))
 
 
 # ---------------------------------------------------------------- a run that never meets the rule
@@ -90,7 +138,7 @@ def test_a_run_that_never_meets_the_timing_rule_still_ends_with_a_best_model(pre
 def test_an_mms_voice_card_names_its_language_licence_data_and_figures(tmp_path):
     facts = card_facts("facebook/mms-tts-kmr-script_latin", 9.5, 42139)
     assert (facts.language, facts.licence, facts.hub_base_model) == ("kmr", "cc-by-nc-4.0", "facebook/mms-tts-kmr-script_latin")
-    evaluation = {"step": 1200, "mcd_db": 5.4, "length_ratio": 0.93, "length_ratio_spread": 0.02, "duration_error": 0.4,
+    evaluation = {"step": 1200, "mcd_db": 5.4, "length_ratio": 0.93, "draw_spread": 1.12, "duration_error": 0.4,
                   "naturalness": 2.9, "eligible": True, "chosen_as": "the lowest MCD among the evaluations within the timing rule"}
     card = card_text(facts, "the best model of its run (step 1200)", 1200, evaluation)
     header = card.split("---")[1]
@@ -150,13 +198,19 @@ def test_an_upload_that_fails_after_training_keeps_the_folder_and_says_how_to_up
 # ---------------------------------------------------------------- timing: several draws
 
 
-def test_the_median_of_expected_lengths_decides_and_its_spread_is_reported():
-    clips = {f"c{i}": ClipScore(5.0, float(np.mean(d)), 0.1, False, length_draws=tuple(d))
-             for i, d in enumerate([(0.7, 0.9), (0.8, 1.0), (0.75, 0.95)])}
+def test_the_typical_single_draw_decides_and_the_spread_between_draws_is_reported():
+    from finetune.vits.tempo_fit import geometric_spread
+
+    draws = [(0.5, 0.7, 0.9, 3.0), (0.6, 0.8, 1.0, 2.5), (0.55, 0.75, 0.95, 2.8)]  # skewed long, as sums of exponentials
+    clips = {f"c{i}": ClipScore(5.0, float(np.median(d)), 0.1, False, length_draws=d, draw_spread=geometric_spread(d))
+             for i, d in enumerate(draws)}
     result = judge(3, clips, {}, 0.0, TimingRule())
-    assert result.length_ratio == pytest.approx(0.85) and result.eligible  # one draw's median: 0.75 or 0.95
-    assert result.length_ratio_spread == pytest.approx(0.1)
-    assert "length_draws" not in result.per_clip_dict()["c0"] and result.summary()["length_ratio_spread"] == 0.1
+    assert result.length_ratio == pytest.approx(0.85)  # the median draw; the mean over draws says 1.34
+    assert np.mean([r for d in draws for r in d]) > 1.2
+    assert result.draw_spread == pytest.approx(np.median([geometric_spread(d) for d in draws])) and result.draw_spread > 1.5
+    assert geometric_spread((1.0, 1.0)) == 1.0 and geometric_spread((1.0, float("inf"))) == float("inf")
+    assert "length_draws" not in result.per_clip_dict()["c0"] and result.summary()["draw_spread"] == round(result.draw_spread, 4)
+    assert result.choice_scores == {"c0": 5.0, "c1": 5.0, "c2": 5.0}
 
 
 def test_duration_draws_are_seeded_and_the_first_matches_one_synthesis(prepared_demo):

@@ -68,9 +68,9 @@ def test_a_held_out_split_too_small_to_decide_is_said_with_the_flag_that_fixes_i
     def report(kept, val, speakers=None):
         return {"counts": {"kept": kept, "val": val}, "speakers": speakers or {"": {"clips": kept, "val_clips": val}}}
 
-    # 121 clips at the default --val_fraction 0.02: 2 held out.
-    warning = prepare_data.held_out_warning(report(121, 2))
-    assert "2 held-out clips judge every evaluation" in warning and "--val_fraction 0.14" in warning
+    # 121 clips at the default --val_fraction 0.02: a tenth, 12, held out (tests/test_prepare.py prepares them).
+    warning = prepare_data.held_out_warning(report(121, 12))
+    assert "12 held-out clips judge every evaluation" in warning and "--val_fraction 0.14" in warning
     assert prepare_data.held_out_warning(report(1000, 20)) is None
     assert prepare_data.held_out_warning(report(121, 0)) is None  # --val_fraction 0: asked for
     crowd = {"axin": {"clips": 125, "val_clips": 12}, "ciya": {"clips": 54, "val_clips": 5}}

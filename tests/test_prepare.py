@@ -175,20 +175,26 @@ def test_unreachable_hub_fails_fast_with_the_flag_to_use(tmp_path, monkeypatch):
 
 
 def test_validation_split_is_stable_and_sized():
-    ids = [f"id{i}" for i in range(200)]
+    ids = [f"id{i}" for i in range(1000)]
     held = split_validation(ids, 0.05)
-    assert len(held) == 10 and held == split_validation(list(reversed(ids)), 0.05)
+    assert len(held) == 50 and held == split_validation(list(reversed(ids)), 0.05)
     assert split_validation(ids[:1], 0.5) == set() and len(split_validation(ids[:3], 0.01)) == 1
+    # A floor in clips: 2% of 200 would be 4, too few to decide; 16 are held out (a tenth of a smaller corpus).
+    assert len(split_validation(ids[:200], 0.02)) == 16 and len(split_validation(ids[:121], 0.02)) == 12
+    assert split_validation(ids[:200], 0.0) == set()
 
 
 def test_script_on_the_demo_corpus(tmp_path):
     result = subprocess.run([sys.executable, str(REPO / "prepare_data.py"), "--input_dir", str(DEMO_CORPUS),
                              "--data_dir", str(tmp_path / "demo"), "--model_name", "scratch:tiny",
-                             "--max_samples", "12", "--num_workers", "2"], capture_output=True, text=True)
+                             "--max_samples", "121", "--num_workers", "2"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    assert "kept 12 of 12 clips" in result.stdout
+    assert "kept 121 of 121 clips" in result.stdout
     rows = read_metadata(tmp_path / "demo" / "metadata.csv")
     assert all(text == text.lower() and "," not in text for text in rows.values())
+    # Default flags on 121 clips: a floor of a tenth (12) is held out, not 2%, and still said to be too few.
+    assert len(read_metadata(tmp_path / "demo" / "metadata_val.csv")) == 12
+    assert "12 held-out clips judge every evaluation" in result.stderr and "--val_fraction 0.14" in result.stderr
 
 
 def test_audiofolder_with_jsonl_metadata_in_a_split_folder(tmp_path):

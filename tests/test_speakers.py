@@ -87,7 +87,7 @@ def test_each_speaker_has_its_own_held_out_clips():
     kept |= {f"b{i}": Kept("t", 1.0, "b") for i in range(30)} | {f"c{i}": Kept("t", 1.0, "c") for i in range(5)}
     held = split_by_speaker(kept, 0.02)
     count = lambda prefix: sum(i.startswith(prefix) for i in held)  # noqa: E731
-    assert (count("a"), count("b"), count("c")) == (10, 3, 0)  # a floor of 10, a tenth, none below 10 clips
+    assert (count("a"), count("b"), count("c")) == (16, 3, 0)  # a floor of 16, a tenth, none below 10 clips
     one = {f"x{i}": Kept("t", 1.0) for i in range(121)}
     assert split_by_speaker(one, 0.02) == split_validation(sorted(one), 0.02)  # one speaker: as before
 

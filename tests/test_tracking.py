@@ -46,7 +46,7 @@ def test_tensorboard_holds_the_scalars_audio_and_images(tracked_run):
     from finetune.reporting.naturalness import available
 
     assert "eval/naturalness" not in tags["scalars"] or available()  # off by default on a CPU
-    assert "eval/length_ratio_spread" in tags["scalars"]
+    assert "eval/draw_spread" in tags["scalars"]
 
 
 def test_the_step_profile_accounts_for_the_step_time(tracked_run):

@@ -385,16 +385,25 @@ class Preparer:
 
 
 MIN_SPEAKER_CLIPS = 10  # a speaker with fewer gives none to the held-out split of a multi-speaker corpus
-HELD_OUT_FLOOR = 10  # clips held out of each speaker with 10 times as many (so its evaluation can tell models apart)
+# Clips held out of a voice at least, where it has 10 times as many: the standard error of a mean MCD over n
+# clips is their spread / sqrt(n), and models a few percent apart need n in the tens to be told apart
+# (finetune/reporting/selection.py). A smaller corpus gives a tenth of its clips, and is warned.
+HELD_OUT_FLOOR = 16
+
+
+def held_out_count(clips: int, fraction: float) -> int:
+    """How many of a voice's `clips` to hold out: `fraction` of them, at least 1 and at least
+    min(HELD_OUT_FLOOR, a tenth); 0 when fraction is 0. A floor in clips, not only a fraction: 2% of 121
+    clips is 2, which cannot decide between two models."""
+    if fraction <= 0 or clips < 2:
+        return 0
+    return min(clips - 1, max(1, round(fraction * clips), min(HELD_OUT_FLOOR, clips // 10)))
 
 
 def split_validation(ids: list[str], fraction: float) -> set[str]:
-    """Held-out ids: the `fraction` of ids (at least 1 when fraction > 0 and there are 2+) whose hashes
-    come first. Hash order makes the choice stable across runs and independent of source order."""
-    if fraction <= 0 or len(ids) < 2:
-        return set()
-    count = min(len(ids) - 1, max(1, round(fraction * len(ids))))
-    return set(hash_ranked(ids)[:count])
+    """Held-out ids: held_out_count of them, those whose hashes come first. Hash order makes the choice
+    stable across runs and independent of source order."""
+    return set(hash_ranked(ids)[: held_out_count(len(ids), fraction)])
 
 
 def hash_ranked(ids: list[str]) -> list[str]:
@@ -403,8 +412,8 @@ def hash_ranked(ids: list[str]) -> list[str]:
 
 def split_by_speaker(kept: dict[str, Kept], fraction: float) -> set[str]:
     """Held-out ids of a corpus: one speaker's as split_validation; with several, each speaker's own share
-    (every voice a run may be asked to speak in has held-out clips of it): `fraction` of each speaker with
-    at least MIN_SPEAKER_CLIPS clips, and at least min(HELD_OUT_FLOOR, a tenth of its clips)."""
+    (every voice a run may be asked to speak in has held-out clips of it): held_out_count of each speaker
+    with at least MIN_SPEAKER_CLIPS clips."""
     by_speaker: dict[str, list[str]] = {}
     for item_id, clip in kept.items():
         by_speaker.setdefault(clip.speaker, []).append(item_id)
@@ -412,10 +421,8 @@ def split_by_speaker(kept: dict[str, Kept], fraction: float) -> set[str]:
         return split_validation(sorted(kept), fraction)
     held = set()
     for ids in by_speaker.values():
-        if fraction <= 0 or len(ids) < MIN_SPEAKER_CLIPS:
-            continue
-        count = max(1, round(fraction * len(ids)), min(HELD_OUT_FLOOR, len(ids) // 10))
-        held.update(hash_ranked(ids)[:count])
+        if len(ids) >= MIN_SPEAKER_CLIPS:
+            held.update(hash_ranked(ids)[: held_out_count(len(ids), fraction)])
     return held
 
 

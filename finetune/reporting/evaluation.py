@@ -3,17 +3,23 @@
 Per clip (finetune/reporting/measures.py says how each is computed and why):
     MCD-DTW          spectral distance to the recording, dB (lower is better)
     length ratio     how long the model speaks the text over how long the recording is (1 = its tempo):
-                     the expected length, the mean over DURATION_DRAWS noise draws of the duration
-                     predictor (one draw of a short training's wide duration distribution moved the
-                     median of 16 clips by about 0.06 from one evaluation to the next; bench/RESULTS.md)
+                     the typical single draw, the median over DURATION_DRAWS noise draws of the duration
+                     predictor. A listener hears one draw a sentence (the stock pipeline makes one), and a
+                     sentence's length is a sum of exponentials, skewed long: the mean over draws judged a
+                     length no listener typically hears (1.22 against a median draw of 0.82 on one short
+                     training's kept model; bench/RESULTS.md)
+    draw spread      how much that length varies from one draw to the next: the geometric standard
+                     deviation of its draws (x1.00: every draw the same length)
     duration error   how much of the recording's rhythm the predicted durations misplace (0 = none)
     naturalness      DNSMOS OVRL of the synthesised clip, 1..5, when the optional extra is installed
                      (finetune/reporting/naturalness.py); reported, not part of the choice of best_model
-Per evaluation: the mean MCD, the median length ratio and its spread between draws, the mean duration
-error, the mean naturalness, the objective's own
-losses (mel, KL, duration) on the same clips, and whether the model may become the best one: only when
-its median length ratio passes the timing rule. It judges speech synthesised from text, duration
-predictor included, not just how well the training loss is minimised.
+Per evaluation: the mean MCD and its standard error over clips (the evaluation's own noise: the choice of
+best_model compares models beyond it, finetune/reporting/selection.py), the median length ratio of all
+draws of all clips (what a listener typically hears) and the median draw spread (a property of the voice),
+the mean duration error, the mean naturalness, the objective's own losses (mel, KL, duration) on the same
+clips, and whether the model may become the best one: only when its median length ratio passes the
+timing rule. It judges speech synthesised from text, duration predictor included, not just how well the
+training loss is minimised.
 
 Synthesis is bounded (finetune/vits/inference.py): each clip at most MAX_LENGTH_VS_RECORDING times its
 recording, so a broken model is scored, as broken, in about the time a good one takes; its length ratio
@@ -42,6 +48,7 @@ from finetune.system.disk import OPTIONAL, is_write_failure
 from finetune.data.examples import Example, collate
 from finetune.data.features import Features
 from finetune.vits.inference import ceiling_for_text, duration_draws, fork_rng, speak
+from finetune.vits.tempo_fit import geometric_spread
 from finetune.system.interrupt import StopRequest
 from finetune.system.time_limit import PieceCosts, TimeLimit
 from finetune.vits.losses import LossWeights
@@ -52,18 +59,20 @@ LOG = logging.getLogger(__name__)  # a child of the run's "finetune" logger
 
 MAX_LENGTH_VS_RECORDING = 3.0  # evaluation renders at most 3x the recording: far too long already scores badly
 TEST_SENTENCE_MAX_S = 30.0
-DURATION_DRAWS = 8  # noise draws of the duration predictor per clip: the median moves ~1/sqrt(8) as much as one
+DURATION_DRAWS = 8  # noise draws of the duration predictor per clip: its typical length and its spread
 DRAW_SEED_OFFSET = 104_729  # the duration draws' seed, apart from the synthesis's
+TEMPO_SEED_OFFSET = 7_919  # the tempo fit's draws, apart from the evaluation's
 
 
 @dataclass
 class ClipScore:
     mcd_db: float
-    length_ratio: float  # expected frames (the mean over duration draws) / recording frames, before any cap
+    length_ratio: float  # frames of the median duration draw / recording frames, before any cap
     duration_error: float
     capped: bool  # the synthesis hit its ceiling (the model asked for more than was rendered)
     naturalness: float | None = None  # DNSMOS OVRL of the synthesised clip (None: the measure is off)
     length_draws: tuple[float, ...] = ()  # the length ratio of each duration draw (not written per clip)
+    draw_spread: float = 1.0  # geometric standard deviation of those draws (1: all alike)
 
 
 @dataclass
@@ -73,8 +82,8 @@ class EvalResult:
     per_clip: dict[str, ClipScore]
     val_losses: dict[str, float]
     seconds: float
-    length_ratio: float = 1.0  # median over clips of each clip's expected length ratio
-    length_ratio_spread: float = 0.0  # standard deviation, over duration draws, of one draw's median
+    length_ratio: float = 1.0  # median length ratio over every duration draw of every clip: the typical single draw
+    draw_spread: float = 1.0  # median over clips of each clip's geometric standard deviation between draws
     naturalness: float | None = None  # mean DNSMOS OVRL over clips (None: the measure is off)
     duration_error: float = 0.0  # mean over clips
     eligible: bool = True  # may become the best model (timing within the rule, a finite score)
@@ -87,6 +96,7 @@ class EvalResult:
     sentences_planned: int = 0
     others: dict[str, dict] = field(default_factory=dict)  # other speakers of the crowd, reported beside it
     mcd_se_db: float = float("nan")  # standard error of the mean MCD over the clips scored: the measure's own noise
+    choice_scores: dict[str, float] = field(default_factory=dict)  # each clip's MCD behind `mcd_db`, paired by the choice
 
     @property
     def clips_scored(self) -> int:
@@ -101,7 +111,7 @@ class EvalResult:
         return {"step": self.step, "mcd_db": round(self.mcd_db, 4),
                 **({"mcd_se_db": round(self.mcd_se_db, 4)} if np.isfinite(self.mcd_se_db) else {}),
                 "length_ratio": round(self.length_ratio, 4),
-                "length_ratio_spread": round(self.length_ratio_spread, 4),
+                "draw_spread": round(self.draw_spread, 4),
                 **({"naturalness": round(self.naturalness, 4)} if self.naturalness is not None else {}),
                 "duration_error": round(self.duration_error, 4), "eligible": self.eligible,
                 **({"ineligible_reason": self.ineligible_reason} if not self.eligible else {}),
@@ -119,11 +129,11 @@ class EvalResult:
 
 def judge(step: int, scores: dict[str, ClipScore], val_losses: dict[str, float], seconds: float,
           rule: TimingRule, planned: int | None = None) -> EvalResult:
-    """Per-clip scores -> one evaluation: means, median length ratio, and eligibility by the timing rule
-    (and only when every one of the `planned` clips was scored)."""
+    """Per-clip scores -> one evaluation: means, the median length ratio of a single draw, and eligibility
+    by the timing rule (and only when every one of the `planned` clips was scored)."""
     planned = len(scores) if planned is None else planned
     mcd = float(np.mean([s.mcd_db for s in scores.values()])) if scores else float("nan")
-    ratio = float(np.median([s.length_ratio for s in scores.values()])) if scores else float("nan")
+    ratio = typical_length_ratio(scores)
     error = float(np.mean([s.duration_error for s in scores.values()])) if scores else float("nan")
     natural = [s.naturalness for s in scores.values() if s.naturalness is not None]
     reason = ""
@@ -135,10 +145,11 @@ def judge(step: int, scores: dict[str, ClipScore], val_losses: dict[str, float],
         digits = next((d for d in range(2, 7) if not rule.accepts(round(ratio, d))), 6)  # never "0.80 is outside 0.80-"
         reason = f"median length ratio {ratio:.{digits}f} is outside {rule.describe()}"
     return EvalResult(step=step, mcd_db=mcd, per_clip=scores, val_losses=val_losses, seconds=seconds,
-                      length_ratio=ratio, length_ratio_spread=draw_spread(scores), duration_error=error,
+                      length_ratio=ratio, draw_spread=median_draw_spread(scores), duration_error=error,
                       eligible=not reason, ineligible_reason=reason,
                       naturalness=float(np.mean(natural)) if natural else None, clips_planned=planned,
-                      mcd_se_db=standard_error([s.mcd_db for s in scores.values()]))
+                      mcd_se_db=standard_error([s.mcd_db for s in scores.values()]),
+                      choice_scores={name: s.mcd_db for name, s in scores.items()})
 
 
 def standard_error(values: list[float]) -> float:
@@ -147,16 +158,17 @@ def standard_error(values: list[float]) -> float:
     return float(np.std(finite, ddof=1) / np.sqrt(len(finite))) if len(finite) >= 2 else float("nan")
 
 
-def draw_spread(scores: dict[str, ClipScore]) -> float:
-    """How much the median length ratio moves from one duration draw to the next: the standard deviation,
-    over draws, of the median over clips of that draw's ratios (0 with fewer than 2 draws). What the
-    evaluation decides on (the median of expected lengths) varies about 1/sqrt(draws) as much."""
-    draws = [s.length_draws for s in scores.values() if s.length_draws]
-    if not draws or min(len(d) for d in draws) < 2:
-        return 0.0
-    table = np.array([d[: min(len(x) for x in draws)] for d in draws])  # [clips, draws]
-    medians = np.median(table, axis=0)
-    return float(np.std(medians[np.isfinite(medians)])) if np.isfinite(medians).sum() > 1 else float("inf")
+def typical_length_ratio(scores: dict[str, ClipScore]) -> float:
+    """The median length ratio of a single draw: over every draw of every clip (each clip's own ratio for
+    a clip scored without draws); nan with no clip."""
+    ratios = [r for s in scores.values() for r in (s.length_draws or (s.length_ratio,))]
+    return float(np.median(ratios)) if ratios else float("nan")
+
+
+def median_draw_spread(scores: dict[str, ClipScore]) -> float:
+    """The voice's tempo variability: the median over clips of each clip's draw spread."""
+    spreads = [s.draw_spread for s in scores.values() if s.length_draws]
+    return float(np.median(spreads)) if spreads else 1.0
 
 
 def describe_cut(result: EvalResult) -> str:
@@ -169,7 +181,7 @@ def describe_cut(result: EvalResult) -> str:
 
 def describe_timing(result: EvalResult) -> str:
     verdict = "" if result.eligible else f" (not eligible as best: {result.ineligible_reason})"
-    spread = f" (±{result.length_ratio_spread:.2f} a draw)" if result.length_ratio_spread else ""
+    spread = f" (x{result.draw_spread:.2f} a draw)" if result.draw_spread > 1.0 else ""
     return f"length x{result.length_ratio:.2f}{spread}, duration error {result.duration_error:.2f}{verdict}"
 
 
@@ -230,6 +242,21 @@ class Evaluator:
                 result.others[name] = {"mcd_db": round(scored.mcd_db, 4), "length_ratio": round(scored.length_ratio, 4),
                                        "clips": scored.clips_scored}
         return result
+
+    def fit_tempo(self, model):
+        """The inference settings that make `model` speak these held-out clips at their recordings' tempo
+        (finetune/vits/tempo_fit.py), or None without clips. Each module's train/eval mode is left as it was."""
+        from finetune.vits.tempo_fit import fit_tempo
+
+        hop = self.features.config.hop_length
+        modes = {module: module.training for module in model.modules()}
+        model.eval()
+        try:
+            return fit_tempo(model, [e.token_ids for e in self.examples], [e.frame_count(hop) for e in self.examples],
+                             self.device, self.seed + TEMPO_SEED_OFFSET, speaker=self.speaker, draws=self.duration_draws)
+        finally:
+            for module, training in modes.items():
+                module.training = training
 
     def in_smaller_groups_on_oom(self, work):
         """`work()`, again with half as many clips a group each time it runs out of GPU memory (down to one).
@@ -337,8 +364,8 @@ class Evaluator:
             ratios = tuple(length_ratio(frames, example.frame_count(hop)) for frames in draws[i])
             scores[example.item_id] = ClipScore(
                 mcd_db=mcd_dtw(synthesised[0].cpu().numpy(), real[0].cpu().numpy()),
-                length_ratio=float(np.mean(ratios)), duration_error=duration_error(speech.token_frames[i], aligned[i]),
-                capped=speech.capped[i], length_draws=ratios,
+                length_ratio=float(np.median(ratios)), duration_error=duration_error(speech.token_frames[i], aligned[i]),
+                capped=speech.capped[i], length_draws=ratios, draw_spread=geometric_spread(ratios),
                 naturalness=self.naturalness.overall(speech.waveforms[i], self.sample_rate) if self.naturalness else None)
         return scores
 

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from finetune.data.prepare import HELD_OUT_FLOOR
+
 MCD_SCALE = 10.0 / math.log(10.0) * math.sqrt(2.0)
 DEFAULT_MAX_LENGTH_RATIO = 1.25
 
@@ -94,9 +96,8 @@ class TimingRule:
         return f"{1.0 / self.max_length_ratio:.2f}-{self.max_length_ratio:.2f}"
 
 
-# Held-out clips below which evaluations cannot tell close models apart: the standard error of a mean MCD
-# over n clips is the clips' spread / sqrt(n), and models a few percent apart need n in the tens.
-MIN_DECIDING_CLIPS = 16
+# Held-out clips below which evaluations cannot tell close models apart: the floor preparation holds out.
+MIN_DECIDING_CLIPS = HELD_OUT_FLOOR
 
 
 def few_held_out(clips: int, fix: str, whose: str = "") -> str | None:

@@ -74,8 +74,10 @@ def _figures(evaluation: dict | None) -> str:
     if not evaluation:
         return "Not evaluated on held-out clips."
     rows = [("step", evaluation.get("step")), ("MCD-DTW, dB (lower is better)", evaluation.get("mcd_db")),
-            ("median length ratio (synthesised / recorded; 1 = the recordings' tempo)", evaluation.get("length_ratio")),
-            ("its spread between noise draws (one draw's standard deviation)", evaluation.get("length_ratio_spread")),
+            ("MCD's standard error over the clips (the evaluation's noise)", evaluation.get("mcd_se_db")),
+            ("median length ratio of one request (synthesised / recorded; 1 = the recordings' tempo)",
+             evaluation.get("length_ratio")),
+            ("how much one request's length varies from the next (geometric sd between draws)", evaluation.get("draw_spread")),
             ("duration error (share of frames the predicted rhythm misplaces)", evaluation.get("duration_error")),
             ("naturalness, DNSMOS OVRL 1..5 (higher is better)", evaluation.get("naturalness")),
             ("within the timing rule", evaluation.get("eligible"))]
@@ -84,11 +86,32 @@ def _figures(evaluation: dict | None) -> str:
     return f"| figure | value |\n| --- | --- |\n{table}{chosen}"
 
 
+def _tempo(evaluation: dict) -> str:
+    """The Timing section: the tempo as evaluated, and the inference settings config.json speaks with."""
+    ratio, fit = evaluation.get("length_ratio"), evaluation.get("inference_settings")
+    measured = (f"At the model's own settings, one request speaks the held-out sentences at a median x{ratio:.2f} "
+                "the recordings' length (below 1 is faster speech, above 1 slower)." if isinstance(ratio, float)
+                else "Its tempo was not measured.")
+    if not fit:
+        return (f"{measured} config.json keeps the model's own inference settings. VITS samples each sound's "
+                "duration: `noise_scale_duration` in config.json narrows that sampling (steadier, and after a short "
+                "training shorter), `speaking_rate` changes the pace evenly (0.9 = 10% slower).")
+    before, after, own = fit["before"], fit["after"], fit["model_own"]
+    return (f"{measured}\n\nconfig.json's inference settings were fitted on {fit['clips']} held-out recordings so that "
+            "one request speaks at their tempo, steadily:\n\n| setting | model's own | fitted |\n| --- | --- | --- |\n"
+            f"| speaking_rate | {own['speaking_rate']:g} | {fit['speaking_rate']:g} |\n"
+            f"| noise_scale_duration | {own['noise_scale_duration']:g} | {fit['noise_scale_duration']:g} |\n"
+            f"| noise_scale | {own['noise_scale']:g} | {fit['noise_scale']:g} (kept: it varies the timbre, not the length) |\n\n"
+            f"Median length of one request x{before['length_ratio']:.2f} -> x{after['length_ratio']:.2f} the recordings'; "
+            f"variation between requests x{before['draw_spread']:.2f} -> x{after['draw_spread']:.2f}."
+            + (f" Note: {fit['note']}." if fit.get("note") else "")
+            + " To speak with the model's own settings, set them back in config.json (or train with "
+            "--inference_settings model).")
+
+
 def card_text(facts: CardFacts, role: str, steps: int, evaluation: dict | None) -> str:
     """README.md for a model folder. `role`: what this folder is (e.g. "the best model of the run")."""
-    ratio = (evaluation or {}).get("length_ratio")
-    tempo = (f"It speaks the held-out sentences at x{ratio:.2f} the recordings' length." if isinstance(ratio, float)
-             else "Its tempo was not measured.")
+    tempo = _tempo(evaluation or {})
     return f"""---
 {f"language: {facts.language}" + chr(10) if facts.language != "unknown" else ""}license: {facts.licence}
 {f"base_model: {facts.hub_base_model}" + chr(10) if facts.hub_base_model else ""}library_name: transformers
@@ -112,10 +135,7 @@ tags:
 
 ## Timing
 
-{tempo} A ratio below 1 is faster speech, above 1 slower. VITS samples each sound's duration; the
-`noise_scale_duration` setting in config.json (MMS default 0.8) narrows that sampling, and after a short
-training a narrower draw means shorter sounds: raise it towards 1.0 for a slower, more varied tempo, or
-set `model.speaking_rate` (0.9 = 10% slower) to change the pace evenly.
+{tempo}
 
 ## Use it
 

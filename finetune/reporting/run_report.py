@@ -51,10 +51,13 @@ def draw(run_dir: Path, records: list[dict], max_length_ratio: float) -> list[tu
         made += [("losses.png", "Loss terms"), ("learning_rate.png", "Learning rate")]
         made += _loss_scale(folder, records)
     if any(r.get("kind") == "eval" for r in records):
-        curves(folder / "mcd.png", "Held-out MCD-DTW (lower is better)", "optimizer step", "dB",
-               {"MCD": _series(records, "eval", "mcd_db")})
-        curves(folder / "timing.png", "Held-out timing: median length ratio (synthesised / recorded)", "optimizer step",
-               "ratio", {"length ratio": _series(records, "eval", "length_ratio"),
+        evals = [r for r in records if r.get("kind") == "eval" and r.get("mcd_db") is not None]
+        curves(folder / "mcd.png", "Held-out MCD-DTW (lower is better), with the evaluation's noise", "optimizer step",
+               "dB", {"MCD": _series(records, "eval", "mcd_db")},
+               errors={"MCD": [r.get("mcd_se_db", float("nan")) for r in evals]})
+        curves(folder / "timing.png", "Held-out timing: one request's median length ratio (synthesised / recorded)",
+               "optimizer step", "ratio", {"length ratio": _series(records, "eval", "length_ratio"),
+                         "spread between requests (x)": _series(records, "eval", "draw_spread"),
                          "duration error": _series(records, "eval", "duration_error")},
                bands=[(1 / max_length_ratio, max_length_ratio, "timing rule")])
         made += [("mcd.png", "MCD per evaluation"), ("timing.png", "Timing per evaluation")]
@@ -117,8 +120,12 @@ def _clip_table(best_dir: Path) -> str:
     why = f" Kept as {best['chosen_as']}." if best.get("chosen_as") else ""
     rows = "".join(f"<tr><td>{html.escape(name)}</td><td>{s['mcd_db']:.2f}</td><td>{s['length_ratio']:.2f}</td>"
                    f"<td>{s['duration_error']:.2f}</td></tr>" for name, s in best.get("per_clip", {}).items())
-    return (f"<p>Best model: step {best['step']}, MCD {best['mcd_db']:.3f} dB, length x{best['length_ratio']:.2f}"
-            f"{_naturalness_text(best)}.{html.escape(why)}</p>"
+    noise = f" ±{best['mcd_se_db']:.3f}" if best.get("mcd_se_db") is not None else ""
+    spread = f" (x{best['draw_spread']:.2f} between requests)" if best.get("draw_spread") is not None else ""
+    because = f" Decided: {best['chosen_because']}." if best.get("chosen_because") else ""
+    return (f"<p>Best model: step {best['step']}, MCD {best['mcd_db']:.3f}{noise} dB (± one standard error over its "
+            f"{len(best.get('per_clip', {}))} held-out clips), length x{best['length_ratio']:.2f}{spread}"
+            f"{_naturalness_text(best)}.{html.escape(why + because)}</p>{_tempo_fit(best)}"
             "<table><tr><th>held-out clip</th><th>MCD dB</th><th>length ratio</th><th>duration error</th></tr>"
             f"{rows}</table>")
 
@@ -136,6 +143,19 @@ def _summary(end: dict) -> str:
     rows = "".join(f"<tr><td>{html.escape(key.replace('_', ' '))}</td><td>{html.escape(_figure(value))}</td></tr>"
                    for key, value in end.items() if key not in shown and not isinstance(value, dict))
     return f"<p>{html.escape(sentence)}</p><table>{rows}</table>"
+
+
+def _tempo_fit(best: dict) -> str:
+    """The inference settings fitted into the best model's config.json, and what they changed."""
+    fit = best.get("inference_settings")
+    if not fit:
+        return ""
+    own, before, after = fit["model_own"], fit["before"], fit["after"]
+    return (f"<p>Its config.json speaks with speaking_rate {fit['speaking_rate']:g} and noise_scale_duration "
+            f"{fit['noise_scale_duration']:g} (the model's own: {own['speaking_rate']:g}, {own['noise_scale_duration']:g}), "
+            f"fitted on {fit['clips']} held-out recordings: one request's median length x{before['length_ratio']:.2f} -> "
+            f"x{after['length_ratio']:.2f} the recordings', variation between requests x{before['draw_spread']:.2f} -> "
+            f"x{after['draw_spread']:.2f}{html.escape('; ' + fit['note'] if fit.get('note') else '')}.</p>")
 
 
 def _naturalness_text(best: dict) -> str:

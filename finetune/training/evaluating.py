@@ -6,7 +6,7 @@ evaluation costs, measured for the plan. Every process of a data-parallel run th
 from __future__ import annotations
 
 from finetune.reporting.evaluation import EvalResult
-from finetune.reporting.selection import NONE_YET, Standing, better, chosen_as, standing
+from finetune.reporting.selection import NONE_YET, Standing, chosen_as, judge_candidate, standing
 from finetune.training.context import LoopContext
 from finetune.training.exports import Exports
 from finetune.training.pacing import Pacer
@@ -62,36 +62,25 @@ class Evaluations:
     def kept_standing(self) -> Standing:
         """The standing of the model in best_model (NONE_YET before any)."""
         best = self.state.best
-        return NONE_YET if best.step < 0 else Standing(best.eligible, best.timing_error, best.score)
+        if best.step < 0:
+            return NONE_YET
+        return Standing(best.eligible, best.timing_error, best.score, dict(best.clips), best.step)
 
     def _evaluate(self, final: bool) -> EvalResult:
         """The main process's part: score (cut short at its time limit), keep the best model, log."""
-        context, best, step = self.context, self.state.best, self.state.step
+        context, step = self.context, self.state.step
         started = context.now()
         result = self.evaluator.evaluate(self.model, step, context.stop, self.pacer.evaluation_limit(final))
         train_mode(self.model, self.frozen_parts)
         if result.skipped:
             self.report_skipped(result, final)
             return result
-        candidate = standing(result.eligible, result.length_ratio, result.mcd_db, self.evaluator.rule.max_length_ratio)
-        partial = result.clips_scored < result.clips_planned  # a mean over fewer clips is not comparable
-        improved, export_s = not partial and better(candidate, self.kept_standing()), 0.0
-        if improved:
-            result.chosen_as = chosen_as(candidate, result.length_ratio, result.ineligible_reason)
-            summary = {**result.summary(), "chosen_as": result.chosen_as}
-            improved = self.exports.export(context.paths.best_dir, {"eval.json": {**summary, "per_clip": result.per_clip_dict()}},
-                                           step, summary)
-            export_s = self.costs.export_s if improved else 0.0
-        if improved:
-            best.score, best.step, best.evals_since = result.mcd_db, step, 0
-            best.eligible, best.timing_error = candidate.eligible, candidate.timing_error
-        else:
-            best.evals_since += 1
-        self.early_stop = bool(self.patience and best.evals_since >= self.patience)
+        improved, verdict, export_s = self.keep_if_best(result)
+        self.early_stop = bool(self.patience and self.state.best.evals_since >= self.patience)
         self.last, self.last_step = result, result.step
         scored = context.now()
-        context.run_log.evaluation(result, self.evaluator.describe(result), improved, self.best_note(improved),
-                                   best.score, getattr(self.evaluator, "example_mels", None))
+        context.run_log.evaluation(result, self.evaluator.describe(result), improved, self.best_note(improved, verdict),
+                                   self.state.best.score, getattr(self.evaluator, "example_mels", None))
         self.costs.report_s = context.now() - scored
         # What an evaluation costs the budget: scoring, logging and the report; a best model's export apart.
         # One cut short cost less than a whole one will: the estimate only grows from it.
@@ -100,16 +89,47 @@ class Evaluations:
         context.run_log.eval_s += spent
         return result
 
-    def best_note(self, improved: bool) -> str:
-        """What the evaluation line says about best_model."""
+    def keep_if_best(self, result: EvalResult) -> tuple[bool, str, float]:
+        """The selection rule on a whole evaluation; its model exported as best_model when it wins. (whether it
+        was kept, what decided, export seconds)."""
+        best, step = self.state.best, result.step
+        candidate = standing(result.eligible, result.length_ratio, result.mcd_db, self.evaluator.rule.max_length_ratio,
+                             result.choice_scores, step)
+        if result.clips_scored < result.clips_planned:  # a mean over fewer clips is not comparable
+            best.evals_since += 1
+            return False, "cut short", 0.0
+        kept = self.kept_standing()
+        verdict = judge_candidate(candidate, kept)
+        improved = verdict.replace
+        if improved:
+            result.chosen_as = chosen_as(candidate, result.length_ratio, result.ineligible_reason)
+            summary = {**result.summary(), "chosen_as": result.chosen_as, "chosen_because": verdict.why}
+            improved = self.exports.export(self.context.paths.best_dir,
+                                           {"eval.json": {**summary, "per_clip": result.per_clip_dict()}}, step, summary,
+                                           tempo=True)
+        if not improved:
+            best.evals_since += 1
+            return False, verdict.why, 0.0
+        # Early stopping counts evaluations without a lower MCD (or a better timing): a tie kept for its
+        # training is no progress.
+        progress = kept.step < 0 or candidate.rank() != kept.rank() or candidate.score < kept.score
+        best.score, best.step, best.clips = result.mcd_db, step, dict(candidate.clips)
+        best.eligible, best.timing_error = candidate.eligible, candidate.timing_error
+        best.evals_since = 0 if progress else best.evals_since + 1
+        return True, verdict.why, self.costs.export_s
+
+    def best_note(self, improved: bool, why: str = "") -> str:
+        """What the evaluation line says about best_model, and what decided."""
         best = self.state.best
         fallback = not best.eligible
+        because = f"; {why}" if why and why not in ("the first model kept", "cut short") else ""
         if improved:
             return ("nearest to the timing rule so far: saved best_model as a fallback" if fallback
-                    else "best so far: saved best_model")
+                    else "saved best_model") + because
         if best.step < 0:
             return "no model kept yet (no finite score)"
-        return f"best {best.score:.3f} at step {best.step}" + (", a fallback: none within the timing rule yet" if fallback else "")
+        return (f"best {best.score:.3f} at step {best.step}" + (", a fallback: none within the timing rule yet" if fallback else "")
+                + because)
 
     def report_skipped(self, result: EvalResult, final: bool) -> None:
         """An evaluation that had no time for a single clip: said, counted, and otherwise without effect."""

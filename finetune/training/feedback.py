@@ -64,6 +64,10 @@ class FeedbackEvaluator:
     def example_mels(self):
         return self.corrections.example_mels
 
+    def fit_tempo(self, model):
+        """The voice's tempo is fitted on its own held-out clips, not on the corrections (other voices)."""
+        return self.originals.fit_tempo(model)
+
     def evaluate(self, model, step: int, stop=None, limit=None) -> EvalResult:
         """Corrections, then originals, inside one time limit; cut short if either was."""
         c = self.corrections.evaluate(model, step, stop, limit)
@@ -82,7 +86,8 @@ class FeedbackEvaluator:
                             val_losses=o.val_losses, seconds=c.seconds + o.seconds, length_ratio=c.length_ratio,
                             duration_error=c.duration_error, eligible=not reasons, ineligible_reason="; ".join(reasons),
                             samples=c.samples, extra=extra, clips_planned=c.clips_planned + o.clips_planned,
-                            cut_short=c.cut_short or o.cut_short, sentences_planned=c.sentences_planned)
+                            cut_short=c.cut_short or o.cut_short, sentences_planned=c.sentences_planned,
+                            mcd_se_db=c.mcd_se_db, choice_scores={f"correction/{k}": v for k, v in c.choice_scores.items()})
         if self.baseline is None:
             self.baseline = result
         return result

@@ -106,7 +106,8 @@ class TrainingLoop:
                                   context.run_log)
         self.saver = Saver(self.model, parts.tokenizer, self.discriminator, self.costs, budget.clock.now, context.logger,
                            settings.checkpoints.keep, context.dist.is_main)
-        self.exports = Exports(self.saver, self.saves.card, context.paths, context.run_log)
+        fit_tempo = getattr(parts.evaluator, "fit_tempo", None) if settings.evaluation.fit_tempo else None
+        self.exports = Exports(self.saver, self.saves.card, context.paths, context.run_log, fit_tempo)
         self.evaluations = Evaluations(context, parts.evaluator, self.exports, state, self.pacer, self.model,
                                        parts.frozen_parts, settings.evaluation.early_stopping_patience)
         self.divergence = Divergence(rollbacks=state.setbacks.rollbacks)
@@ -278,7 +279,7 @@ class TrainingLoop:
         self.final_saved = self.context.dist.broadcast(self.context.on_main(self.save_final))
         self.checkpoints.write(end_of_epoch=self.sampler.state.position == 0, final=True)
         self.context.on_main(lambda: self.exports.export(self.context.paths.last_dir, {
-            "training_summary.json": self.final_summary()}, self.state.step, self.last_evaluation_here()))
+            "training_summary.json": self.final_summary()}, self.state.step, self.last_evaluation_here(), tempo=True))
         return self.result(reason)
 
     def stop_cleanly(self) -> LoopResult:
@@ -497,7 +498,8 @@ class TrainingLoop:
         self.final_source = f"best_model (step {best.step})" if has_best else "the last weights (no best_model)"
         extra = {"training_summary.json": self.final_summary()}
         if not has_best:
-            return self.exports.export(paths.output_dir, extra, self.state.step, self.last_evaluation_here(), final=True)
+            return self.exports.export(paths.output_dir, extra, self.state.step, self.last_evaluation_here(), final=True,
+                                       tempo=True)
         return self.exports.publish_best(extra, best.step)
 
     def publish_trained_best(self) -> None:

@@ -47,6 +47,7 @@ class WarmupSettings:
 class EvaluationSettings:
     every: int  # optimizer steps between evaluations (0: planned, about 20 a run)
     early_stopping_patience: int  # evaluations without a better model before stopping (0: never)
+    fit_tempo: bool = True  # exported folders get inference settings fitted to the held-out recordings
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,6 @@ class LoopSettings:
                                       flags.warmup_steps),
             warmup=WarmupSettings(warmup_steps, flags.discriminator_warmup_learning_rate,
                                   flags.discriminator_warmup_margin),
-            evaluation=EvaluationSettings(flags.val_every, early_stopping_patience),
+            evaluation=EvaluationSettings(flags.val_every, early_stopping_patience, flags.inference_settings == "fitted"),
             checkpoints=checkpoints, benchmark_samples=flags.benchmark_samples, max_epochs=flags.max_epochs,
             log_every_seconds=flags.log_every_seconds, reserve_after_s=reserve_after_s)

@@ -80,13 +80,15 @@ class Saver:
         self.sizes = estimate_sizes(model, discriminator)
         self.run_dir: Path | None = None  # where checkpoints are (the final save may free room there)
 
-    def export(self, folder: Path, extra_json: dict, final: bool = False) -> bool:
-        """Write a model folder (Hugging Face format + discriminator); False when it could not be."""
+    def export(self, folder: Path, extra_json: dict, final: bool = False, inference: dict | None = None) -> bool:
+        """Write a model folder (Hugging Face format + discriminator; `inference`: settings its config.json
+        speaks with instead of the model's own); False when it could not be."""
         if not self.is_main:
             return True
         written = self._write(folder, "the model", self.sizes.export, [self.model],
                               "the previous one, if any, is intact", final,
-                              lambda: export_model(self.model, self.tokenizer, folder, self.discriminator, extra_json))
+                              lambda: export_model(self.model, self.tokenizer, folder, self.discriminator, extra_json,
+                                                   inference))
         if written is None:
             return False
         self.costs.export_s = written[1]

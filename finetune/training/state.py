@@ -20,6 +20,7 @@ class Best:
     eligible: bool = True  # it met the timing rule (False: the nearest to it, a fallback)
     timing_error: float = 0.0  # its distance from the rule's band
     evals_since: int = 0  # evaluations since it was found (early stopping)
+    clips: dict = field(default_factory=dict)  # its MCD on each held-out clip (the noise, compared clip by clip)
 
 
 @dataclass

@@ -13,6 +13,8 @@ Training differs from the stock module in three ways, all undone or harmless at 
 
 from __future__ import annotations
 
+import copy
+
 import json
 import math
 import shutil
@@ -194,10 +196,13 @@ def inference_copy(model: VitsModel) -> VitsModel:
 
 
 def export_model(model: VitsModel, tokenizer: VitsTokenizer, out_dir: str | Path,
-                 discriminator=None, extra_json: dict[str, dict | str] | None = None) -> None:
+                 discriminator=None, extra_json: dict[str, dict | str] | None = None,
+                 inference: dict[str, float] | None = None) -> None:
     """Write a Hugging Face folder (config.json, model.safetensors, tokenizer files) and, when given, the
-    discriminator beside it (discriminator.pt) so training can continue. Built in a staging folder and
-    swapped in, so a crash mid-save leaves the previous export intact."""
+    discriminator beside it (discriminator.pt) so training can continue. `inference`: config values the
+    voice speaks with (speaking_rate, noise_scale_duration, noise_scale) instead of the model's own; a
+    crowd's multi_speaker/ folder keeps the model's own (they were fitted to the target alone). Built in a
+    staging folder and swapped in, so a crash mid-save leaves the previous export intact."""
     from finetune.vits.discriminator import save_discriminator
 
     from finetune.vits import speakers
@@ -206,10 +211,15 @@ def export_model(model: VitsModel, tokenizer: VitsTokenizer, out_dir: str | Path
     staging = staging_dir(out_dir)
     try:
         if speakers.speaker_count(model) > 1:  # the target (speaker 0) alone, and the conditioned model beside it
-            speakers.single_speaker(model, 0).save_pretrained(str(staging), safe_serialization=True)
+            voice = speakers.single_speaker(model, 0)
             speakers.save_conditioned(model, tokenizer, staging / speakers.MULTI_SPEAKER_DIR)
         else:
-            inference_copy(model).save_pretrained(str(staging), safe_serialization=True)
+            voice = inference_copy(model)
+        if inference:
+            voice.config = copy.deepcopy(voice.config)  # an inference copy may share the training model's config
+            for name, value in inference.items():
+                setattr(voice.config, name, value)
+        voice.save_pretrained(str(staging), safe_serialization=True)
         tokenizer.save_pretrained(str(staging))
         if discriminator is not None:
             save_discriminator(discriminator, staging / "discriminator.pt")

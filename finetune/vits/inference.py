@@ -113,14 +113,17 @@ def speak_tokens(model, token_ids: list[np.ndarray], device: torch.device, max_c
 
 @torch.no_grad()
 def duration_draws(model, token_ids: list[np.ndarray], device: torch.device, seed: int, draws: int,
-                   speaker: int | None = None) -> np.ndarray:
+                   speaker: int | None = None, noise_scale_duration: float | None = None,
+                   speaking_rate: float | None = None) -> np.ndarray:
     """Frames the duration predictor asks for, [texts, draws]: each text's length (before any cap) under
-    `draws` independent noise draws at the model's own `noise_scale_duration` and `speaking_rate`, as
-    stock transformers computes it (ceil(exp(log duration)) per token, summed). Their mean is the
-    expected length, which one draw estimates with an error that shrinks as 1/sqrt(draws). Seeded, in a
-    forked RNG. Cost: the text encoder once and the duration predictor over `draws` copies of the batch
-    (no flow, no decoder): a small share of one synthesis. Non-finite lengths come back as inf."""
+    `draws` independent noise draws, as stock transformers computes it (ceil(exp(log duration)) per token,
+    summed), at the model's own `noise_scale_duration` and `speaking_rate` unless others are given. Each
+    draw is what one request of the stock pipeline would ask for. Seeded, in a forked RNG. Cost: the text
+    encoder once and the duration predictor over `draws` copies of the batch (no flow, no decoder): a
+    small share of one synthesis. Non-finite lengths come back as inf."""
     config = model.config
+    noise = model.noise_scale_duration if noise_scale_duration is None else noise_scale_duration
+    rate = model.speaking_rate if speaking_rate is None else speaking_rate
     if not config.use_stochastic_duration_prediction:
         draws = 1  # a deterministic predictor: every draw is the same
     with fork_rng(device):
@@ -128,8 +131,8 @@ def duration_draws(model, token_ids: list[np.ndarray], device: torch.device, see
         encoded, hidden, mask = _encode(model, token_ids, device)
         hidden, mask = hidden.repeat_interleave(draws, dim=0), mask.repeat_interleave(draws, dim=0)
         g = speaker_conditioning(model, speaker, hidden.shape[0], device)
-        log_duration = predict_log_duration(model, hidden, mask, g, model.noise_scale_duration)
-    frames = torch.ceil(torch.exp(log_duration.float()) * mask / model.speaking_rate)  # [texts * draws, 1, tokens]
+        log_duration = predict_log_duration(model, hidden, mask, g, noise)
+    frames = torch.ceil(torch.exp(log_duration.float()) * mask / rate)  # [texts * draws, 1, tokens]
     totals = torch.nan_to_num(frames, nan=float("inf")).sum(dim=(1, 2)).view(len(token_ids), draws)
     return totals.cpu().numpy()
 

@@ -1,0 +1,73 @@
+"""The inference settings fitted to held-out recordings: one request speaks at their tempo, steadily, and
+the exported config.json carries them (stock transformers reads them)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from finetune.vits.inference import duration_draws
+from finetune.vits.tempo_fit import MAX_RATE, MIN_RATE, fit_tempo
+from tests.conftest import tiny_generator
+
+TEXTS = ["ez baş im", "av zelal e", "rojbaş", "tu çawa yî", "ez diçim malê", "baran dibare"]
+
+
+@pytest.fixture(scope="module")
+def voice(prepared_demo):
+    loaded = tiny_generator(prepared_demo)
+    ids = [np.asarray(loaded.tokenizer(text)["input_ids"]) for text in TEXTS]
+    return loaded.model.eval(), loaded.tokenizer, ids
+
+
+def test_the_fit_makes_the_typical_request_as_long_as_the_recordings(voice):
+    model, _, ids = voice
+    cpu = torch.device("cpu")
+    at_own = np.median(duration_draws(model, ids, cpu, seed=3, draws=16), axis=1)
+    recorded = [int(f) for f in np.round(0.8 * at_own)]  # the recordings are faster than the model speaks them
+    fit = fit_tempo(model, ids, recorded, cpu, seed=0)
+    assert fit.before.length_ratio == pytest.approx(1.25, rel=0.15)
+    assert 0.95 <= fit.after.length_ratio <= 1.05
+    # Fresh draws at the fitted settings (another seed), one a sentence as an app makes them: the same tempo.
+    heard = duration_draws(model, ids, cpu, seed=99, draws=16, noise_scale_duration=fit.noise_scale_duration,
+                           speaking_rate=fit.speaking_rate) / np.asarray(recorded)[:, None]
+    assert 0.9 <= np.median(heard) <= 1.1
+    assert (model.speaking_rate, model.noise_scale_duration) == (fit.own["speaking_rate"], fit.own["noise_scale_duration"])
+    assert fit.noise_scale == model.noise_scale and "->" in fit.describe()
+
+
+def test_the_noise_is_narrowed_only_as_far_as_the_spread_needs(voice):
+    model, _, ids = voice
+    cpu = torch.device("cpu")
+    recorded = [int(f) for f in np.median(duration_draws(model, ids, cpu, seed=3, draws=16), axis=1)]
+    loose = fit_tempo(model, ids, recorded, cpu, seed=0, max_spread=100.0)
+    assert loose.noise_scale_duration == 0.8  # any spread passes: the widest draw (MMS's default) is kept
+    tight = fit_tempo(model, ids, recorded, cpu, seed=0, max_spread=1.0001)
+    assert tight.noise_scale_duration < loose.noise_scale_duration  # none passes: the steadiest
+    assert tight.after.draw_spread <= loose.after.draw_spread
+
+
+def test_a_voice_far_from_its_recordings_is_held_at_the_limit_and_said(voice):
+    model, _, ids = voice
+    recorded = [10 * len(i) * 40 for i in ids]  # recordings far longer than any setting makes it
+    fit = fit_tempo(model, ids, recorded, torch.device("cpu"), seed=0)
+    assert fit.speaking_rate == MIN_RATE and "needs more training" in fit.note
+    assert MIN_RATE < MAX_RATE and fit_tempo(model, [], [], torch.device("cpu"), seed=0) is None
+
+
+def test_the_exported_config_speaks_with_the_fitted_settings(voice, tmp_path):
+    from transformers import VitsModel
+
+    from finetune.vits.generator import export_model
+
+    model, tokenizer, _ = voice
+    export_model(model, tokenizer, tmp_path / "voice", inference={"speaking_rate": 0.83, "noise_scale_duration": 0.5,
+                                                                   "noise_scale": model.noise_scale})
+    config = json.loads((tmp_path / "voice" / "config.json").read_text())
+    assert (config["speaking_rate"], config["noise_scale_duration"]) == (0.83, 0.5)
+    loaded = VitsModel.from_pretrained(tmp_path / "voice")
+    assert (loaded.speaking_rate, loaded.noise_scale_duration) == (0.83, 0.5)
+    assert model.config.speaking_rate == 1.0 and model.speaking_rate == 1.0  # the training model is untouched
