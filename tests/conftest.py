@@ -155,7 +155,8 @@ def micro_batches_take(patch: pytest.MonkeyPatch, seconds: float = 3.0) -> FakeC
 @pytest.fixture
 def timed_work(monkeypatch):
     """Micro-batches take `micro_batch_s`, evaluations `eval_s`, checkpoints `checkpoint_s` and model
-    exports `export_s` of fake time (an optimizer step of n micro-batches: n * micro_batch_s)."""
+    exports `export_s` of fake time (an optimizer step of n micro-batches: n * micro_batch_s; with
+    costs["clips"] set, a micro-batch of fewer clips than that takes its share)."""
     fake = FakeClock()
     costs = {"micro_batch_s": 3.0, "eval_s": 1.0, "checkpoint_s": 2.0, "export_s": 1.0}
     from finetune.reporting import evaluation
@@ -173,9 +174,10 @@ def timed_work(monkeypatch):
         fake.t += costs["export_s"]
         return real_export(*args, **kwargs)
 
-    def accumulate(self, *args, **kwargs):
-        fake.t += costs["micro_batch_s"]
-        return real_accumulate(self, *args, **kwargs)
+    def accumulate(self, batch, *args, **kwargs):
+        # costs["clips"], when set: a micro-batch of that many clips takes micro_batch_s, a cut one its share
+        fake.t += costs["micro_batch_s"] * (len(batch) / costs["clips"] if costs.get("clips") else 1.0)
+        return real_accumulate(self, batch, *args, **kwargs)
 
     def evaluate(self, *args, **kwargs):
         fake.t += costs["eval_s"]

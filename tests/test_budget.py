@@ -48,7 +48,7 @@ def test_budget_counts_earlier_processes_and_keeps_the_reserve():
     budget = Budget(target_s=1000.0, clock=Clock(lambda: now[0]), used_before_s=400.0, safety_s=5.0)
     assert budget.used_s() == 500.0 and budget.left_s() == 500.0
     assert budget.fits(450.0, reserve_s=45.0) and not budget.fits(450.1, reserve_s=45.0)
-    assert safety_margin_s(180) == 2.0 and safety_margin_s(9.5 * 3600) == 60.0
+    assert safety_margin_s(180) == 1.0 and safety_margin_s(600) == pytest.approx(1.8) and safety_margin_s(9.5 * 3600) == 60.0
 
 
 def test_durations_skip_warm_up_ones_once_later_ones_exist_and_are_cautious():
@@ -82,3 +82,44 @@ def test_step_timer_counts_a_window_of_micro_batches_and_an_update():
     assert timer.step_s == pytest.approx(8.5) and timer.cautious_step_s == pytest.approx(8.5)
     resumed = StepTimer(accumulation=4, prior_micro_batch_s=3.0, prior_update_s=1.0)
     assert resumed.ready and resumed.step_s == pytest.approx(13.0)
+
+
+def test_the_last_micro_batch_is_cut_to_the_clips_that_fit():
+    from finetune.training.budget import Budget, Clock
+    from finetune.training.pacing import Costs, Pacer
+
+    now = {"t": 0.0}
+    budget = Budget(target_s=100.0, clock=Clock(lambda: now["t"]), safety_s=2.0)
+    timer = StepTimer(accumulation=4, skip=0, clips=8)
+    for _ in range(3):
+        timer.micro_batches.add(8.0)  # 1 s a clip
+    timer.updates.add(0.5)
+    pacer = Pacer(budget, timer, Costs(eval_s=5.0, export_s=1.0, checkpoint_s=2.0), checkpoint_every_s=1e9)
+    reserve = 5.0 + 3 * 1.0 + 2.0 + 2.0  # the final save, then the safety margin
+    now["t"] = 100.0 - reserve - 0.5 - 20.0  # room for 20 s of clips and the update
+    assert pacer.clips_that_fit() == 8 and not pacer.micro_batch_is_last(1)
+    now["t"] = 100.0 - reserve - 0.5 - 12.0  # a whole micro-batch and more clips after it
+    assert pacer.clips_that_fit() == 8 and not pacer.micro_batch_is_last(1)
+    now["t"] = 100.0 - reserve - 0.5 - 8.5  # a whole one, and half a clip after it: this one is the last
+    assert pacer.clips_that_fit() == 8 and pacer.micro_batch_is_last(1)
+    now["t"] = 100.0 - reserve - 0.5 - 3.7  # three clips fit: the micro-batch is cut to them, and is the last
+    assert pacer.clips_that_fit() == 3 and pacer.micro_batch_is_last(1) and pacer.may_start_step()
+    now["t"] = 100.0 - reserve - 0.5 - 0.9  # not one clip: no step starts
+    assert not pacer.may_start_step()
+    whole = StepTimer(accumulation=4, skip=0)  # clips unknown (1): micro-batches are never cut
+    whole.micro_batches.add(8.0)
+    assert Pacer(budget, whole, Costs(), checkpoint_every_s=1e9).clips_that_fit() == 1
+
+
+def test_a_batch_cut_to_its_first_clips_is_padded_to_them_alone():
+    import numpy as np
+
+    from finetune.data.examples import Example, collate
+
+    examples = [Example(f"c{i}", np.arange(2 + 3 * i, dtype=np.int32), np.ones(256 * (10 + 20 * i), dtype=np.int16), speaker=i)
+                for i in range(3)]
+    batch = collate(examples, 256)
+    first = batch.first(2)
+    assert first.item_ids == ["c0", "c1"] and first.input_ids.shape == (2, 5) and first.audio.shape == (2, 256 * 30)
+    assert first.frame_lengths.tolist() == [10, 30] and first.speaker_ids.tolist() == [0, 1]
+    assert batch.first(3) is batch and batch.first(5) is batch

@@ -117,7 +117,8 @@ def test_a_resumed_process_measures_its_evaluations_before_the_final_one_and_end
     """The first process measures cheap evaluations (0.5 s a clip); in the resumed one a clip takes 8 s
     (a cold process, a busy machine) and its first evaluation is the final one. It primes the
     evaluation first (two clips), plans with what it measured, and ends inside its budget."""
-    fake, _ = timed_work
+    fake, costs = timed_work
+    costs["clips"] = 4  # a micro-batch cut at the deadline costs its clips' share, as a real one does
     per_clip = {"s": 0.5}
     slow_clips(monkeypatch, fake, per_clip)
     target_s = 100.0
@@ -264,6 +265,28 @@ def test_the_micro_batch_deadline_cuts_the_last_window_short(prepared_demo, tmp_
             cut_short.append(target_s)
             assert f"| {last['micro_batches']} of 4 micro-batches" in log_of(run_dir)
     assert cut_short, "no budget cut a window short"
+
+
+def test_a_coarse_last_step_is_cut_to_the_clips_that_fit(prepared_demo, tmp_path, timed_work):
+    """Steps of one micro-batch of 8 clips, 16 s each (a clip 2 s): the last one is cut to the clips that
+    still fit rather than leaving up to 16 s unused; every run ends inside its budget."""
+    fake, costs = timed_work
+    costs.update(micro_batch_s=16.0, clips=8)
+    cut = []
+    for target_s in (75.0, 81.0):  # 6 s apart: different remainders of a 16 s step
+        run_dir = tmp_path / str(int(target_s))
+        fake.t = 0.0
+        code = train_vits.main(args(prepared_demo, run_dir, "--target_hours", str(target_s / 3600), "--max_samples", "16",
+                                    "--gradient_accumulation_steps", "1", "--batch_size", "8", "--benchmark_samples", "8"),
+                               clock=clock_for(fake))
+        assert code == 0
+        end = metrics(run_dir, "end")[0]
+        assert end["stop_reason"] == "deadline" and end["time_used_s"] <= target_s, (target_s, end)
+        line = next((l for l in log_of(run_dir).splitlines() if "its last micro-batch cut to" in l), "")
+        if line:
+            cut.append(target_s)
+            assert f"step {end['steps']}: its last micro-batch cut to" in line and "of 8 clips" in line
+    assert cut, "no budget cut the last micro-batch"
 
 
 def test_a_better_score_outside_the_timing_rule_is_never_written_as_best(prepared_demo, tmp_path, timed_work,

@@ -48,6 +48,20 @@ class Batch:
     def __len__(self) -> int:
         return len(self.item_ids)
 
+    def first(self, count: int) -> "Batch":
+        """Its first `count` clips, padded only to their own longest text and audio (a run's last micro-batch
+        cut to the clips its deadline leaves time for)."""
+        if count >= len(self):
+            return self
+        tokens, frames = int(self.text_lengths[:count].max()), int(self.frame_lengths[:count].max())
+        hop = self.audio.shape[1] // max(1, int(self.frame_lengths.max()))
+        return replace(self, item_ids=self.item_ids[:count], input_ids=self.input_ids[:count, :tokens],
+                       attention_mask=self.attention_mask[:count, :tokens], text_lengths=self.text_lengths[:count],
+                       audio=self.audio[:count, : frames * hop], frame_lengths=self.frame_lengths[:count],
+                       linear=None if self.linear is None else self.linear[:count, :, :frames],
+                       mel=None if self.mel is None else self.mel[:count, :, :frames],
+                       speaker_ids=None if self.speaker_ids is None else self.speaker_ids[:count])
+
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
         """Move every tensor; audio becomes float32 on arrival, features float32."""
         moved = {}

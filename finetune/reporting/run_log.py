@@ -74,9 +74,12 @@ class RunLog:
     # ------------------------------------------------------------ evaluations
 
     def evaluation(self, result: EvalResult, described: str, improved: bool, best_note: str, best_score: float,
-                   example_mels) -> None:
+                   example_mels, report: bool = True) -> bool:
+        """An evaluation logged everywhere; report.html redrawn when a minute has passed since the last time
+        (never with `report` False: the final evaluation, after which the closing report is drawn anyway).
+        Whether it was redrawn."""
         if not self.is_main:
-            return
+            return False
         self.metrics.write("eval", **result.summary(), best=improved, best_mcd_db=round(best_score, 4))
         self.logger.info(f"eval step {result.step}: {described} ({best_note}); "
                          f"val mel {result.val_losses.get('mel', float('nan')):.3f}; {result.seconds:.1f}s")
@@ -84,13 +87,14 @@ class RunLog:
         numbers.pop("step", None)
         self.tracker.scalars(result.step, numbers, prefix="eval/")
         self._samples(result)
-        due = self._report_due()
+        due = report and self._report_due()
         if example_mels is not None:
             self._pending_mels = (result.step, *example_mels)
         if due or self.tracker.sinks:  # TensorBoard shows every evaluation's picture
             self._draw_mels()
         if due:
             self.write_report()
+        return due
 
     def _report_due(self) -> bool:
         return self._report_drawn_at is None or time.monotonic() - self._report_drawn_at >= REPORT_EVERY_S

@@ -161,7 +161,7 @@ class BatchFitter:
         previous_s = self.timer.micro_batches.cautious_s if self.timer.micro_batches.ready else None
         self.fitted.micro_batch = micro_batch
         self.fitted.accumulation = accumulation_for(self.settings.batch_size, self.settings.accumulation, micro_batch)
-        self.timer.accumulation = self.fitted.accumulation
+        self.timer.accumulation, self.timer.clips = self.fitted.accumulation, micro_batch
         # A smaller micro-batch takes no longer than a bigger one: the old figure is a safe first guess.
         self.timer.micro_batches = Durations(skip=self.timer.micro_batches.skip, prior_s=previous_s)
 

@@ -78,13 +78,17 @@ class Evaluations:
         improved, verdict, export_s = self.keep_if_best(result)
         self.early_stop = bool(self.patience and self.state.best.evals_since >= self.patience)
         self.last, self.last_step = result, result.step
-        scored = context.now()
-        context.run_log.evaluation(result, self.evaluator.describe(result), improved, self.best_note(improved, verdict),
-                                   self.state.best.score, getattr(self.evaluator, "example_mels", None))
-        self.costs.report_s = context.now() - scored
-        # What an evaluation costs the budget: scoring, logging and the report; a best model's export apart.
-        # One cut short cost less than a whole one will: the estimate only grows from it.
-        spent = context.now() - started - export_s
+        logged = context.now()
+        redrawn = context.run_log.evaluation(result, self.evaluator.describe(result), improved,
+                                             self.best_note(improved, verdict), self.state.best.score,
+                                             getattr(self.evaluator, "example_mels", None), report=not final)
+        redraw_s = context.now() - logged if redrawn else 0.0
+        if redrawn:
+            self.costs.report_s = redraw_s  # what report.html costs to draw now (the closing one is counted by it)
+        # What an evaluation costs the budget: scoring and logging; a best model's export and a redraw of
+        # report.html apart (each counted on its own). One cut short cost less than a whole one will: the
+        # estimate only grows from it.
+        spent = context.now() - started - export_s - redraw_s
         self.costs.eval_s = max(self.costs.eval_s, spent) if result.cut_short else spent
         context.run_log.eval_s += spent
         return result

@@ -104,6 +104,7 @@ class TrainingLoop:
         self.windows = WindowRunner(self.step, self.feed, self.sampler, budget.clock, context.stop, cpu_threads)
         self.fitter = BatchFitter(settings.batch, state.batch, self.step, self.sampler, self.feed, self.timer,
                                   context.run_log)
+        self.timer.clips = self.fitter.micro_batch  # the last micro-batch may be cut a clip at a time
         self.saver = Saver(self.model, parts.tokenizer, self.discriminator, self.costs, budget.clock.now, context.logger,
                            settings.checkpoints.keep, context.dist.is_main)
         fit_tempo = getattr(parts.evaluator, "fit_tempo", None) if settings.evaluation.fit_tempo else None
@@ -319,7 +320,10 @@ class TrainingLoop:
             if accumulated.window.oom and self.refit(accumulated.window.oom, number, rewind=True):
                 accumulated = self.windows.accumulate(self.pacer)  # the same clips again, in smaller micro-batches
             used, epoch_ended = accumulated.window.used, accumulated.epoch_ended
-            cut_short = used < self.timer.accumulation and not epoch_ended
+            cut_short = (used < self.timer.accumulation and not epoch_ended) or bool(accumulated.cut_to)
+            if accumulated.cut_to:
+                self.context.logger.info(f"step {number}: its last micro-batch cut to {accumulated.cut_to} of "
+                                         f"{self.fitter.micro_batch} clips, the time the deadline leaves: the run's last step")
             last = self.context.dist.any(self.pacer.step_is_last(number, cut_short, self.due_after_s(number, epoch_ended)))
             lr = self.pacer.learning_rate(number, last) * self.state.setbacks.lr_scale
             self.step.set_learning_rates(lr, lr * self.settings.schedule.discriminator_ratio)

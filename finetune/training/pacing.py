@@ -7,13 +7,17 @@ cost. The unit of decision is a micro-batch, not a step: with accumulation 4 on 
 can be a tenth of a short budget, and deciding by whole steps would leave most of one unused (or, worse,
 start one that cannot finish). So:
 
-    a step starts      when one micro-batch and an update fit (the very first always does: nothing is
-                       timed yet; before it, a budget that cannot even hold the final save is an error)
-    a window ends      after `accumulation` micro-batches, at an epoch's end, or early when the next
-                       micro-batch would leave no room for another one and the update
+    a step starts      when one clip of a micro-batch and an update fit (the very first always does:
+                       nothing is timed yet; before it, a budget that cannot even hold the final save is
+                       an error)
+    a micro-batch      is cut to the clips that still fit with the update (clips_that_fit, at a whole
+                       micro-batch's cautious cost a clip), at least one: a coarse step (a fifth of a
+                       short budget, on a slow machine) would otherwise leave most of a micro-batch unused
+    a window ends      after `accumulation` micro-batches, at an epoch's end, after a cut micro-batch, or
+                       early when the next micro-batch would leave no room for one more clip and the update
     a step is the last when its window was cut short, or when after it (its update, and the evaluation
-                       or checkpoint due after it) not even one more micro-batch would fit; the last
-                       step runs at the learning-rate floor and skips what would be due after it
+                       or checkpoint due after it) not even one more clip would fit; the last step runs
+                       at the learning-rate floor and skips what would be due after it
     an evaluation      runs until its time limit (evaluation_limit): what must come after it (the final
                        save; for the final one, the exports and the last checkpoint) is kept free, so one
                        that runs slower than the last (a cold resumed process, a machine that got busy)
@@ -66,19 +70,36 @@ class Pacer:
     def room_for(self, seconds: float) -> bool:
         """Whether `seconds` of work still leave the final save and the safety margin (the final save as
         timed earlier, slowed down as much as training has lately)."""
-        return self.budget.fits(seconds, self.costs.final_s * self.timer.micro_batches.slowdown)
+        return self.budget.fits(seconds, self.final_reserve_s)
+
+    @property
+    def final_reserve_s(self) -> float:
+        return self.costs.final_s * self.timer.micro_batches.slowdown
 
     @property
     def one_more_step_s(self) -> float:
-        """The least a step can cost: one micro-batch and its update."""
-        return self.timer.micro_batch_s + self.timer.update_s
+        """The least a step can cost: one clip of a micro-batch and its update."""
+        return self.timer.clip_s + self.timer.update_s
 
     def may_start_step(self) -> bool:
         return self.room_for(self.one_more_step_s)
 
+    def clips_that_fit(self) -> int:
+        """Clips of the next micro-batch that fit before the final save with the update after them: all of
+        them (timer.clips) when a whole micro-batch does, else as many as fit at its cost a clip, at least
+        one (a step that started runs at least one clip)."""
+        timer = self.timer
+        if timer.clips <= 1 or not timer.micro_batches.ready:
+            return timer.clips
+        left = self.budget.left_s() - self.final_reserve_s - self.budget.safety_s - timer.update_s
+        return max(1, min(timer.clips, int(left / max(timer.clip_s, 1e-9))))
+
     def micro_batch_is_last(self, index: int) -> bool:
-        """Before running micro-batch `index` (1-based) of a window: whether it must be the window's last."""
-        return index >= self.timer.accumulation or not self.room_for(2 * self.timer.micro_batch_s + self.timer.update_s)
+        """Before running micro-batch `index` (1-based) of a window: whether it must be the window's last
+        (a cut one always is)."""
+        timer = self.timer
+        return (index >= timer.accumulation or self.clips_that_fit() < timer.clips
+                or not self.room_for(timer.micro_batch_s + timer.clip_s + timer.update_s))
 
     def eval_due(self, step: int) -> bool:
         return self.plan is not None and step % self.plan.eval_every == 0

@@ -33,6 +33,7 @@ class Boundary:
 class Accumulated:
     window: Window
     epoch_ended: bool  # its last micro-batch ended an epoch
+    cut_to: int = 0  # its last micro-batch was cut to this many clips to end on time (0: not cut)
 
 
 @dataclass
@@ -45,15 +46,18 @@ class StepOutcome:
 
 class MicroBatches:
     """The micro-batches of one window as (batch, whether it is the window's last), for
-    TrainStep.accumulate_window; `epoch_ended` says afterwards whether the last one ended an epoch."""
+    TrainStep.accumulate_window; `epoch_ended` says afterwards whether the last one ended an epoch, and
+    `cut_to` whether it was cut to fewer clips at the deadline (each process cuts its own to what its
+    clock leaves; whether a micro-batch is the last is decided jointly)."""
 
     def __init__(self, runner: "WindowRunner", pacer: Pacer):
-        self.runner, self.pacer, self.epoch_ended = runner, pacer, False
+        self.runner, self.pacer, self.epoch_ended, self.cut_to = runner, pacer, False, 0
 
     def __iter__(self):
         runner, clock, index = self.runner, self.runner.clock, 0
         while True:
             index += 1
+            keep = self.pacer.clips_that_fit()
             stop, last = runner.step.dist.any_of(index > 1 and runner.stop.requested,
                                                  self.pacer.micro_batch_is_last(index))
             if stop:
@@ -63,8 +67,11 @@ class MicroBatches:
             started = clock.now()
             with section("data"):
                 batch, self.epoch_ended = runner.feed.take()
+            if keep < min(len(batch), self.pacer.timer.clips):  # what the deadline leaves time for; the rest unseen
+                batch, self.cut_to = batch.first(keep), keep
             yield batch, last or self.epoch_ended
-            self.pacer.timer.micro_batches.add(clock.now() - started)
+            if not self.cut_to:  # a cut micro-batch is not what a whole one costs
+                self.pacer.timer.micro_batches.add(clock.now() - started)
             if last or self.epoch_ended:
                 return
 
@@ -97,7 +104,7 @@ class WindowRunner:
         self.mark_boundary()
         micro_batches = MicroBatches(self, pacer)
         window = self.step.accumulate_window(micro_batches, pacer.timer.accumulation, generator)
-        return Accumulated(window, micro_batches.epoch_ended)
+        return Accumulated(window, micro_batches.epoch_ended, micro_batches.cut_to)
 
     def update(self, accumulated: Accumulated, pacer: Pacer, last: bool = False) -> StepOutcome:
         """The window's update (at the learning rates already set), timed into the pacer's timer; the
