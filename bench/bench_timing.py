@@ -1,25 +1,26 @@
 #!/usr/bin/env python3
-"""How noisy is the evaluation's timing, and what does noise_scale_duration do to it? For one model on
-the held-out clips of a prepared corpus:
+"""How long does a voice speak its held-out sentences, one request at a time, as an app makes them? For a
+model folder and the held-out clips of a prepared corpus:
 
-  1. the spread of the median length ratio between evaluations that differ only in their noise draw:
-     one draw per clip (the evaluation before: what one synthesis asked for) against the mean of 8
-     draws per clip (the evaluation now), over --repeats seeds;
-  2. the median expected length ratio (32 draws) at noise_scale_duration 0, 0.5, 0.8 (MMS's default)
-     and 1.0: how much a narrower draw shortens speech (frames are ceil(exp(log-duration)), and
-     E[exp(x)] > exp(E[x]) the more, the wider x is);
-  3. what an evaluation of those clips costs (CPU seconds, one thread): one draw, 8 draws, and 8 draws
-     with the naturalness predictor (when its extra is installed).
+  1. stock transformers (`VitsModel.forward` on the text, as `pipeline("text-to-speech")` runs it: one
+     duration draw a request), each sentence --draws times with other seeds: the median length ratio of
+     a request (synthesised / recorded) and the draw spread (each sentence's geometric standard
+     deviation between requests, median over sentences), at the folder's config.json settings (fitted by
+     the tool unless trained with --inference_settings model) and at the model's own (eval.json's
+     inference_settings.model_own; speaking_rate 1, noise_scale_duration 0.8 when it has none);
+  2. what the evaluation's estimate says for the same clips: the median of 8 draws of the duration
+     predictor alone (finetune/reporting/evaluation.py) and, as judged before issue 28, the mean of them;
+  3. the median length of a request at each noise_scale_duration (speaking_rate 1): how much a narrower
+     draw shortens speech and steadies it.
 
-    .venv/bin/python bench/bench_timing.py --model VOICE --data_dir DATA
+    .venv/bin/python bench/bench_timing.py --model demo/work/final_model --data_dir demo/work/data --speaker ciya
     .venv/bin/python bench/bench_timing.py --smoke        # seconds: an untrained tiny voice, 2 demo clips
-
-Only the text encoder and the duration predictor run (no flow, no decoder), as in evaluation.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -31,67 +32,74 @@ sys.path.insert(0, str(REPO))
 from bench.machine import describe  # noqa: E402
 from finetune.reporting.evaluation import DURATION_DRAWS  # noqa: E402
 from finetune.vits.inference import duration_draws  # noqa: E402
+from finetune.vits.tempo_fit import geometric_spread  # noqa: E402
 
-NOISE_SCALES = (0.0, 0.5, 0.8, 1.0)
-
-
-def medians(model, tokens: list[np.ndarray], frames: np.ndarray, seed: int, draws: int) -> tuple[float, float]:
-    """(median over clips of the first draw's ratio, median over clips of the mean of `draws` draws)."""
-    lengths = np.stack([duration_draws(model, [t], torch.device("cpu"), seed + i, draws)[0] for i, t in enumerate(tokens)])
-    ratios = lengths / frames[:, None]  # [clips, draws]
-    return float(np.median(ratios[:, 0])), float(np.median(ratios.mean(axis=1)))
+NOISE_SCALES = (0.0, 0.333, 0.5, 0.667, 0.8, 1.0)
 
 
-def spread(model, tokens, frames, repeats: int) -> dict[str, list[float]]:
-    rows = [medians(model, tokens, frames, 1000 * r, DURATION_DRAWS) for r in range(repeats)]
-    return {"one draw": [r[0] for r in rows], f"mean of {DURATION_DRAWS} draws": [r[1] for r in rows]}
+def stock_requests(model, tokens: list[np.ndarray], samples: np.ndarray, draws: int) -> np.ndarray:
+    """Length ratios [sentences, draws] of stock VitsModel.forward, one request a seed."""
+    ratios = np.zeros((len(tokens), draws))
+    for i, ids in enumerate(tokens):
+        for d in range(draws):
+            torch.manual_seed(1000 * d + i)
+            with torch.no_grad():
+                out = model(input_ids=torch.from_numpy(ids.astype(np.int64)).unsqueeze(0))
+            ratios[i, d] = int(out.sequence_lengths[0]) / samples[i]
+    return ratios
 
 
-def by_noise_scale(model, tokens, frames) -> dict[float, float]:
-    saved, result = model.noise_scale_duration, {}
-    for scale in NOISE_SCALES:
-        model.noise_scale_duration = scale
-        result[scale] = medians(model, tokens, frames, 7, 32)[1]
-    model.noise_scale_duration = saved
-    return result
+def describe_ratios(ratios: np.ndarray) -> str:
+    spread = np.median([geometric_spread(r) for r in ratios])
+    inside = np.mean((ratios >= 0.9) & (ratios <= 1.1))
+    return (f"median x{np.median(ratios):.3f}, spread x{spread:.3f} a request; sentences' own medians "
+            f"x{np.min(np.median(ratios, axis=1)):.2f}-x{np.max(np.median(ratios, axis=1)):.2f}; "
+            f"{100 * inside:.0f}% of requests within 0.9-1.1")
 
 
-def report(model, tokens, frames, repeats: int) -> None:
+def own_settings(folder: Path | None) -> dict:
+    """The model's own inference settings, as the tool's eval.json records them beside the fitted ones."""
+    evaluation = folder / "eval.json" if folder else None
+    if evaluation and evaluation.is_file():
+        fit = json.loads(evaluation.read_text(encoding="utf-8")).get("inference_settings")
+        if fit:
+            return fit["model_own"]
+    return {"speaking_rate": 1.0, "noise_scale_duration": 0.8}
+
+
+def report(model, tokens: list[np.ndarray], samples: np.ndarray, draws: int, folder: Path | None) -> None:
     model.eval()
-    print(f"clips: {len(tokens)}; model noise_scale_duration {model.noise_scale_duration}")
-    print("\n| estimate | median length ratio per repeat | mean | std | range |\n| --- | --- | ---: | ---: | ---: |")
-    for name, values in spread(model, tokens, frames, repeats).items():
-        v = np.array(values)
-        print(f"| {name} | {', '.join(f'{x:.3f}' for x in v)} | {v.mean():.3f} | {v.std():.3f} | {v.max() - v.min():.3f} |")
-    print("\n| noise_scale_duration | median expected length ratio (32 draws) |\n| ---: | ---: |")
-    for scale, ratio in by_noise_scale(model, tokens, frames).items():
-        print(f"| {scale} | {ratio:.3f} |")
-
-
-def evaluation_cost(model, examples) -> None:
-    import time
-
-    from finetune.data.features import FeatureConfig, Features
-    from finetune.reporting.evaluation import Evaluator
-    from finetune.reporting.naturalness import Naturalness, available
-
-    cases = [("warm-up (not counted)", 1, False), ("1 draw", 1, False), (f"{DURATION_DRAWS} draws", DURATION_DRAWS, False)]
-    cases += [(f"{DURATION_DRAWS} draws + naturalness (DNSMOS OVRL)", DURATION_DRAWS, True)] if available() else []
-    print(f"\n| evaluation of {len(examples)} clips | CPU s | wall s |\n| --- | ---: | ---: |")
-    for label, draws, natural in cases:
-        evaluator = Evaluator(examples, Features(FeatureConfig()), torch.device("cpu"), 16000, None, [], batch_size=1,
-                              duration_draws=draws, naturalness=Naturalness() if natural else None)
-        cpu, wall = time.process_time(), time.monotonic()
-        evaluator.evaluate(model, 0)
-        print(f"| {label} | {time.process_time() - cpu:.2f} | {time.monotonic() - wall:.1f} |")
+    hop = 256
+    settings = {"config.json": {"speaking_rate": model.speaking_rate, "noise_scale_duration": model.noise_scale_duration},
+                "the model's own": own_settings(folder)}
+    print(f"{len(tokens)} held-out sentences, {draws} requests each (stock VitsModel.forward)\n")
+    print("| settings | speaking_rate | noise_scale_duration | one request, stock |\n| --- | ---: | ---: | --- |")
+    for name, values in settings.items():
+        model.speaking_rate, model.noise_scale_duration = values["speaking_rate"], values["noise_scale_duration"]
+        print(f"| {name} | {values['speaking_rate']:g} | {values['noise_scale_duration']:g} | "
+              f"{describe_ratios(stock_requests(model, tokens, samples, draws))} |", flush=True)
+    own = settings["the model's own"]
+    frames = samples / hop
+    estimate = np.stack([duration_draws(model, [t], torch.device("cpu"), 7 + i, DURATION_DRAWS, speaking_rate=own["speaking_rate"],
+                                        noise_scale_duration=own["noise_scale_duration"])[0]
+                         for i, t in enumerate(tokens)]) / frames[:, None]
+    print(f"\nThe evaluation's estimate at the model's own settings ({DURATION_DRAWS} draws of the duration predictor a "
+          f"clip): median draw x{np.median(estimate):.3f} (judged now); median over clips of the mean of draws "
+          f"x{np.median(estimate.mean(axis=1)):.3f} (judged before)")
+    print("\n| noise_scale_duration | median request (32 draws, rate 1) | spread |\n| ---: | ---: | ---: |")
+    for scale in NOISE_SCALES:
+        lengths = duration_draws(model, tokens, torch.device("cpu"), 11, 32, noise_scale_duration=scale, speaking_rate=1.0)
+        ratios = lengths / frames[:, None]
+        print(f"| {scale} | {np.median(ratios):.3f} | x{np.median([geometric_spread(r) for r in ratios]):.3f} |")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="a model folder (VitsModel.from_pretrained)")
     parser.add_argument("--data_dir", help="prepared corpus: its metadata_val.csv clips are used")
+    parser.add_argument("--speaker", default="", help="a crowd's corpus: only this speaker's held-out clips")
     parser.add_argument("--clips", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=6, help="evaluations (seeds) compared")
+    parser.add_argument("--draws", type=int, default=8, help="requests a sentence (seeds)")
     parser.add_argument("--smoke", action="store_true", help="an untrained tiny voice and 2 demo clips")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -107,21 +115,28 @@ def main() -> None:
         texts = [text.lower() for _, text in rows]
         torch.manual_seed(0)
         voice = scratch_generator("tiny", sorted(set("".join(texts))), 16000)
-        frames = np.array([sf.info(str(corpus / "wavs" / f"{item}.mp3")).duration * 16000 / 256 for item, _ in rows])
-        report(voice.model, [tokenize(voice.tokenizer, t) for t in texts], frames, 2)
+        samples = np.array([sf.info(str(corpus / "wavs" / f"{item}.mp3")).duration * 16000 for item, _ in rows])
+        report(voice.model, [tokenize(voice.tokenizer, t) for t in texts], samples, 2, None)
         return
     if not args.model or not args.data_dir:
         parser.error("--model and --data_dir are needed (or --smoke)")
     from transformers import VitsModel, VitsTokenizer
 
-    from finetune.data.corpus import load_examples
+    from finetune.data.corpus import load_examples, read_rows
 
+    data = Path(args.data_dir)
+    listing = "metadata_val.csv"
+    if args.speaker:
+        rows = [(i, t) for i, s, t in read_rows(data / listing) if s == args.speaker]
+        if not rows:
+            parser.error(f"no held-out clip of {args.speaker} in {data / listing}")
+        listing = f"bench_timing_{args.speaker}.csv"
+        (data / listing).write_text("".join(f"{i}|{t}\n" for i, t in rows), encoding="utf-8")
     model, tokenizer = VitsModel.from_pretrained(args.model), VitsTokenizer.from_pretrained(args.model)
-    examples, _ = load_examples(Path(args.data_dir), "metadata_val.csv", tokenizer, 256, 16000)
+    examples, _ = load_examples(data, listing, tokenizer, 256, 16000)
     examples = examples[: args.clips]
-    report(model, [e.token_ids for e in examples], np.array([e.frame_count(256) for e in examples], dtype=float),
-           args.repeats)
-    evaluation_cost(model, examples[:8])
+    report(model, [e.token_ids for e in examples], np.array([len(e.audio) for e in examples], dtype=float), args.draws,
+           Path(args.model))
 
 
 if __name__ == "__main__":

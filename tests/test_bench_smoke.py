@@ -26,6 +26,7 @@ SMOKE = {
     "bench_prepare.py": ["--workers", "1", "--max_samples", "6"],
     "bench_step.py": ["--smoke", "--data_dir", "{data}"],
     "bench_speakers.py": ["--smoke"],
+    "bench_selection.py": ["--smoke"],
     "bench_scale.py": ["--clips", "24", "--target_hours", "0.05", "--max_epochs", "1"],
     "bench_synthesis.py": ["--size", "tiny", "--max_samples", "24", "--stock_timeout_s", "6", "--blow_up", "5"],
     "bench_timing.py": ["--smoke"],
