@@ -128,7 +128,8 @@ class Pacer:
     def after_evaluation_s(self, final: bool) -> float:
         """Seconds kept free after an evaluation's scoring (see evaluation_limit)."""
         costs = self.costs
-        after = costs.report_s + (costs.after_final_eval_s if final else costs.export_s + costs.final_s)
+        # The final evaluation redraws no report (the closing one, in after_final_eval_s, follows it).
+        after = costs.after_final_eval_s if final else costs.report_s + costs.export_s + costs.final_s
         return after * self.timer.micro_batches.slowdown
 
     def learning_rate(self, step: int, last: bool) -> float:
