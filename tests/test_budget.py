@@ -106,6 +106,13 @@ def test_the_last_micro_batch_is_cut_to_the_clips_that_fit():
     assert pacer.clips_that_fit() == 3 and pacer.micro_batch_is_last(1) and pacer.may_start_step()
     now["t"] = 100.0 - reserve - 0.5 - 0.9  # not one clip: no step starts
     assert not pacer.may_start_step()
+    # After a step, 6 s before the final save: another step (a clip and the update) fits, so the step is
+    # not the last; an evaluation of 5 s due now would leave no room for it: left to the final save.
+    now["t"] = 100.0 - reserve - 6.0
+    assert not pacer.step_is_last(10, cut_short=False)
+    assert pacer.room_for_due(4.0) and not pacer.room_for_due(5.0)
+    now["t"] = 100.0 - reserve - 1.4  # the update and one clip no longer fit after it: the last step
+    assert pacer.step_is_last(10, cut_short=False) and pacer.step_is_last(3, cut_short=True)
     whole = StepTimer(accumulation=4, skip=0)  # clips unknown (1): micro-batches are never cut
     whole.micro_batches.add(8.0)
     assert Pacer(budget, whole, Costs(), checkpoint_every_s=1e9).clips_that_fit() == 1

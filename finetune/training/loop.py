@@ -254,7 +254,13 @@ class TrainingLoop:
         return None
 
     def after_step(self, epoch_ended: bool) -> None:
-        """What falls due after a planned step: an evaluation (and a new plan), a checkpoint."""
+        """What falls due after a planned step: an evaluation (and a new plan), a checkpoint; left to the
+        final save, a step later, when it would leave no room for another step (Pacer.room_for_due)."""
+        due_s = self.due_after_s(self.state.step, epoch_ended)
+        if due_s and self.context.dist.any(not self.pacer.room_for_due(due_s)):
+            self.context.logger.info(f"step {self.state.step}: what fell due ({due_s:.1f}s: evaluation or checkpoint) "
+                                     "is left to the final save, one step later: it would leave no room for that step")
+            return
         if self.pacer.eval_due(self.state.step):
             self.evaluations.evaluate()
             self.replan()
@@ -324,7 +330,7 @@ class TrainingLoop:
             if accumulated.cut_to:
                 self.context.logger.info(f"step {number}: its last micro-batch cut to {accumulated.cut_to} of "
                                          f"{self.fitter.micro_batch} clips, the time the deadline leaves: the run's last step")
-            last = self.context.dist.any(self.pacer.step_is_last(number, cut_short, self.due_after_s(number, epoch_ended)))
+            last = self.context.dist.any(self.pacer.step_is_last(number, cut_short))
             lr = self.pacer.learning_rate(number, last) * self.state.setbacks.lr_scale
             self.step.set_learning_rates(lr, lr * self.settings.schedule.discriminator_ratio)
             outcome = self.windows.update(accumulated, self.pacer, last)

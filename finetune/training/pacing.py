@@ -15,9 +15,10 @@ start one that cannot finish). So:
                        short budget, on a slow machine) would otherwise leave most of a micro-batch unused
     a window ends      after `accumulation` micro-batches, at an epoch's end, after a cut micro-batch, or
                        early when the next micro-batch would leave no room for one more clip and the update
-    a step is the last when its window was cut short, or when after it (its update, and the evaluation
-                       or checkpoint due after it) not even one more clip would fit; the last step runs
-                       at the learning-rate floor and skips what would be due after it
+    a step is the last when its window was cut short, or when after its update not even one more clip
+                       would fit; the last step runs at the learning-rate floor. An evaluation or
+                       checkpoint due after a step that would leave no room for one more is left to the
+                       final save, a step later (room_for_due)
     an evaluation      runs until its time limit (evaluation_limit): what must come after it (the final
                        save; for the final one, the exports and the last checkpoint) is kept free, so one
                        that runs slower than the last (a cold resumed process, a machine that got busy)
@@ -107,14 +108,21 @@ class Pacer:
     def checkpoint_due(self, epoch_ended: bool, since_checkpoint_s: float) -> bool:
         return self.costs.checkpoints and (epoch_ended or since_checkpoint_s >= self.checkpoint_every_s)
 
-    def step_is_last(self, step: int, cut_short: bool, after_s: float) -> bool:
-        """After a step's window, before its update: whether it is the run's last. `after_s` is what is
-        due after it (an evaluation, a checkpoint), which a last step skips."""
+    def step_is_last(self, step: int, cut_short: bool) -> bool:
+        """After a step's window, before its update: whether it is the run's last (its window was cut
+        short, the plan's epochs are done, or after its update not even one more clip would fit)."""
         if cut_short:
             return True
         if self.plan is not None and self.plan.limited_by == "max_epochs" and step >= self.plan.total_steps:
             return True
-        return not self.room_for(self.timer.update_s + after_s + self.one_more_step_s)
+        return not self.room_for(self.timer.update_s + self.one_more_step_s)
+
+    def room_for_due(self, due_s: float) -> bool:
+        """After a step: whether what fell due (an evaluation, a checkpoint; `due_s` seconds) leaves room
+        for one more step. When it does not, it is left to the final save a step later: doing it, then
+        stopping, would leave the time of the steps it displaced unused (on a slow machine a sixth of a
+        short budget is one step, and an evaluation due after every one)."""
+        return self.room_for(due_s + self.one_more_step_s)
 
     def evaluation_limit(self, final: bool) -> TimeLimit:
         """Until when an evaluation's scoring and test sentences may run. After them come its report
