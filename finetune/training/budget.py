@@ -53,10 +53,6 @@ class Budget:
     def left_s(self) -> float:
         return self.target_s - self.used_s()
 
-    def fits(self, seconds: float, reserve_s: float) -> bool:
-        """Whether `seconds` of work still leaves `reserve_s` (the final save) plus the safety margin."""
-        return seconds + reserve_s + self.safety_s <= self.left_s()
-
 
 def safety_margin_s(target_s: float) -> float:
     """Kept free at the end of a run: 0.3% of the budget, between 1 s and 60 s. It holds the interpreter's

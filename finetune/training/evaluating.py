@@ -140,7 +140,7 @@ class Evaluations:
         context = self.context
         which = "final evaluation" if final else f"evaluation at step {result.step}"
         self.final_skipped = final
-        kept = self.pacer.after_evaluation_s(final) + context.budget.safety_s
+        kept = self.pacer.after_evaluation_s(final) + self.pacer.margin_s
         clip = getattr(self.evaluator, "group_s", None)
         context.logger.warning(f"warning: {which} skipped: {max(0.0, context.budget.left_s()):.1f}s were left, "
                                f"{kept:.1f}s of them kept for what follows (the final save"
