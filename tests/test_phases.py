@@ -249,6 +249,18 @@ def test_test_sentences_stop_at_the_time_limit(prepared_demo, tmp_path, timed_wo
 # ---------------------------------------------------------------- the training loop's own rules
 
 
+def deadline_run(prepared_demo, run_dir, fake, target_s: float, *flags: str) -> dict:
+    """A run of `target_s` seconds of fake time from 0, with `flags`: its end record, after checking that
+    it stopped at its deadline, inside its budget."""
+    fake.t = 0.0
+    code = train_vits.main(args(prepared_demo, run_dir, "--target_hours", str(target_s / 3600), "--benchmark_samples", "8",
+                                *flags), clock=clock_for(fake))
+    assert code == 0
+    end = metrics(run_dir, "end")[0]
+    assert end["stop_reason"] == "deadline" and end["time_used_s"] <= target_s, (target_s, end)
+    return end
+
+
 def test_the_micro_batch_deadline_cuts_the_last_window_short(prepared_demo, tmp_path, timed_work):
     """Windows of 4 micro-batches (12 s each): at some budgets the last window is cut after 1-3
     micro-batches rather than leaving its time unused or overrunning; every run ends inside its budget,
@@ -257,13 +269,8 @@ def test_the_micro_batch_deadline_cuts_the_last_window_short(prepared_demo, tmp_
     cut_short = []
     for target_s in (64.0, 67.0, 70.0):  # 3 s apart: a window's 12 s leave different remainders
         run_dir = tmp_path / str(int(target_s))
-        fake.t = 0.0
-        code = train_vits.main(args(prepared_demo, run_dir, "--target_hours", str(target_s / 3600), "--max_samples", "12",
-                                    "--gradient_accumulation_steps", "4", "--batch_size", "2", "--benchmark_samples", "8"),
-                               clock=clock_for(fake))
-        assert code == 0
-        end = metrics(run_dir, "end")[0]
-        assert end["stop_reason"] == "deadline" and end["time_used_s"] <= target_s, (target_s, end)
+        end = deadline_run(prepared_demo, run_dir, fake, target_s, "--max_samples", "12",
+                           "--gradient_accumulation_steps", "4", "--batch_size", "2")
         assert end["last_lr"] == pytest.approx(2e-3 * 0.1)
         last = metrics(run_dir, "train")[-1]
         assert last["step"] == end["steps"]
@@ -281,13 +288,8 @@ def test_a_coarse_last_step_is_cut_to_the_clips_that_fit(prepared_demo, tmp_path
     cut = []
     for target_s in (75.0, 81.0):  # 6 s apart: different remainders of a 16 s step
         run_dir = tmp_path / str(int(target_s))
-        fake.t = 0.0
-        code = train_vits.main(args(prepared_demo, run_dir, "--target_hours", str(target_s / 3600), "--max_samples", "16",
-                                    "--gradient_accumulation_steps", "1", "--batch_size", "8", "--benchmark_samples", "8"),
-                               clock=clock_for(fake))
-        assert code == 0
-        end = metrics(run_dir, "end")[0]
-        assert end["stop_reason"] == "deadline" and end["time_used_s"] <= target_s, (target_s, end)
+        end = deadline_run(prepared_demo, run_dir, fake, target_s, "--max_samples", "16",
+                           "--gradient_accumulation_steps", "1", "--batch_size", "8")
         line = next((l for l in log_of(run_dir).splitlines() if "its last micro-batch cut to" in l), "")
         if line:
             cut.append(target_s)
