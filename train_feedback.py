@@ -10,13 +10,15 @@
 
 A round starts from the current voice (training/voices/current, else the best model of the last
 training run) and its discriminator, trains on the corrections mixed with a replay sample of the
-original corpus (against forgetting) with the training loop of train_vits.py, and scores the
-corrections and held-out original clips before and after. The new model is kept, as the next version,
-only when the corrections improved and the originals got no worse than --max_regression percent;
-otherwise the current voice stays as it was. The corrections, recorded by other people, train under a
-speaker id of their own (--corrections_voice): they teach the words, not their voices; the voice is
-what is judged, and what the round's model holds. Either way the corrected sentences are rendered before and
-after, for listening, and a report is written.
+original corpus (against forgetting) with the training loop of train_vits.py, and scores, before and
+after, the voice saying the corrected sentences and the voice on its own held-out clips. The new model is
+kept, as the next version, only when the voice says the corrected sentences better beyond the noise (clip
+by clip against the starting model) and its own held-out clips got no worse than --max_regression percent
+and kept its tempo; otherwise the current voice stays as it was. The corrections, recorded by other
+people, train under a speaker id of their own (--corrections_voice own): they teach the words, not their
+voices, and they are judged as other people's recordings (their timbre taken out of the comparison, their
+tempo never held against the voice); the voice is what is judged, and what the round's model holds.
+Either way the corrected sentences are rendered before and after, for listening, and a report is written.
 
 Exit status: 0 done (accepted or rejected: see the report), 1 bad data or model, 2 bad flags,
 130/143 interrupted.
@@ -31,7 +33,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from finetune.cli import config_to_dict, flag, lazy_modules, parse_config, run_script
+from finetune.cli import config_to_dict, exit_process, flag, lazy_modules, parse_config, run_script
 from finetune.settings import TrainingFlags
 from finetune.system.run_lock import hold_for_launch
 
@@ -62,6 +64,11 @@ class FeedbackConfig(TrainingFlags):
     corrections_voice: str = flag("own", "own: the corrections train under a speaker id of their own (recorded by "
                                          "other people: they teach pronunciation, the voice stays); voice: as the voice "
                                          "itself (recorded by its own speaker)")
+    acoustics: str = flag("frozen", "with --corrections_voice own: frozen keeps the voice's acoustic model (posterior "
+                                    "encoder, flow, decoder) as it is but for the corrections' own speaker "
+                                    "conditioning, so a round teaches how letters are said (text encoder, duration "
+                                    "predictor), not how the voice sounds; trained lets every part learn",
+                          choices=["frozen", "trained"])
     target_speaker: str | None = flag(None, "a multi-speaker --data_dir: whose clips are replayed and judged (default: "
                                             "the speaker the base model was exported for)")
     target_minutes: float = flag(15.0, "time budget of the round, everything included (minutes)")
@@ -81,7 +88,8 @@ class FeedbackConfig(TrainingFlags):
     max_epochs: int = flag(0, "stop after N passes over the mixed data (0: no limit)")
     discriminator_warmup_steps: int = flag(50, "steps a new discriminator trains alone, when the base model has none")
     max_length_ratio: float = flag(1.25, "timing rule: a model whose median length ratio (synthesised / recorded) on "
-                                          "the corrections or the originals lies outside [1/X, X] is never accepted")
+                                          "the voice's held-out clips (and, with --corrections_voice voice, on the "
+                                          "corrections) lies outside [1/X, X] is never accepted")
 
     def problems(self) -> list[str]:
         problems = super().problems()
@@ -235,6 +243,7 @@ def load_round_data(config: FeedbackConfig, round_: recipe.Run, base: Path) -> R
     voice = corrections.voice_speaker(data_dir, config.target_speaker, getattr(model.config, "speaker", None))
     if config.corrections_voice == "own":  # other people's recordings: their own speaker id, the voice its own
         model = speaker_layers.add_speakers(model, 2, seed=config.seed)
+        speaker_layers.pin_first_speaker(model)  # the voice's own path: only the shared parts can move it
         model.config.speaker_names = [voice or "voice", "corrections"]
         round_.logger.info("speakers: the corrections train under a speaker id of their own, the replayed clips as "
                            f"the voice ({voice or 'the corpus'}); the voice is judged and exported "
@@ -256,10 +265,19 @@ def load_round_data(config: FeedbackConfig, round_: recipe.Run, base: Path) -> R
 
 def starting_point(config: FeedbackConfig, round_: recipe.Run, data: RoundData, base: Path) -> recipe.StartingPoint:
     """The base model and its discriminator (or a new one, warmed up first: the base model is pretrained)."""
-    frozen_parts = generator.freeze(data.model, config.freeze)
+    parts = list(config.freeze)
+    learn_pronunciation = config.corrections_voice == "own" and config.acoustics == "frozen"
+    if learn_pronunciation:
+        parts += [part for part in generator.ACOUSTIC_PARTS if part not in parts]
+    frozen_parts = generator.freeze(data.model, parts)
+    if learn_pronunciation:  # the corrections' own voice still learns, in its speaker conditioning alone
+        speaker_layers.train_conditioning(data.model)
+        round_.logger.info(f"acoustics frozen ({', '.join(generator.ACOUSTIC_PARTS)}), but for the speakers' conditioning: "
+                           "the round teaches how the text is said, not how the voice sounds (--acoustics trained "
+                           "lets every part learn)")
     saved = base / "discriminator.pt"
     choice = session.build_discriminator(str(saved) if saved.is_file() else None, config.discriminator_width,
-                                         None, None, True,
+                                         None, 1, None, True,
                                          config.discriminator_warmup_steps)
     round_.logger.info(choice.description)
     return recipe.StartingPoint(data.model, data.tokenizer, frozen_parts, data.features, choice)
@@ -280,14 +298,18 @@ def fit_round(config: FeedbackConfig, round_: recipe.Run, data: RoundData, start
     """The training loop of train_vits.py on corrections + replay, judged on corrections and originals.
     A round is short and never resumed: no checkpoints, no early stopping, no worker processes."""
     fixed = data.corrections.examples
-    conditioned = speaker_layers.speaker_count(data.model) > 1  # the voice is speaker 0, the corrections' 1
-    common = dict(seed=config.seed, batch_size=session.eval_batch_size(round_.device),
-                  rule=measures.TimingRule(config.max_length_ratio), speaker=0 if conditioned else None)
-    evaluator = feedback.FeedbackEvaluator(
-        evaluation.Evaluator(fixed, data.features, round_.device, data.rate, round_.folder / "samples",
-                             [(e.item_id, e.token_ids) for e in fixed[:5]], **common),
-        evaluation.Evaluator(data.originals.examples, data.features, round_.device, data.rate, None, [], **common),
-        config.max_regression)
+    own = config.corrections_voice == "own"  # other people's recordings, under a speaker id of their own
+    voice = 0 if speaker_layers.speaker_count(data.model) > 1 else None  # the voice is speaker 0, the corrections' 1
+    rule = measures.TimingRule(config.max_length_ratio)
+    common = dict(seed=config.seed, batch_size=session.eval_batch_size(round_.device))
+    said = evaluation.Evaluator(fixed, data.features, round_.device, data.rate, round_.folder / "samples",
+                                [(e.item_id, e.token_ids) for e in fixed[:5]], speaker=voice,
+                                rule=None if own else rule, across_speakers=own, **common)
+    learnt = (evaluation.Evaluator(fixed, data.features, round_.device, data.rate, None, [], speaker=1, rule=None,
+                                   **common) if own else None)
+    originals = evaluation.Evaluator(data.originals.examples, data.features, round_.device, data.rate, None, [],
+                                     speaker=voice, rule=rule, **common)
+    evaluator = feedback.FeedbackEvaluator(said, originals, config.max_regression, learnt)
     examples = fixed + data.replay
     generator.train_mode(data.model, start.frozen_parts)
     paths = context.RunPaths(run_dir=round_.folder / "checkpoints", output_dir=round_.folder / "final_model")
@@ -312,7 +334,7 @@ def conclude_round(config: FeedbackConfig, round_: recipe.Run, data: RoundData, 
     """Decide, render the candidate, make a version (or not), write the report."""
     best_dir = trainer.context.paths.best_dir
     best = json.loads((best_dir / "eval.json").read_text(encoding="utf-8")) if (best_dir / "eval.json").is_file() else None
-    decision = feedback.decide(evaluator.baseline, best, result.last_eval, config.max_regression)
+    decision = feedback.decide(evaluator.baseline, best, result.last_eval, config.max_regression, evaluator.measure)
     candidate = best_dir if best and best["step"] > 0 else trainer.context.paths.last_dir
     if not (candidate / "config.json").is_file():
         raise corrections.FeedbackError(f"the round's model could not be written to {candidate} (see {round_.folder}/train.log); "
@@ -322,6 +344,7 @@ def conclude_round(config: FeedbackConfig, round_: recipe.Run, data: RoundData, 
     counts = {"corrections": len(data.corrections.examples), "originals": len(data.originals.examples),
               "replay": len(data.replay)}
     record = {"base_model": str(base), "accepted": decision.accepted, "reason": decision.reason,
+              "decided_by": decision.measure, "improvement": decision.improvement,
               "before": decision.before, "after": decision.after, "candidate_step": decision.candidate_step,
               "counts": counts, "voice": data.voice, "corrections_voice": config.corrections_voice,
               "max_regression_pct": config.max_regression, "steps": result.state.step,
@@ -349,4 +372,4 @@ def after_loop_reserve_s(corrections: int) -> float:
 
 
 if __name__ == "__main__":
-    sys.exit(run_script(main))
+    exit_process(run_script(main))  # no interpreter teardown after the budget's last line (finetune/cli.py)

@@ -6,12 +6,13 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 import train_feedback
 import train_vits
-from finetune.reporting.evaluation import EvalResult
+from finetune.reporting.evaluation import ClipScore, EvalResult
 from finetune.data.corrections import FeedbackError, replay_sample
 from finetune.training.feedback import Versions, decide
 from tests.conftest import DEMO_CORPUS, clock_for
@@ -55,12 +56,12 @@ def make_feedback(folder, ids=CORRECTION_IDS, extra_rows=()):
     return folder
 
 
-def feedback_args(prepared_demo, base_run, tmp_path, feedback, *extra):
+def feedback_args(prepared_demo, base_run, tmp_path, feedback, *extra, relaxed_timing: bool = True):
+    """A round's flags; `relaxed_timing`: the timing rule out of the way (the base voice is 30 steps old)."""
     return ["--feedback_dir", str(feedback), "--base_model", str(base_run / "checkpoints" / "best_model"),
             "--data_dir", str(prepared_demo), "--output_dir", str(tmp_path / "voices"), "--batch_size", "4",
             "--val_samples", "4", "--benchmark_samples", "8", "--log_every_seconds", "60", "--target_minutes", "60",
-            "--max_length_ratio", "100",
-            *extra]
+            *(["--max_length_ratio", "100"] if relaxed_timing else []), *extra]
 
 
 def test_a_round_whose_corrections_improve_is_accepted_as_a_version(prepared_demo, base_run, tmp_path, timed_work,
@@ -80,13 +81,17 @@ def test_a_round_whose_corrections_improve_is_accepted_as_a_version(prepared_dem
     report = json.loads((round_dir / "feedback_report.json").read_text())
     assert report["accepted"], report["reason"]
     assert report["after"]["corrections_mcd_db"] < report["before"]["corrections_mcd_db"]
-    assert set(report["before"]) == set(report["after"]) == {"corrections_mcd_db", "originals_mcd_db"}
+    assert set(report["before"]) == set(report["after"]) == {
+        "corrections_mcd_db", "originals_mcd_db", "corrections_learnt_mcd_db", "corrections_learnt_length_ratio",
+        "corrections_length_ratio", "originals_length_ratio"}
+    assert "as another speaker's recordings" in report["decided_by"] and "noise bound" in report["improvement"]
     assert report["counts"] == {"corrections": 4, "originals": 4, "replay": 8}
     versions = Versions(tmp_path / "voices")
     assert versions.versions() == ["v000", "v001"] and versions.history()["current"] == "v001"
     assert folder_digest(versions.current) == folder_digest(tmp_path / "voices" / "v001")
     text = (round_dir / "feedback_report.txt").read_text()
-    assert "ACCEPTED as v001" in text and "Corrections (4 clips)" in text and "Held-out originals (4 clips)" in text
+    assert "ACCEPTED as v001" in text and "Corrections, as the voice says them (4 clips)" in text
+    assert "The voice's held-out originals (4 clips)" in text and "Decided by the voice's MCD" in text
     assert f"Undo: python train_feedback.py --output_dir {tmp_path / 'voices'} --rollback previous" in text
     for item_id in CORRECTION_IDS:
         for suffix in ("_0_recording", "_1_before", "_2_after"):
@@ -101,18 +106,70 @@ def test_a_round_whose_corrections_improve_is_accepted_as_a_version(prepared_dem
         train_feedback.main(["--output_dir", str(tmp_path / "voices"), "--rollback", "previous"])
 
 
-def test_the_decision_accepts_only_a_finite_improvement_within_tolerance():
-    def scores(step, corrections, originals):
-        return EvalResult(step, corrections, {}, {}, 0.0,
-                          extra={"corrections_mcd_db": corrections, "originals_mcd_db": originals})
+def read_at_another_tempo(folder, stretch: float, ids=CORRECTION_IDS):
+    """Corrections recorded by other voices: demo clips played `stretch` times longer (resampled, so lower and
+    slower for stretch > 1, higher and faster below 1), as the app's users would read them."""
+    import soundfile as sf
+    import soxr
 
-    base = scores(0, 10.0, 8.0)
-    best = {"step": 6, "corrections_mcd_db": 9.0, "originals_mcd_db": 8.1}
-    assert decide(base, best, scores(8, 9.5, 8.0), 2.0).accepted
-    assert not decide(base, {**best, "originals_mcd_db": 8.3}, scores(8, 9.5, 8.0), 2.0).accepted  # +3.75%
-    assert not decide(base, {**best, "corrections_mcd_db": 10.0}, scores(8, 9.5, 8.0), 2.0).accepted
-    assert not decide(base, None, scores(8, float("nan"), 8.0), 2.0).accepted
-    assert not decide(base, {**best, "originals_mcd_db": float("nan")}, scores(8, 9.5, 8.0), 2.0).accepted
+    make_feedback(folder, ids)
+    for item_id in ids:
+        mp3 = folder / "wavs" / f"{item_id}.mp3"
+        audio, rate = sf.read(mp3, dtype="float32")
+        sf.write(folder / "wavs" / f"{item_id}.wav", soxr.resample(audio, rate, rate * stretch), rate)
+        mp3.unlink()
+    return folder
+
+
+@pytest.mark.parametrize("stretch", [1.4, 1 / 1.4])
+def test_corrections_read_at_another_tempo_are_not_held_to_the_voices_timing(prepared_demo, base_run, tmp_path,
+                                                                             timed_work, stretch):
+    """The default timing rule, corrections by readers 1.4x slower (or faster) than the voice: the voice speaks
+    them at about 1/1.4 (or 1.4) of their length, outside 0.80-1.25, and that must not count against it.
+    The round's models are judged on the voice's own held-out clips for timing (the 3 its tempo was fitted on,
+    so the starting voice passes the rule there)."""
+    fake, _ = timed_work
+    feedback = read_at_another_tempo(tmp_path / "feedback", stretch)
+    args = feedback_args(prepared_demo, base_run, tmp_path, feedback, "--max_epochs", "1", "--val_samples", "3",
+                         relaxed_timing=False)
+    assert train_feedback.main(args, clock=clock_for(fake)) == 0
+    report = json.loads((tmp_path / "voices" / "rounds" / "round_001" / "feedback_report.json").read_text())
+    voice_on_corrections = report["before"]["corrections_length_ratio"]
+    assert (voice_on_corrections < 0.8) if stretch > 1 else (voice_on_corrections > 1.25)  # the old rule's rejection
+    assert 0.8 <= report["before"]["originals_length_ratio"] <= 1.25
+    assert "timing" not in report["reason"], report["reason"]
+    evaluations = [json.loads(line) for line in (tmp_path / "voices" / "rounds" / "round_001" / "metrics.jsonl")
+                   .read_text().splitlines() if '"kind": "eval"' in line]
+    assert evaluations and all(e["eligible"] for e in evaluations), evaluations
+
+
+def round_scores(step: int, corrections: list[float], originals: float) -> EvalResult:
+    per_clip = {f"correction/c{i}": ClipScore(v, 1.0, 0.0, False) for i, v in enumerate(corrections)}
+    return EvalResult(step, float(np.mean(corrections)), per_clip, {}, 0.0,
+                      extra={"corrections_mcd_db": float(np.mean(corrections)), "originals_mcd_db": originals})
+
+
+def best_record(step: int, corrections: list[float], originals: float, **extra) -> dict:
+    result = round_scores(step, corrections, originals)
+    return {"step": step, **result.extra, "per_clip": result.per_clip_dict(), **extra}
+
+
+def test_the_decision_accepts_only_an_improvement_beyond_the_noise_within_tolerance():
+    base = round_scores(0, [10.0, 9.0, 11.0, 10.5], 8.0)
+    better = [9.0, 8.2, 9.8, 9.6]  # each clip 0.8-1.2 dB lower
+    decision = decide(base, best_record(6, better, 8.1), round_scores(8, better, 8.0), 2.0)
+    assert decision.accepted and "improved beyond the noise" in decision.reason and "noise bound" in decision.improvement
+    assert "the voice moved" in decide(base, best_record(6, better, 8.3), base, 2.0).reason  # +3.75%
+    mixed = [9.0, 9.9, 10.0, 10.7]  # lower on average, but clip by clip within the noise
+    assert "did not improve beyond the noise" in decide(base, best_record(6, mixed, 8.0), base, 2.0).reason
+    same_shift = [9.9, 8.9, 10.9, 10.4]  # every clip exactly 0.1 dB lower: no spread, so no noise to pass
+    assert "cannot tell" in decide(base, best_record(6, same_shift, 8.0), base, 2.0).reason
+    two = round_scores(0, [10.0, 9.0], 8.0)
+    assert "at least 3" in decide(two, best_record(6, [8.0, 7.5], 8.0), two, 2.0).reason
+    drifted = best_record(6, better, 8.0, eligible=False, ineligible_reason="originals: median length ratio 0.70")
+    assert "timing drifted" in decide(base, drifted, base, 2.0).reason
+    assert not decide(base, None, round_scores(8, [float("nan")] * 4, 8.0), 2.0).accepted
+    assert not decide(base, best_record(6, better, float("nan")), base, 2.0).accepted
 
 
 def test_rollback_previous_follows_what_each_version_was_trained_from(tmp_path):
@@ -160,7 +217,7 @@ def test_a_round_that_damages_the_originals_is_rejected_and_the_voice_untouched(
                                clock=clock_for(fake))
     assert code == 0
     report = json.loads((tmp_path / "voices" / "rounds" / "round_001" / "feedback_report.json").read_text())
-    assert not report["accepted"] and "held-out originals got" in report["reason"]
+    assert not report["accepted"] and "the voice moved" in report["reason"]
     assert report["after"]["originals_mcd_db"] > 1.02 * report["before"]["originals_mcd_db"]
     assert folder_digest(voices.current) == before and voices.versions() == ["v000"]
     assert voices.history()["events"][-1]["event"] == "rejected"

@@ -77,3 +77,38 @@ def test_a_held_out_split_too_small_to_decide_is_said_with_the_flag_that_fixes_i
     assert "12 held-out clips of axin (the default --target_speaker" in prepare_data.held_out_warning(
         report(179, 17, crowd))  # the default target's
     assert "record more clips" in prepare_data.held_out_warning(report(20, 1))  # 16 of 20 would be over half
+
+
+def test_across_speakers_a_voice_gains_nothing_by_sounding_like_the_corrector_and_wrong_words_still_show():
+    """A demo clip X, its correction C read by a lower, slower voice (X played 1.4x longer), X moved half way
+    toward that voice (D, 1.2x), and another sentence O. Plain MCD-DTW finds D nearer C than X is (it rewards
+    the drift); across speakers it does not, and O stays far."""
+    import soundfile as sf
+    import soxr
+    import torch
+
+    from finetune.data.features import FeatureConfig, Features
+    from finetune.reporting.measures import mcd_across_speakers, warped_references
+    from tests.conftest import DEMO_CORPUS
+
+    features = Features(FeatureConfig())
+
+    def clip(name: str) -> np.ndarray:
+        audio, rate = sf.read(DEMO_CORPUS / "wavs" / f"{name}.mp3", dtype="float32")
+        return soxr.resample(audio, rate, 16000)
+
+    def log_mel(audio: np.ndarray) -> np.ndarray:
+        return features.mel(torch.from_numpy(audio).float().unsqueeze(0))[0].numpy()
+
+    def played(audio: np.ndarray, times: float) -> np.ndarray:
+        return soxr.resample(audio, 16000, 16000 * times)
+
+    for name, other in (("kmr_demo_0005", "kmr_demo_0006"), ("kmr_demo_0040", "kmr_demo_0041")):
+        x, o = clip(name), clip(other)
+        c, d = played(x, 1.4), played(x, 1.2)
+        assert mcd_dtw(log_mel(d), log_mel(c)) < mcd_dtw(log_mel(x), log_mel(c)) - 1.0  # plain MCD rewards the drift
+        references = warped_references(c, 16000, log_mel)
+        voice, drifted, wrong = (mcd_across_speakers(log_mel(a), references) for a in (x, d, o))
+        assert drifted >= voice  # no reward for sounding like the corrector
+        assert wrong > voice + 3.0 and wrong > drifted + 3.0  # what was said still decides
+    assert math.isnan(mcd_across_speakers(np.full((80, 20), np.nan), references))

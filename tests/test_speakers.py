@@ -166,6 +166,37 @@ def test_at_step_0_every_speaker_sounds_exactly_as_the_pretrained_model(voice):
         assert grads and any(float(g.abs().sum()) > 0 for g in grads), layer
 
 
+def test_a_pinned_first_speaker_sounds_as_before_however_the_conditioning_trains(voice):
+    """A feedback round's voice is speaker 0 of a model conditioned for the round: pinned, AdamW steps that
+    train every conditioning layer and embedding on both speakers leave its speech exactly as it was,
+    while speaker 1 moves."""
+    from finetune.data.features import FeatureConfig, Features
+    from finetune.vits.speakers import pin_first_speaker
+
+    loaded, batch = voice
+    conditioned = add_speakers(loaded.model, 2, 32)
+    pin_first_speaker(conditioned)
+    for name, parameter in conditioned.named_parameters():
+        parameter.requires_grad_(".cond" in name or "embed_speaker" in name)
+    tokens = [np.asarray(t[: int(n)], dtype=np.int32) for t, n in zip(batch.input_ids.numpy(), batch.text_lengths)]
+
+    def speech(speaker):
+        return speak(conditioned.eval(), tokens, torch.device("cpu"), 3, [5.0] * len(tokens), speaker=speaker).waveforms
+
+    before = {speaker: speech(speaker) for speaker in (0, 1)}
+    optimizer = torch.optim.AdamW([p for p in conditioned.parameters() if p.requires_grad], lr=1e-2)
+    features = Features(FeatureConfig())
+    batch.speaker_ids = torch.tensor([0, 1, 0, 1])
+    for seed in range(3):
+        torch.manual_seed(seed)
+        out = generator_forward(conditioned.train(), batch, features, 16)
+        optimizer.zero_grad()
+        (out.audio.square().mean() + out.z_p.square().mean() + out.duration_loss).backward()
+        optimizer.step()
+    assert all(np.array_equal(a, b) for a, b in zip(before[0], speech(0)))
+    assert any(a.shape != b.shape or np.abs(a - b).max() > 1e-4 for a, b in zip(before[1], speech(1)))
+
+
 def test_one_speaker_folds_into_a_plain_model_that_speaks_as_it(voice, tmp_path):
     from finetune.vits.generator import export_model
 

@@ -52,7 +52,8 @@ from finetune.vits.tempo_fit import geometric_spread
 from finetune.system.interrupt import StopRequest
 from finetune.system.time_limit import PieceCosts, TimeLimit
 from finetune.vits.losses import LossWeights
-from finetune.reporting.measures import TimingRule, duration_error, length_ratio, mcd_dtw
+from finetune.reporting.measures import (TimingRule, duration_error, length_ratio, mcd_across_speakers, mcd_dtw,
+                                         warped_references)
 from finetune.vits.objective import generator_forward, generator_losses, real_segments
 
 LOG = logging.getLogger(__name__)  # a child of the run's "finetune" logger
@@ -128,9 +129,10 @@ class EvalResult:
 
 
 def judge(step: int, scores: dict[str, ClipScore], val_losses: dict[str, float], seconds: float,
-          rule: TimingRule, planned: int | None = None) -> EvalResult:
+          rule: TimingRule | None, planned: int | None = None) -> EvalResult:
     """Per-clip scores -> one evaluation: means, the median length ratio of a single draw, and eligibility
-    by the timing rule (and only when every one of the `planned` clips was scored)."""
+    by the timing rule (and only when every one of the `planned` clips was scored). `rule` None: the
+    recordings are not at the voice's tempo (other people's), so the length is reported, not judged."""
     planned = len(scores) if planned is None else planned
     mcd = float(np.mean([s.mcd_db for s in scores.values()])) if scores else float("nan")
     ratio = typical_length_ratio(scores)
@@ -141,7 +143,7 @@ def judge(step: int, scores: dict[str, ClipScore], val_losses: dict[str, float],
         reason = f"cut short by the deadline after {len(scores)} of {planned} clips (a partial score is not compared)"
     elif not np.isfinite(mcd):
         reason = "the synthesised speech is not finite"
-    elif not rule.accepts(ratio):
+    elif rule is not None and not rule.accepts(ratio):
         digits = next((d for d in range(2, 7) if not rule.accepts(round(ratio, d))), 6)  # never "0.80 is outside 0.80-"
         reason = f"median length ratio {ratio:.{digits}f} is outside {rule.describe()}"
     return EvalResult(step=step, mcd_db=mcd, per_clip=scores, val_losses=val_losses, seconds=seconds,
@@ -198,11 +200,16 @@ class Evaluator:
 
     def __init__(self, examples: list[Example], features: Features, device: torch.device, sample_rate: int,
                  samples_dir: Path | None, test_sentences: list[tuple[str, np.ndarray]], seed: int = 0,
-                 batch_size: int = 8, segment_frames: int = 32, rule: TimingRule = TimingRule(),
+                 batch_size: int = 8, segment_frames: int = 32, rule: TimingRule | None = TimingRule(),
                  duration_draws: int = DURATION_DRAWS, naturalness=None, speaker: int | None = None,
-                 others: dict[str, "Evaluator"] | None = None):
+                 others: dict[str, "Evaluator"] | None = None, across_speakers: bool = False):
         self.examples, self.features, self.device = examples, features, device
         self.speaker = speaker  # whose voice a speaker-conditioned model speaks in (None: a plain model)
+        # The recordings are other people's (corrections): the MCD compares them as another speaker's
+        # (finetune/reporting/measures.py, mcd_across_speakers); their normalised, warped cepstra are kept
+        # per clip, made on first use.
+        self.across_speakers = across_speakers
+        self.references: dict[str, list[np.ndarray]] = {}
         # Other speakers of a crowd, each scored on a few of its held-out clips in its own voice after the
         # target's: reported beside the target's score, never part of choosing best_model.
         self.others = others or {}
@@ -363,11 +370,23 @@ class Evaluator:
                 self.example_mels = (example.item_id, synthesised[0].cpu().numpy(), real[0].cpu().numpy())
             ratios = tuple(length_ratio(frames, example.frame_count(hop)) for frames in draws[i])
             scores[example.item_id] = ClipScore(
-                mcd_db=mcd_dtw(synthesised[0].cpu().numpy(), real[0].cpu().numpy()),
+                mcd_db=self.distance(example, synthesised[0].cpu().numpy(), real[0].cpu().numpy()),
                 length_ratio=float(np.median(ratios)), duration_error=duration_error(speech.token_frames[i], aligned[i]),
                 capped=speech.capped[i], length_draws=ratios, draw_spread=geometric_spread(ratios),
                 naturalness=self.naturalness.overall(speech.waveforms[i], self.sample_rate) if self.naturalness else None)
         return scores
+
+    def distance(self, example: Example, synthesised: np.ndarray, real: np.ndarray) -> float:
+        """MCD-DTW between a clip's synthesised and recorded log-mels [n_mels, frames]: plain, or across
+        speakers (the recording as another speaker's) when the evaluator was made for that."""
+        if not self.across_speakers:
+            return mcd_dtw(synthesised, real)
+        if example.item_id not in self.references:
+            def log_mel(audio: np.ndarray) -> np.ndarray:
+                return self.features.mel(torch.from_numpy(audio).float().unsqueeze(0).to(self.device))[0].cpu().numpy()
+
+            self.references[example.item_id] = warped_references(example.audio / 32768.0, self.sample_rate, log_mel)
+        return mcd_across_speakers(synthesised, self.references[example.item_id])
 
     @torch.no_grad()
     def validation_losses(self, model, batch, seed_offset: int) -> tuple[dict[str, float], list[np.ndarray]]:

@@ -17,9 +17,11 @@ Beyond the noise: both evaluations score the same held-out clips (same texts, sa
 compared clip by clip: the difference of the two MCDs on each clip, whose mean must exceed its one-sided
 Student t bound at NOISE_CONFIDENCE (the t quantile for n - 1 degrees of freedom times the standard error
 of the mean difference). Two clips cannot decide anything that way (the bound is 6.3 standard errors);
-sixteen can tell models about 1.7 standard errors apart. Without clip scores to pair (a state saved
-before they were kept), or with fewer than two clips in common, the means decide as they did before:
-the lower one wins, a tie to the later model.
+sixteen can tell models about 1.7 standard errors apart. Where the noise cannot be known, nothing is
+"beyond" it: with fewer than MIN_PAIRED_CLIPS clips in common (a state saved before clip scores were
+kept, or too few held-out clips), or with differences that do not vary at all from clip to clip (a
+spread of 0 would make any difference, +0.001 dB, count), the comparison says it cannot tell, and the
+lower mean decides, said as no more than that (a tie goes to the later model).
 
 Why not the lowest mean, as before: on 2 held-out clips a 180 s fine-tune kept step 100 over step 246 for
 an MCD 0.1% lower, while a judgement on more sentences preferred step 246 (bench/RESULTS.md).
@@ -32,6 +34,8 @@ from dataclasses import dataclass, field
 
 TIMING_STEP = 0.01  # timing errors closer than this (in log ratio) count as equal: then MCD decides
 NOISE_CONFIDENCE = 0.95  # one-sided: how sure "better beyond the noise" must be
+MIN_PAIRED_CLIPS = 3  # fewer clips scored by both cannot estimate the noise (2 give a bound of 6.3 standard errors)
+NO_SPREAD_DB = 1e-6  # clip-to-clip spread of the differences below this is none (scores are kept to 1e-4 dB)
 
 
 @dataclass(frozen=True)
@@ -82,30 +86,48 @@ class Comparison:
     """How much lower `a`'s MCD is than `b`'s, and the bound that difference must pass to count."""
 
     advantage_db: float  # mean over paired clips of b - a (or b's mean - a's), positive when a is lower
-    bound_db: float  # the noise: one-sided t bound of that mean (0 when the means are compared bare)
-    clips: int  # clips paired (0: the means were compared)
+    bound_db: float  # the noise: one-sided t bound of that mean (nan when it cannot be known)
+    clips: int  # clips paired
+    cannot_tell: str = ""  # why the noise is unknown ("" when it is known)
 
     @property
     def beyond_noise(self) -> bool:
-        return self.advantage_db > self.bound_db if self.clips else self.advantage_db > 0.0
+        return not self.cannot_tell and self.advantage_db > self.bound_db
 
     def describe(self) -> str:
-        if not self.clips:
-            return f"{self.advantage_db:+.3f} dB"
+        if self.cannot_tell:
+            return f"{self.advantage_db:+.3f} dB; cannot tell: {self.cannot_tell}"
         return f"{self.advantage_db:+.3f} dB against a noise bound of {self.bound_db:.3f} dB on {self.clips} clips"
+
+
+def paired(before: dict[str, float], after: dict[str, float], confidence: float = NOISE_CONFIDENCE) -> Comparison:
+    """How much lower `after`'s per-clip MCDs are than `before`'s (clip id -> dB), on the clips both scored
+    (finite), with the one-sided Student t bound of that mean difference; "cannot tell" with too few clips
+    or differences that do not vary."""
+    shared = [name for name in after if name in before and math.isfinite(after[name]) and math.isfinite(before[name])]
+    differences = [before[name] - after[name] for name in shared]
+    n = len(differences)
+    mean = sum(differences) / n if n else (mean_of(before) - mean_of(after))
+    if n < MIN_PAIRED_CLIPS:
+        return Comparison(mean, math.nan, n, f"{n} clip{'s' if n != 1 else ''} in common, at least "
+                                             f"{MIN_PAIRED_CLIPS} are needed to know the noise")
+    sd = math.sqrt(sum((d - mean) ** 2 for d in differences) / (n - 1))
+    if sd < NO_SPREAD_DB:
+        return Comparison(mean, math.nan, n, f"the {n} clips' differences do not vary, so their noise is unknown")
+    return Comparison(mean, t_quantile(confidence, n - 1) * sd / math.sqrt(n), n)
+
+
+def mean_of(scores: dict[str, float]) -> float:
+    finite = [v for v in scores.values() if math.isfinite(v)]
+    return sum(finite) / len(finite) if finite else math.nan
 
 
 def compare(a: Standing, b: Standing, confidence: float = NOISE_CONFIDENCE) -> Comparison:
     """`a` against `b` (a lower MCD is better), paired clip by clip where both scored the same clips."""
-    shared = [name for name in a.clips if name in b.clips
-              and math.isfinite(a.clips[name]) and math.isfinite(b.clips[name])]
-    if len(shared) < 2:
-        return Comparison(b.score - a.score, 0.0, 0)
-    differences = [b.clips[name] - a.clips[name] for name in shared]
-    n = len(differences)
-    mean = sum(differences) / n
-    sd = math.sqrt(sum((d - mean) ** 2 for d in differences) / (n - 1))
-    return Comparison(mean, t_quantile(confidence, n - 1) * sd / math.sqrt(n), n)
+    comparison = paired(b.clips, a.clips, confidence)
+    if not comparison.clips:  # nothing to pair: the means, said as such
+        return Comparison(b.score - a.score, math.nan, 0, comparison.cannot_tell)
+    return comparison
 
 
 def t_quantile(confidence: float, degrees: int) -> float:
@@ -135,6 +157,10 @@ def judge_candidate(candidate: Standing | None, kept: Standing, confidence: floa
     against = compare(candidate, kept, confidence)
     if against.beyond_noise:
         return Verdict(True, f"better beyond the noise: {against.describe()}")
+    if against.cannot_tell:  # the noise unknown: the lower mean, said as such (a tie to the longer-trained)
+        lower = against.advantage_db >= 0
+        return Verdict(lower, f"{'the lower' if lower else 'a higher'} mean, no more: {against.describe()} against "
+                              f"step {kept.step}")
     return Verdict(True, f"the longer-trained model, within the noise of step {kept.step}: {against.describe()}")
 
 

@@ -20,11 +20,13 @@ import math
 import shutil
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from finetune.system.atomic import recover, replace_dir, staging_dir, write_text_atomic
 from finetune.data.corrections import FeedbackError
 from finetune.reporting.evaluation import EvalResult, Evaluator, describe_cut
+from finetune.reporting.selection import NOISE_CONFIDENCE, paired
 
 HISTORY = "history.json"
 
@@ -42,52 +44,79 @@ def change_pct(before: float, after: float) -> float:
 
 
 class FeedbackEvaluator:
-    """Scores corrections and held-out originals together. Its measure is the corrections' MCD; an
-    evaluation may become the round's best only when the originals got no worse than
-    `max_regression_pct` over the baseline (the first evaluation: the starting model) and both the
-    corrections and the originals pass the timing rule."""
+    """Scores a round's model on what a correction is for, and on the voice it must not move:
+
+        said       the voice speaking each corrected sentence, against its recording. The corrections of
+                   --corrections_voice own are other people's recordings, at their own tempo and timbre:
+                   they are compared as another speaker's (MCD across speakers, finetune/reporting/measures.py:
+                   normalised cepstra at the best frequency warp, which a voice sounding more like the
+                   corrector does not improve), and their length is reported, never judged. Recordings that
+                   are the voice's own (--corrections_voice voice) are compared plainly, timing included.
+                   The round's best model is the one that says them best (beyond the noise: selection.py).
+        learnt     (own ids only) the corrections' own speaker id speaking them, plain MCD and length: how
+                   well they were learnt in their own voice and tempo; reported.
+        originals  the voice on its own held-out clips: its MCD may rise at most `max_regression_pct` over
+                   the starting model's, and its length must pass the timing rule (the voice's tempo is the
+                   one that is judged).
+
+    The first evaluation (step 0, the starting model) is the baseline."""
 
     @staticmethod
     def describe(result: EvalResult) -> str:
         x = result.extra
         eligible = "" if result.eligible else f"; not eligible: {result.ineligible_reason}"
-        return (f"corrections MCD {x['corrections_mcd_db']:.3f} dB (length x{x['corrections_length_ratio']:.2f}), "
-                f"held-out originals {x['originals_mcd_db']:.3f} dB ({x['originals_change_pct']:+.1f}%, length "
+        learnt = (f", in their own voice {x['corrections_learnt_mcd_db']:.3f} dB (length "
+                  f"x{x['corrections_learnt_length_ratio']:.2f})" if "corrections_learnt_mcd_db" in x else "")
+        return (f"corrections as the voice says them {x['corrections_mcd_db']:.3f} dB{learnt}; held-out originals "
+                f"{x['originals_mcd_db']:.3f} dB ({x['originals_change_pct']:+.1f}%, length "
                 f"x{x['originals_length_ratio']:.2f}){eligible}{describe_cut(result)}")
 
-    def __init__(self, corrections: Evaluator, originals: Evaluator, max_regression_pct: float):
-        self.corrections, self.originals, self.max_regression_pct = corrections, originals, max_regression_pct
-        self.rule = corrections.rule
+    def __init__(self, said: Evaluator, originals: Evaluator, max_regression_pct: float, learnt: Evaluator | None = None):
+        self.said, self.originals, self.learnt, self.max_regression_pct = said, originals, learnt, max_regression_pct
+        self.rule = originals.rule  # the voice's timing, on its own clips
         self.baseline: EvalResult | None = None
 
     @property
+    def measure(self) -> str:
+        """What decides, in words (the report says it)."""
+        return ("the voice's MCD on the corrected sentences, compared as another speaker's recordings (normalised "
+                "cepstra at the best frequency warp; their tempo not judged)" if self.said.across_speakers
+                else "the voice's MCD on the corrected sentences (its own recordings)")
+
+    @property
     def example_mels(self):
-        return self.corrections.example_mels
+        return self.said.example_mels
 
     def fit_tempo(self, model):
         """The voice's tempo is fitted on its own held-out clips, not on the corrections (other voices)."""
         return self.originals.fit_tempo(model)
 
     def evaluate(self, model, step: int, stop=None, limit=None) -> EvalResult:
-        """Corrections, then originals, inside one time limit; cut short if either was."""
-        c = self.corrections.evaluate(model, step, stop, limit)
-        o = self.originals.evaluate(model, step, stop, limit)
-        extra = {"corrections_mcd_db": c.mcd_db, "originals_mcd_db": o.mcd_db, "corrections_length_ratio": c.length_ratio,
-                 "originals_length_ratio": o.length_ratio}
-        baseline = self.baseline.extra["originals_mcd_db"] if self.baseline else o.mcd_db
-        extra["originals_change_pct"] = change_pct(baseline, o.mcd_db)
-        reasons = [f"corrections: {c.ineligible_reason}"] if not c.eligible else []
-        reasons += [f"originals: {o.ineligible_reason}"] if not o.eligible else []
+        """Said, (learnt), then originals, inside one time limit; cut short if any was."""
+        said = self.said.evaluate(model, step, stop, limit)
+        learnt = self.learnt.evaluate(model, step, stop, limit) if self.learnt is not None else None
+        originals = self.originals.evaluate(model, step, stop, limit)
+        parts = [("corrections", said), ("originals", originals), *([("learnt", learnt)] if learnt else [])]
+        extra = {"corrections_mcd_db": said.mcd_db, "corrections_length_ratio": said.length_ratio,
+                 "originals_mcd_db": originals.mcd_db, "originals_length_ratio": originals.length_ratio}
+        if learnt is not None:
+            extra.update(corrections_learnt_mcd_db=learnt.mcd_db, corrections_learnt_length_ratio=learnt.length_ratio)
+        baseline = self.baseline.extra["originals_mcd_db"] if self.baseline else originals.mcd_db
+        extra["originals_change_pct"] = change_pct(baseline, originals.mcd_db)
+        reasons = [f"{name}: {part.ineligible_reason}" for name, part in parts[:2] if not part.eligible]
         if extra["originals_change_pct"] > self.max_regression_pct:
             reasons.append(f"originals {extra['originals_change_pct']:+.1f}%, past the {self.max_regression_pct}% tolerance")
-        result = EvalResult(step=step, mcd_db=c.mcd_db,
-                            per_clip={**{f"correction/{k}": v for k, v in c.per_clip.items()},
-                                      **{f"original/{k}": v for k, v in o.per_clip.items()}},
-                            val_losses=o.val_losses, seconds=c.seconds + o.seconds, length_ratio=c.length_ratio,
-                            duration_error=c.duration_error, eligible=not reasons, ineligible_reason="; ".join(reasons),
-                            samples=c.samples, extra=extra, clips_planned=c.clips_planned + o.clips_planned,
-                            cut_short=c.cut_short or o.cut_short, sentences_planned=c.sentences_planned,
-                            mcd_se_db=c.mcd_se_db, choice_scores={f"correction/{k}": v for k, v in c.choice_scores.items()})
+        per_clip = {**{f"correction/{k}": v for k, v in said.per_clip.items()},
+                    **{f"original/{k}": v for k, v in originals.per_clip.items()},
+                    **({f"learnt/{k}": v for k, v in learnt.per_clip.items()} if learnt else {})}
+        result = EvalResult(step=step, mcd_db=said.mcd_db, per_clip=per_clip, val_losses=originals.val_losses,
+                            seconds=sum(part.seconds for _, part in parts), length_ratio=originals.length_ratio,
+                            draw_spread=originals.draw_spread, duration_error=originals.duration_error,
+                            eligible=not reasons, ineligible_reason="; ".join(reasons), samples=said.samples,
+                            extra=extra, clips_planned=sum(part.clips_planned for _, part in parts),
+                            cut_short=next((part.cut_short for _, part in parts if part.cut_short), ""),
+                            sentences_planned=said.sentences_planned, mcd_se_db=said.mcd_se_db,
+                            choice_scores={f"correction/{k}": v for k, v in said.choice_scores.items()})
         if self.baseline is None:
             self.baseline = result
         return result
@@ -97,36 +126,52 @@ class FeedbackEvaluator:
 class Decision:
     accepted: bool
     reason: str
-    before: dict  # corrections_mcd_db, originals_mcd_db of the starting model
+    before: dict  # the scores of the starting model (SCORES, and the learnt ones when there are)
     after: dict  # the same for the candidate: the best evaluation, else the last one
     candidate_step: int
+    measure: str = ""  # what decided whether the corrections improved
+    improvement: str = ""  # that comparison, in words (advantage, noise bound, clips)
 
 
 SCORES = ("corrections_mcd_db", "originals_mcd_db")
+LEARNT = ("corrections_learnt_mcd_db", "corrections_learnt_length_ratio", "corrections_length_ratio",
+          "originals_length_ratio")
 
 
-def decide(baseline: EvalResult, best: dict | None, last: EvalResult, max_regression_pct: float) -> Decision:
-    """Accept the round's best model when it improves the corrections without regressing the originals
-    past the tolerance. Without a best model beyond the start, the last evaluation is the candidate,
-    so the report always shows what the round produced."""
-    before = {k: baseline.extra[k] for k in SCORES}
+def clip_scores(per_clip: dict, prefix: str = "correction/") -> dict[str, float]:
+    """Clip id -> MCD of one part of an evaluation's per-clip figures (ClipScores or their dicts)."""
+    return {name: (score["mcd_db"] if isinstance(score, dict) else score.mcd_db)
+            for name, score in per_clip.items() if name.startswith(prefix)}
+
+
+def decide(baseline: EvalResult, best: dict | None, last: EvalResult, max_regression_pct: float,
+           measure: str = "the corrections' MCD", confidence: float = NOISE_CONFIDENCE) -> Decision:
+    """Accept the round's best model when the voice says the corrected sentences better than the starting
+    model beyond the noise (paired clip by clip, selection.py), its own held-out clips within the
+    tolerance and the timing rule. Without a best model beyond the start, the last evaluation is the
+    candidate, so the report always shows what the round produced."""
+    before = {k: baseline.extra[k] for k in (*SCORES, *LEARNT) if k in baseline.extra}
     if best is not None and best["step"] > 0:  # the round's best_model: eligible, or the nearest (a fallback)
-        after, step = {k: best[k] for k in SCORES}, int(best["step"])
+        after, step, after_clips = {k: best[k] for k in before if k in best}, int(best["step"]), clip_scores(best["per_clip"])
         timing_problem = best.get("ineligible_reason", "not eligible") if not best.get("eligible", True) else ""
     else:
-        after, step = {k: last.extra[k] for k in SCORES}, last.step
+        after, step, after_clips = {k: last.extra[k] for k in before}, last.step, clip_scores(last.per_clip)
         timing_problem = last.ineligible_reason if not last.eligible else ""
-    if not all(math.isfinite(v) for v in (*before.values(), *after.values())):
-        return Decision(False, "a score is not a finite number (the model produced no usable speech)", before, after, step)
+    improvement = paired(clip_scores(baseline.per_clip), after_clips, confidence)
+    decision = partial(Decision, before=before, after=after, candidate_step=step, measure=measure,
+                       improvement=improvement.describe())
+    if not all(math.isfinite(after[k]) and math.isfinite(before[k]) for k in SCORES):
+        return decision(False, "a score is not a finite number (the model produced no usable speech)")
     regression = change_pct(before["originals_mcd_db"], after["originals_mcd_db"])
     if regression > max_regression_pct:
-        reason = f"held-out originals got {regression:.1f}% worse (tolerance {max_regression_pct}%)"
-        return Decision(False, reason, before, after, step)
+        return decision(False, f"the voice moved: its held-out clips got {regression:.1f}% worse (tolerance "
+                               f"{max_regression_pct}%)")
     if timing_problem:
-        return Decision(False, f"the model's timing drifted ({timing_problem})", before, after, step)
-    if after["corrections_mcd_db"] >= before["corrections_mcd_db"] or step == 0:
-        return Decision(False, "the corrections did not improve", before, after, step)
-    return Decision(True, "corrections improved, held-out originals within tolerance", before, after, step)
+        return decision(False, f"the voice's timing drifted ({timing_problem})")
+    if step == 0 or not improvement.beyond_noise:
+        return decision(False, f"the corrections did not improve beyond the noise ({improvement.describe()})")
+    return decision(True, f"the corrections improved beyond the noise ({improvement.describe()}), the voice's own "
+                          "held-out clips within tolerance")
 
 
 class Versions:
@@ -243,8 +288,15 @@ def summary_text(round_name: str, decision: Decision, version: str | None, count
         return (f"{label} ({count} clips): MCD {before:.3f} -> {after:.3f} dB "
                 f"({change_pct(before, after):+.1f}%{tolerance})")
 
-    lines.append(row("Corrections", "corrections_mcd_db", counts["corrections"]))
-    lines.append(row("Held-out originals", "originals_mcd_db", counts["originals"], f", tolerance +{max_regression}%"))
+    lines.append(row("Corrections, as the voice says them", "corrections_mcd_db", counts["corrections"]))
+    if "corrections_learnt_mcd_db" in decision.before and "corrections_learnt_mcd_db" in decision.after:
+        lines.append(row("Corrections, in their own speaker id (how well they were learnt)", "corrections_learnt_mcd_db",
+                         counts["corrections"]))
+    lines.append(row("The voice's held-out originals", "originals_mcd_db", counts["originals"],
+                     f", tolerance +{max_regression}%")
+                 + f"; length x{decision.after.get('originals_length_ratio', float('nan')):.2f} of the recordings")
+    if decision.measure:
+        lines.append(f"Decided by {decision.measure}: {decision.improvement}.")
     lines.append(f"Candidate: the model at step {decision.candidate_step}. Trained on {counts['corrections']} corrections "
                  f"+ {counts['replay']} replayed original clips.")
     if dropped:

@@ -254,6 +254,11 @@ def copy_model(source: Path, out_dir: str | Path, extra_json: dict[str, dict | s
 FREEZABLE_PARTS = ("text_encoder", "duration_predictor", "posterior_encoder", "flow", "decoder")
 
 
+# The parts that make the voice's sound from the latent (the posterior encoder trains the latent space): what
+# a correction round keeps as it is (train_feedback.py --acoustics frozen).
+ACOUSTIC_PARTS = ("posterior_encoder", "flow", "decoder")
+
+
 def freeze(model: VitsModel, parts: list[str]) -> list[str]:
     """Stop gradients to the named parts (their parameters then stay out of the optimizer).
     Returns the parts frozen; an unknown name raises ValueError listing the known ones."""

@@ -76,6 +76,31 @@ def conditioning_layers(model: VitsModel) -> list[torch.nn.Conv1d]:
     return layers
 
 
+def pin_first_speaker(model: VitsModel) -> None:
+    """Speaker 0 keeps sounding exactly as the model did before add_speakers, however the others train: its
+    embedding is zero and held there, and every conditioning layer's bias is held at zero, so each layer's
+    output for speaker 0 (weights times a zero embedding, plus a zero bias) stays zero while its weights
+    learn the other speakers. Held by zeroing those gradients (hooks), which survives any later
+    requires_grad change; Adam moves nothing whose gradient was always zero."""
+    with torch.no_grad():
+        model.embed_speaker.weight[0].zero_()
+
+    def without_first_row(grad: torch.Tensor) -> torch.Tensor:
+        grad = grad.clone()
+        grad[0] = 0
+        return grad
+
+    model.embed_speaker.weight.register_hook(without_first_row)
+    for layer in conditioning_layers(model):
+        layer.bias.register_hook(torch.zeros_like)
+
+
+def train_conditioning(model: VitsModel) -> None:
+    """The speaker embedding and every conditioning layer take gradients (inside parts otherwise frozen)."""
+    for layer in [model.embed_speaker, *conditioning_layers(model)]:
+        layer.requires_grad_(True)
+
+
 def silence(layer: torch.nn.Conv1d) -> None:
     """Output exactly zero, gradients still flowing to the weights: a weight-normed layer gets magnitude 0
     (its direction stays random, so the magnitude's gradient is not zero), any other zero weights."""
