@@ -27,7 +27,8 @@ class SynthesizeConfig:
     out: str = flag("speech.wav", "output WAV for --text")
     out_dir: str = flag("review", "output folder for --sentences")
     seed: int = flag(0, "random seed of the synthesis noise")
-    speaking_rate: float = flag(1.0, "above 1 speaks faster, below 1 slower")
+    speaking_rate: float = flag(1.0, "relative to the voice's own tempo (config.json's speaking_rate, fitted to its "
+                                     "recordings): above 1 speaks faster, below 1 slower")
     speaker: str | None = flag(None, "a voice of the multi-speaker model beside a multi-speaker run's model "
                                      "(MODEL/multi_speaker/speakers.json names them); default: the model's one voice")
     device: str = flag("auto", "cuda, cpu, or auto")

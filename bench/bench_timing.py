@@ -11,9 +11,13 @@ model folder and the held-out clips of a prepared corpus:
   2. what the evaluation's estimate says for the same clips: the median of 8 draws of the duration
      predictor alone (finetune/reporting/evaluation.py) and, as judged before issue 28, the mean of them;
   3. the median length of a request at each noise_scale_duration (speaking_rate 1): how much a narrower
-     draw shortens speech and steadies it.
+     draw shortens speech and steadies it;
+  4. with --onnx DIR (export_onnx.py's folder of the same model): sherpa-onnx as its documented snippet
+     runs it (nothing set but the files), each sentence --draws times: its median length against the
+     stock pipeline's with config.json (what an app on a device hears against what a desktop one does).
 
     .venv/bin/python bench/bench_timing.py --model demo/work/final_model --data_dir demo/work/data --speaker ciya
+    .venv/bin/python bench/bench_timing.py --model M --data_dir D --onnx voice_onnx    # and sherpa-onnx's
     .venv/bin/python bench/bench_timing.py --smoke        # seconds: an untrained tiny voice, 2 demo clips
 """
 
@@ -67,6 +71,27 @@ def own_settings(folder: Path | None) -> dict:
     return {"speaking_rate": 1.0, "noise_scale_duration": 0.8}
 
 
+def sherpa_requests(onnx_dir: Path, texts: list[str], samples: np.ndarray, draws: int) -> np.ndarray:
+    """Length ratios [sentences, draws] of sherpa-onnx's documented snippet (nothing set but the files)."""
+    from finetune.vits.onnx_export import sherpa_run
+
+    speech = sherpa_run(onnx_dir, texts, None, None, repeats=draws)
+    return np.array(speech["samples"], dtype=float) / samples[:, None]
+
+
+def compare_device(model, tokens: list[np.ndarray], texts: list[str], samples: np.ndarray, draws: int,
+                   onnx_dir: Path) -> None:
+    """sherpa-onnx's default snippet against the stock pipeline at config.json's settings, same sentences."""
+    stock = stock_requests(model, tokens, samples, draws)
+    device = sherpa_requests(onnx_dir, texts, samples, draws)
+    print(f"\n| what speaks ({draws} requests a sentence) | one request |\n| --- | --- |")
+    print(f"| stock pipeline, config.json | {describe_ratios(stock)} |")
+    print(f"| sherpa-onnx, nothing set ({onnx_dir}) | {describe_ratios(device)} |")
+    print(f"sherpa-onnx's median request is x{np.median(device) / np.median(stock):.3f} the stock pipeline's "
+          f"(per sentence, median of the ratios of their medians x"
+          f"{np.median(np.median(device, axis=1) / np.median(stock, axis=1)):.3f})", flush=True)
+
+
 def report(model, tokens: list[np.ndarray], samples: np.ndarray, draws: int, folder: Path | None) -> None:
     model.eval()
     hop = 256
@@ -100,6 +125,7 @@ def main() -> None:
     parser.add_argument("--speaker", default="", help="a crowd's corpus: only this speaker's held-out clips")
     parser.add_argument("--clips", type=int, default=16)
     parser.add_argument("--draws", type=int, default=8, help="requests a sentence (seeds)")
+    parser.add_argument("--onnx", default=None, help="export_onnx.py's folder of --model: also sherpa-onnx's length")
     parser.add_argument("--smoke", action="store_true", help="an untrained tiny voice and 2 demo clips")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -116,7 +142,9 @@ def main() -> None:
         torch.manual_seed(0)
         voice = scratch_generator("tiny", sorted(set("".join(texts))), 16000)
         samples = np.array([sf.info(str(corpus / "wavs" / f"{item}.mp3")).duration * 16000 for item, _ in rows])
-        report(voice.model, [tokenize(voice.tokenizer, t) for t in texts], samples, 2, None)
+        tokens = [tokenize(voice.tokenizer, t) for t in texts]
+        report(voice.model, tokens, samples, 2, None)
+        smoke_device(voice, tokens, texts, samples)
         return
     if not args.model or not args.data_dir:
         parser.error("--model and --data_dir are needed (or --smoke)")
@@ -135,8 +163,32 @@ def main() -> None:
     model, tokenizer = VitsModel.from_pretrained(args.model), VitsTokenizer.from_pretrained(args.model)
     examples, _ = load_examples(data, listing, tokenizer, 256, 16000)
     examples = examples[: args.clips]
-    report(model, [e.token_ids for e in examples], np.array([len(e.audio) for e in examples], dtype=float), args.draws,
-           Path(args.model))
+    samples = np.array([len(e.audio) for e in examples], dtype=float)
+    report(model, [e.token_ids for e in examples], samples, args.draws, Path(args.model))
+    if args.onnx:
+        from finetune.vits.synthesis import load_voice
+
+        texts = dict((i, t) for i, _, t in read_rows(data / listing))
+        normalizer = load_voice(args.model, torch.device("cpu")).normalizer
+        model = VitsModel.from_pretrained(args.model).eval()  # config.json's settings again (report() changed them)
+        compare_device(model, [e.token_ids for e in examples], [normalizer(texts[e.item_id]).text for e in examples],
+                       samples, args.draws, Path(args.onnx))
+
+
+def smoke_device(voice, tokens: list[np.ndarray], texts: list[str], samples: np.ndarray) -> None:
+    """The untrained voice exported with a fitted-looking config (speaking_rate 0.8) and heard by sherpa-onnx."""
+    import tempfile
+
+    from finetune.reporting.tracking import installed
+    from finetune.vits.onnx_export import export_voice
+
+    if not installed("sherpa_onnx"):
+        print("sherpa-onnx is not installed: its comparison is not made")
+        return
+    voice.model.speaking_rate = 0.8
+    with tempfile.TemporaryDirectory() as folder:
+        export_voice(voice.model.eval(), voice.tokenizer, Path(folder) / "onnx", "kmr")
+        compare_device(voice.model, tokens, texts, samples, 2, Path(folder) / "onnx")
 
 
 if __name__ == "__main__":

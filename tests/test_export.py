@@ -95,7 +95,42 @@ def test_the_script_exports_and_checks_a_saved_model(tmp_path, capsys):
     assert export_onnx.main([str(tmp_path / "model"), str(tmp_path / "onnx")]) == 0
     out = capsys.readouterr().out
     assert "onnxruntime equals PyTorch on 3 sentences" in out
-    assert sorted(p.name for p in (tmp_path / "onnx").iterdir()) == ["model.onnx", "tokens.txt", "voice.json"]
+    assert sorted(p.name for p in (tmp_path / "onnx").iterdir()) == ["README.md", "model.onnx", "tokens.txt", "voice.json"]
+    assert "licence: unknown" in out and "Licence: unknown" in (tmp_path / "onnx" / "README.md").read_text()
+
+
+@pytest.mark.skipif(not installed("sherpa_onnx"), reason="sherpa-onnx is not installed (pip install sherpa-onnx)")
+def test_sherpa_onnx_with_nothing_set_speaks_at_the_fitted_tempo_of_config_json(tmp_path, capsys):
+    """A voice whose config.json speaks 25% slower than the model's own setting (speaking_rate 0.8), its
+    duration noise fitted to 0 (so every draw is the same length): sherpa-onnx's documented snippet, which
+    sets nothing, speaks each sentence exactly as long as the stock pipeline does; before the settings were
+    folded into the graph it spoke at the model's own rate (shorter)."""
+    import json
+
+    from transformers import VitsModel, VitsTokenizer
+
+    from finetune.system.model_source import resolve_model
+    from finetune.vits.generator import export_model, load_generator, ready_for_training
+    from finetune.vits.onnx_export import sherpa_run
+    from tests.conftest import KURMANJI_LETTERS
+
+    loaded = load_generator(resolve_model("scratch:tiny"), list(KURMANJI_LETTERS + " "), 16000)
+    export_model(ready_for_training(loaded.model), loaded.tokenizer, tmp_path / "model",
+                 inference={"speaking_rate": 0.8, "noise_scale_duration": 0.0, "noise_scale": 0.667})
+    assert export_onnx.main([str(tmp_path / "model"), str(tmp_path / "onnx")]) == 0
+    assert "sherpa-onnx at its defaults speaks at config.json's tempo (speaking_rate 0.8)" in capsys.readouterr().out
+    stock, tokenizer = VitsModel.from_pretrained(tmp_path / "model").eval(), VitsTokenizer.from_pretrained(tmp_path / "model")
+    texts = SENTENCES[1:]
+    with torch.no_grad():
+        expected = [int(stock(**tokenizer(t, return_tensors="pt")).sequence_lengths[0]) for t in texts]
+    heard = sherpa_run(tmp_path / "onnx", texts, None, None, repeats=2)["samples"]  # the documented snippet
+    assert heard == [[n, n] for n in expected]
+    stock.speaking_rate = 1.0  # what the model's own setting speaks: what sherpa-onnx spoke before
+    with torch.no_grad():
+        own = [int(stock(**tokenizer(t, return_tensors="pt")).sequence_lengths[0]) for t in texts]
+    assert sum(own) < sum(expected)  # (less than by 1/0.8: an untrained voice's tokens are a frame or two, rounded up)
+    voice = json.loads((tmp_path / "onnx" / "voice.json").read_text())
+    assert (voice["length_scale"], voice["folded_speaking_rate"], voice["noise_scale_w"]) == ("1.0", "0.8", "0.8")
 
 
 def test_a_crowd_model_exports_its_voice_and_every_speaker_behind_a_sid_input(tmp_path, capsys):

@@ -91,7 +91,7 @@ def speak_tokens(model, token_ids: list[np.ndarray], device: torch.device, max_c
     frames_per_s = config.sampling_rate / hop
     count = len(token_ids)
     dtype = model.text_encoder.embed_tokens.weight.dtype
-    encoded, hidden, mask = _encode(model, token_ids, device)  # hidden [batch, hidden, tokens], mask [batch, 1, tokens]
+    encoded, hidden, mask = encode_text(model, token_ids, device)  # hidden [batch, hidden, tokens], mask [batch, 1, tokens]
     g = speaker_conditioning(model, speaker, count, device)
     log_duration = predict_log_duration(model, hidden, mask, g, model.noise_scale_duration)
     length_scale = 1.0 / model.speaking_rate
@@ -128,7 +128,7 @@ def duration_draws(model, token_ids: list[np.ndarray], device: torch.device, see
         draws = 1  # a deterministic predictor: every draw is the same
     with fork_rng(device):
         torch.manual_seed(seed)
-        encoded, hidden, mask = _encode(model, token_ids, device)
+        encoded, hidden, mask = encode_text(model, token_ids, device)
         hidden, mask = hidden.repeat_interleave(draws, dim=0), mask.repeat_interleave(draws, dim=0)
         g = speaker_conditioning(model, speaker, hidden.shape[0], device)
         log_duration = predict_log_duration(model, hidden, mask, g, noise)
@@ -154,7 +154,7 @@ def predict_log_duration(model, hidden: torch.Tensor, mask: torch.Tensor, g: tor
     return model.duration_predictor(hidden, mask, None)
 
 
-def _encode(model, token_ids: list[np.ndarray], device: torch.device):
+def encode_text(model, token_ids: list[np.ndarray], device: torch.device):
     """Token id sequences -> (the text encoder's output, hidden [batch, hidden, tokens], mask [batch, 1, tokens])."""
     count, longest = len(token_ids), max(len(t) for t in token_ids)
     input_ids = torch.zeros(count, longest, dtype=torch.long)

@@ -30,8 +30,10 @@ class Voice:
 
 def load_voice(model_dir: str | Path, device: torch.device, speaking_rate: float = 1.0,
                speaker: str | None = None) -> Voice:
-    """The folder's voice; with `speaker` (a name or id in speakers.json), that speaker of the multi-speaker
-    model the folder holds (train_vits.py writes it in multi_speaker/ beside the single voice)."""
+    """The folder's voice, with the inference settings of its config.json (fitted to its recordings: the tempo
+    the stock pipeline speaks at), `speaking_rate` times faster; with `speaker` (a name or id in
+    speakers.json), that speaker of the multi-speaker model the folder holds (train_vits.py writes it in
+    multi_speaker/ beside the single voice)."""
     from transformers import VitsTokenizer
 
     from finetune.vits.generator import load_complete_model
@@ -45,7 +47,7 @@ def load_voice(model_dir: str | Path, device: torch.device, speaking_rate: float
                              "leave --speaker out")
         speaker_index = speaker_id(folder, speaker)
     model = load_complete_model(folder, str(folder), speakers=speaker is not None).to(device).eval()
-    model.speaking_rate = speaking_rate
+    model.speaking_rate = float(model.config.speaking_rate) * speaking_rate  # relative to the voice's own tempo
     tokenizer = VitsTokenizer.from_pretrained(str(folder))
     normalizer = TextNormalizer({t for t in tokenizer.encoder if len(t) == 1})
     return Voice(model, tokenizer, normalizer, int(model.config.sampling_rate), device, speaker_index)
