@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     costs_array = np.array([c.cost for c in ranked])
     print(f"{len(ranked)} clips aligned by {config.model}: alignment cost median {np.median(costs_array):.3f}, "
           f"{len(flagged)} above z {config.max_z:g} -> {report_path}")
+    print(f"each clip's z measured within: {transcripts.how_judged(ranked)}")
     for clip in flagged[:20]:
         print(f"  {clip.item_id}{' (' + clip.speaker + ')' if clip.speaker else ''}: cost {clip.cost:.3f}, z {clip.z:.1f}")
     if len(flagged) > 20:

@@ -15,7 +15,7 @@ import train_vits
 from finetune.reporting.evaluation import ClipScore, judge
 from finetune.reporting.measures import TimingRule
 from finetune.reporting.model_card import card_facts, card_text
-from finetune.reporting.selection import NONE_YET, better, chosen_as, judge_candidate, standing, timing_error
+from finetune.reporting.selection import NONE_YET, better, chosen_as, compare, judge_candidate, standing, timing_error
 from tests.conftest import DEMO_CORPUS, clock_for
 from tests.test_train import args, metrics
 
@@ -23,11 +23,19 @@ from tests.test_train import args, metrics
 # ---------------------------------------------------------------- the rule
 
 
+def clip_scores(mean: float, clips: int = 8) -> dict[str, float]:
+    """Clip scores around `mean` that vary from clip to clip, each model's its own way (so a paired
+    difference has a noise to pass)."""
+    rng = np.random.default_rng(int(mean * 100))
+    return {f"c{i}": mean + float(rng.normal(0, 0.1)) for i in range(clips)}
+
+
 def test_within_the_timing_rule_beats_any_fallback_then_the_lower_mcd_wins():
-    inside = standing(True, 0.9, 9.0, 1.25)
-    near = standing(False, 0.78, 4.0, 1.25)
+    inside = standing(True, 0.9, 9.0, 1.25, clip_scores(9.0))
+    near = standing(False, 0.78, 4.0, 1.25, clip_scores(4.0))
     assert better(inside, near) and not better(near, inside)
-    assert better(standing(True, 1.1, 8.0, 1.25), inside) and not better(standing(True, 1.0, 9.5, 1.25), inside)
+    lower, higher = standing(True, 1.1, 8.0, 1.25, clip_scores(8.0)), standing(True, 1.0, 9.5, 1.25, clip_scores(9.5))
+    assert better(lower, inside) and not better(higher, inside)
 
 
 def test_while_none_meets_the_rule_the_nearest_wins_then_the_lower_mcd():
@@ -36,7 +44,7 @@ def test_while_none_meets_the_rule_the_nearest_wins_then_the_lower_mcd():
     slow = standing(False, 1.40, 9.0, 1.25)  # 1.40 is further from 1.25 than 0.75 is from 0.80 (in log ratio)
     assert timing_error(1.30, 1.25) == pytest.approx(timing_error(1 / 1.30, 1.25))
     same_timing_better_mcd = standing(False, 0.752, 8.0, 1.25)  # within 0.01 of `near` in log ratio
-    assert better(same_timing_better_mcd, near)
+    assert better(same_timing_better_mcd, near)  # no clip scores: cannot tell, so the lower mean, no more
     assert better(far, NONE_YET) and slow.key() > near.key()
 
 
@@ -58,12 +66,29 @@ def scored(step: int, clips: dict[str, float], eligible: bool = True):
     return standing(eligible, 1.0 if eligible else 0.7, float(np.mean(list(clips.values()))), 1.25, clips, step)
 
 
-def test_two_clips_cannot_decide_so_the_longer_trained_model_is_kept():
+def test_two_clips_cannot_tell_so_the_lower_mean_decides_and_says_no_more():
     # The case of issue 28: step 100 at 7.411 dB, step 246 at 7.418 dB, on 2 held-out clips.
     kept = scored(100, {"a": 6.9, "b": 7.922})
     later = scored(246, {"a": 7.1, "b": 7.736})
     verdict = judge_candidate(later, kept)
-    assert later.score > kept.score and verdict.replace and "within the noise of step 100" in verdict.why
+    assert later.score > kept.score and not verdict.replace
+    assert "cannot tell: 2 clips in common, at least 3 are needed" in verdict.why and "step 100" in verdict.why
+    assert "beyond the noise" not in verdict.why and "mean, no more" in verdict.why
+    lower = judge_candidate(scored(300, {"a": 6.0, "b": 7.5}), kept)
+    assert lower.replace and "cannot tell" in lower.why
+    assert judge_candidate(scored(400, {"a": 6.9, "b": 7.922}), kept).replace  # a tie: the longer-trained
+
+
+def test_differences_that_do_not_vary_cannot_tell_either():
+    """Every clip exactly 0.001 dB better: a spread of 0 would make that "beyond the noise" (a bound of 0)."""
+    kept = scored(100, {f"c{i}": 7.0 + i for i in range(8)})
+    worse_by_a_hair = scored(200, {f"c{i}": 7.001 + i for i in range(8)})
+    comparison = compare(kept, worse_by_a_hair)
+    assert comparison.clips == 8 and not comparison.beyond_noise and "do not vary" in comparison.cannot_tell
+    verdict = judge_candidate(worse_by_a_hair, kept)
+    assert not verdict.replace and "cannot tell" in verdict.why and "beyond the noise" not in verdict.why
+    better_by_a_hair = judge_candidate(scored(300, {f"c{i}": 6.999 + i for i in range(8)}), kept)
+    assert better_by_a_hair.replace and "cannot tell" in better_by_a_hair.why
 
 
 def test_a_kept_model_better_beyond_the_noise_stays():
@@ -84,7 +109,8 @@ def test_the_kept_model_is_better_beyond_the_noise_than_every_later_one():
     base = {f"c{i}": 7.0 + rng.normal(0, 1.0) for i in range(16)}
     wobble = {name: 0.3 * (-1) ** i for i, name in enumerate(base)}  # how each clip moves, step to step
     runs = [scored(100, base), scored(200, {k: v + 0.1 + wobble[k] for k, v in base.items()}),  # within the noise
-            scored(300, {k: v + 0.2 for k, v in base.items()}), scored(400, {k: v + 0.5 for k, v in base.items()})]
+            scored(300, {k: v + 0.2 for k, v in base.items()}),
+            scored(400, {k: v + 0.5 + rng.normal(0, 0.03) for k, v in base.items()})]
     kept, history = NONE_YET, []
     for candidate in runs:
         kept = candidate if better(candidate, kept) else kept
@@ -93,9 +119,11 @@ def test_the_kept_model_is_better_beyond_the_noise_than_every_later_one():
     assert "step 300 is better beyond the noise" in judge_candidate(runs[3], runs[2]).why
 
 
-def test_without_clip_scores_the_means_decide_and_a_tie_goes_to_the_later():
+def test_without_clip_scores_nothing_is_beyond_the_noise_and_the_lower_mean_decides():
     kept, same = standing(True, 1.0, 7.0, 1.25, step=5), standing(True, 1.0, 7.0, 1.25, step=9)
-    assert better(same, kept) and not better(standing(True, 1.0, 7.01, 1.25, step=9), kept)
+    assert better(same, kept) and not better(standing(True, 1.0, 7.5, 1.25, step=9), kept)
+    verdict = judge_candidate(standing(True, 1.0, 7.5, 1.25, step=9), kept)
+    assert "cannot tell: 0 clips in common" in verdict.why
     assert better(standing(False, 0.75, 3.0, 1.25, {"a": 1.0, "b": 5.0}, 7), standing(False, 0.6, 9.0, 1.25, step=3))
 
 
@@ -153,6 +181,31 @@ def test_an_mms_voice_card_names_its_language_licence_data_and_figures(tmp_path)
     child = card_facts(str(tmp_path / "voice"), 0.01, 12, "train_feedback.py")
     assert (child.language, child.licence, child.hub_base_model) == ("kmr", "cc-by-nc-4.0", "facebook/mms-tts-kmr-script_latin")
     assert "base_model:" not in card_text(card_facts("scratch:tiny", 0.2, 300), "x", 1, None).split("---")[1]
+
+
+def test_a_voice_fine_tuned_from_an_mms_folder_carries_its_licence_to_every_card_the_log_and_the_report(
+        prepared_demo, tmp_path, timed_work):
+    """An MMS checkpoint downloaded for offline use (a folder named as the hub's, its card's licence in its
+    header): the voice made from it inherits CC-BY-NC-4.0, and says so wherever a user looks."""
+    from finetune.vits.generator import export_model, load_generator, ready_for_training
+    from finetune.system.model_source import resolve_model
+    from tests.conftest import KURMANJI_LETTERS
+
+    fake, _ = timed_work
+    base = tmp_path / "models" / "mms-tts-kmr-script_latin"
+    loaded = load_generator(resolve_model("scratch:tiny"), list(KURMANJI_LETTERS + " "), 16000)
+    export_model(ready_for_training(loaded.model), loaded.tokenizer, base)
+    (base / "README.md").write_text("---\nlicense: cc-by-nc-4.0\ntags:\n- mms\n---\n# MMS: Kurdish TTS\n")
+    flags = args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "1", "--max_length_ratio", "100",
+                 "--discriminator_warmup_steps", "1")
+    flags[flags.index("--model_name") + 1] = str(base)
+    assert train_vits.main(flags, clock=clock_for(fake)) == 0
+    run = tmp_path / "checkpoints"
+    for folder in (run / "best_model", run / "last_model", tmp_path / "final_model"):
+        header = (folder / "README.md").read_text().split("---")[1]
+        assert "license: cc-by-nc-4.0" in header and "language: kmr" in header, folder
+    assert "licence: cc-by-nc-4.0" in (run / "train.log").read_text() and "inherits it" in (run / "train.log").read_text()
+    assert "Licence: cc-by-nc-4.0" in (run / "report.html").read_text()
 
 
 # ---------------------------------------------------------------- --push_to_hub offline

@@ -294,6 +294,8 @@ def test_a_coarse_last_step_is_cut_to_the_clips_that_fit(prepared_demo, tmp_path
         if line:
             cut.append(target_s)
             assert f"step {end['steps']}: its last micro-batch cut to" in line and "of 8 clips" in line
+            kept = int(line.split("cut to ")[1].split(" of")[0])
+            assert end["samples_seen"] == 8 * (end["steps"] - 1) + kept  # what it used, not a whole micro-batch
     assert cut, "no budget cut the last micro-batch"
 
 

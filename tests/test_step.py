@@ -209,3 +209,28 @@ def test_a_clip_shorter_than_a_segment_reads_as_silence_past_its_end_precomputed
     # Frames 20-22 straddle the end (a 1024-sample window spans four hops), so the comparison starts at 23.
     assert torch.allclose(precomputed[0, :, 23:], computed[0, :, 23:], atol=1e-4)
     assert precomputed[0, :, 23:].max() < -9.0
+
+
+def test_each_clip_of_a_window_weighs_the_same_however_its_micro_batches_were_cut(prepared_demo):
+    """A window of two micro-batches of 4 clips, the second cut to 2 at the deadline: each micro-batch's mean
+    loss counts by its clips (4/6 and 2/6 of the window), not half each (which weighed each cut clip twice)."""
+    loaded = tiny_generator(prepared_demo)
+    step = make_step(loaded.model.train())
+    batch = demo_batch(prepared_demo, loaded.tokenizer)
+    assert len(batch) >= 4
+    whole, cut = batch.first(4), batch.first(2)
+    seen = []
+
+    def accumulate(micro_batch, scale, generator=True):
+        for param in step.generator_params:  # a gradient of 1 a clip's mean loss, weighed by `scale`
+            param.grad = (param.grad if param.grad is not None else torch.zeros_like(param)) + scale
+        seen.append((len(micro_batch), scale))
+        return {"mel": torch.tensor(float(len(micro_batch)))}
+
+    step.accumulate = accumulate
+    window = step.accumulate_window([(whole, False), (cut, True)], planned=2, clips_per_micro_batch=4)
+    assert [clips for clips, _ in seen] == [4, 2] and window.clips == 6 and window.used == 2
+    weights = [scale * 8 / 6 for _, scale in seen]  # after the window's rescaling to the clips used
+    assert weights == pytest.approx([4 / 6, 2 / 6])
+    assert all(torch.allclose(p.grad, torch.ones_like(p)) for p in step.generator_params)  # a mean: weights sum to 1
+    assert float(window.totals["mel"]) == pytest.approx((4 * 4 + 2 * 2) / 6)  # the loss, a mean over the 6 clips

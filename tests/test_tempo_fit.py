@@ -37,6 +37,27 @@ def test_the_fit_makes_the_typical_request_as_long_as_the_recordings(voice):
     assert 0.9 <= np.median(heard) <= 1.1
     assert (model.speaking_rate, model.noise_scale_duration) == (fit.own["speaking_rate"], fit.own["noise_scale_duration"])
     assert fit.noise_scale == model.noise_scale and "->" in fit.describe()
+    assert not fit.after_in_sample and "not fitted on" in fit.describe()  # 6 clips: each half fitted on the other
+
+
+def test_the_after_figure_is_out_of_sample_or_says_it_is_not(voice, monkeypatch):
+    """On the clips it was fitted on, the length is x1.00 by construction: each half of the clips is heard at
+    settings fitted on the other half instead (the config gets the fit on all of them). Too few clips to
+    split: the figure is in-sample, and says so."""
+    from finetune.vits import tempo_fit
+
+    model, _, ids = voice
+    cpu = torch.device("cpu")
+    recorded = [int(f) for f in np.round(0.8 * np.median(duration_draws(model, ids, cpu, seed=3, draws=16), axis=1))]
+    fits, real = [], tempo_fit.settings_for
+    monkeypatch.setattr(tempo_fit, "settings_for", lambda clips, *a: fits.append(list(clips)) or real(clips, *a))
+    fit = tempo_fit.fit_tempo(model, ids, recorded, cpu, seed=0)
+    assert fits == [[0, 1, 2, 3, 4, 5], [1, 3, 5], [0, 2, 4]]  # the config's fit, then each half's for the other
+    assert not fit.after_in_sample and 0.9 <= fit.after.length_ratio <= 1.1
+    assert fit.to_dict()["after_measured_on"].startswith("clips it was not fitted on")
+    fits.clear()
+    few = tempo_fit.fit_tempo(model, ids[:3], recorded[:3], cpu, seed=0)
+    assert fits == [[0, 1, 2]] and few.after_in_sample and "fitted on (too few" in few.describe()
 
 
 def test_the_noise_is_narrowed_only_as_far_as_the_spread_needs(voice):

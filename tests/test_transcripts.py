@@ -21,6 +21,26 @@ def test_a_clip_far_above_its_speakers_costs_is_flagged_and_a_small_speaker_is_m
     ranked = transcripts.flag_outliers(costs, max_z=4.0)
     assert {c.item_id for c in ranked if c.flagged} == {"a_bad", "c_bad"}
     assert ranked[0].item_id == "c_bad"  # worst first
+    assert {c.speaker: c.judged_against for c in ranked} == {"aaa": transcripts.OWN, "bbb": transcripts.OWN,
+                                                              "ccc": transcripts.EVERYONE}
+    assert "1 speaker(s) with fewer than 10 clips against all 45 clips" in transcripts.how_judged(ranked)
+
+
+def test_many_small_speakers_are_measured_against_each_other_not_against_the_big_readers():
+    """Common Voice: one volunteer reads most clips on a quiet microphone (costs near 1.0); thirty others
+    read 3 clips each on their own microphones (costs near 1.6). Against everyone, the big reader's costs
+    would make most small speakers' clips outliers; against the small speakers' clips, only the mismatch is."""
+    rng = np.random.default_rng(1)
+    costs = [transcripts.ClipCost(f"big{i}", "big", float(c)) for i, c in enumerate(1.0 + 0.05 * rng.standard_normal(200))]
+    for s in range(30):
+        costs += [transcripts.ClipCost(f"s{s}_{i}", f"small{s}", float(1.6 + 0.1 * rng.standard_normal())) for i in range(3)]
+    costs.append(transcripts.ClipCost("s0_bad", "small0", 3.0))
+    ranked = transcripts.flag_outliers(costs, max_z=4.0)
+    assert {c.item_id for c in ranked if c.flagged} == {"s0_bad"}
+    assert all(c.judged_against == transcripts.SMALL for c in ranked if c.speaker != "big")
+    assert "30 speaker(s) with fewer than 10 clips against the 91 clips of all such speakers" in transcripts.how_judged(ranked)
+    everyone = transcripts.robust_z(np.array([1.6]), np.array([c.cost for c in costs]))
+    assert everyone[0] > 4.0  # what the old rule did to a typical small speaker's clip
 
 
 @pytest.fixture()

@@ -49,6 +49,13 @@ class MicroBatchFeed:
             for host_batch in self.make_loader(remaining):
                 yield host_batch
 
+    def close(self) -> None:
+        """End the loader under way (its worker processes are shut down and joined now, not when the
+        interpreter exits); a later `take` starts a new one at the sampler's position."""
+        if self._batches is not None:
+            self._batches.close()
+            self._batches = None
+
     def take(self) -> tuple[Batch, bool]:
         """The next micro-batch on the device, and whether it ended the epoch (the sampler moves on)."""
         if self._batches is None:

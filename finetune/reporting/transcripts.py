@@ -10,8 +10,11 @@ move everyone's cost; a robust z-score within the speaker takes that out):
 
     z = (cost - the speaker's median) / (1.4826 x the speaker's median absolute deviation)
 
-A clip with z above `max_z` is flagged. Speakers with fewer than MIN_CLIPS_PER_SPEAKER clips are
-measured against everyone's clips. Scoring is one clip at a time (bounded memory, a stop request
+A clip with z above `max_z` is flagged. Speakers with fewer than MIN_CLIPS_PER_SPEAKER clips (most of
+Common Voice's volunteers: a few clips each, each on a microphone of their own) are measured against
+the clips of all such small speakers together, not against a pool the few big readers dominate (their
+microphones and voices are not a small speaker's); only when the small speakers together have fewer
+than MIN_CLIPS_PER_SPEAKER clips, against everyone's. Each clip's report line says which it was. Scoring is one clip at a time (bounded memory, a stop request
 honoured between clips) and seeded (the posterior is a sample), so the same model gives the same costs.
 """
 
@@ -40,6 +43,10 @@ class ClipCost:
     cost: float  # alignment cost: KL per frame between the aligned prior and the posterior
     z: float = 0.0
     flagged: bool = False
+    judged_against: str = ""  # OWN, SMALL or EVERYONE: whose costs its z is measured in
+
+
+OWN, SMALL, EVERYONE = "own clips", "small speakers' clips", "all clips"
 
 
 @torch.no_grad()
@@ -67,24 +74,46 @@ def robust_z(values: np.ndarray, reference: np.ndarray) -> np.ndarray:
 
 
 def flag_outliers(costs: list[ClipCost], max_z: float) -> list[ClipCost]:
-    """Each clip's z within its speaker (or among all, for a speaker with few clips); flagged above max_z."""
-    everyone = np.array([c.cost for c in costs if np.isfinite(c.cost)]) if costs else np.array([0.0])
-    for speaker in {c.speaker for c in costs}:
-        mine = [c for c in costs if c.speaker == speaker]
-        finite = np.array([c.cost for c in mine if np.isfinite(c.cost)])
-        reference = finite if len(finite) >= MIN_CLIPS_PER_SPEAKER else everyone
+    """Each clip's z within its speaker (or, for a speaker with few clips, among the small speakers' clips,
+    or all clips: see the module docstring); flagged above max_z. Worst first."""
+    def finite(clips: list[ClipCost]) -> np.ndarray:
+        return np.array([c.cost for c in clips if np.isfinite(c.cost)])
+
+    by_speaker = {speaker: [c for c in costs if c.speaker == speaker] for speaker in {c.speaker for c in costs}}
+    small = [c for clips in by_speaker.values() if len(finite(clips)) < MIN_CLIPS_PER_SPEAKER for c in clips]
+    pools = {OWN: None, SMALL: finite(small), EVERYONE: finite(costs)}
+    for speaker, mine in by_speaker.items():
+        if len(finite(mine)) >= MIN_CLIPS_PER_SPEAKER:
+            against, reference = OWN, finite(mine)
+        elif len(pools[SMALL]) >= MIN_CLIPS_PER_SPEAKER:
+            against, reference = SMALL, pools[SMALL]
+        else:
+            against, reference = EVERYONE, pools[EVERYONE]
         scores = robust_z(np.array([c.cost if np.isfinite(c.cost) else np.inf for c in mine]),
                           reference if len(reference) else np.array([0.0]))
         for clip, z in zip(mine, scores):
-            clip.z = float(z)
-            clip.flagged = bool(z > max_z)
+            clip.z, clip.flagged, clip.judged_against = float(z), bool(z > max_z), against
     return sorted(costs, key=lambda c: -c.z)
+
+
+def how_judged(costs: list[ClipCost]) -> str:
+    """One line: how many speakers (and clips) were measured against their own clips, and how the small ones were."""
+    speakers = {against: {c.speaker for c in costs if c.judged_against == against} for against in (OWN, SMALL, EVERYONE)}
+    clips = {against: sum(c.judged_against == against for c in costs) for against in speakers}
+    parts = [f"{len(speakers[OWN])} speaker(s) against their own clips ({clips[OWN]} clips)"] if speakers[OWN] else []
+    if speakers[SMALL]:
+        parts.append(f"{len(speakers[SMALL])} speaker(s) with fewer than {MIN_CLIPS_PER_SPEAKER} clips against the "
+                     f"{clips[SMALL]} clips of all such speakers together")
+    if speakers[EVERYONE]:
+        parts.append(f"{len(speakers[EVERYONE])} speaker(s) with fewer than {MIN_CLIPS_PER_SPEAKER} clips against all "
+                     f"{len(costs)} clips (the small speakers together have too few to compare with)")
+    return "; ".join(parts)
 
 
 def write_report(data_dir: Path, costs: list[ClipCost]) -> Path:
     path = data_dir / REPORT_NAME
-    lines = ["id,speaker,alignment_cost,z,flagged"] + [
-        f"{c.item_id},{c.speaker},{c.cost:.4f},{c.z:.2f},{int(c.flagged)}" for c in costs]
+    lines = ["id,speaker,alignment_cost,z,flagged,judged_against"] + [
+        f"{c.item_id},{c.speaker},{c.cost:.4f},{c.z:.2f},{int(c.flagged)},{c.judged_against}" for c in costs]
     write_text_atomic(path, "\n".join(lines) + "\n")
     return path
 

@@ -147,6 +147,7 @@ class TrainingLoop:
         except StopRequested:
             return self.stop_cleanly()
         finally:
+            self.feed.close()  # the data loader's workers, if any, end here, inside the budget
             run_log.close()
 
     @property
@@ -195,7 +196,7 @@ class TrainingLoop:
             self.step.set_learning_rates(0.0, self.settings.warmup.learning_rate * self.state.setbacks.lr_scale)
             accumulated = self.windows.accumulate(pacer, generator=False)
             outcome = self.windows.update(accumulated, pacer)
-            self.count_samples(accumulated.window.used, outcome.epoch_ended)
+            self.count_samples(accumulated.window.clips, outcome.epoch_ended)
             reached = warmup.record(outcome, self.context.now() - started)
             failure = self.after_failure(outcome, f"discriminator warm-up step {progress.done}")
             if failure:
@@ -337,8 +338,8 @@ class TrainingLoop:
             elapsed = self.context.now() - started
             self.train_s += elapsed
             self.last_lr, self.state.step = lr, number
-            self.count_samples(used, epoch_ended)
-            self.report_step(outcome, lr, used * self.fitter.micro_batch / max(elapsed, 1e-9), used)
+            self.count_samples(accumulated.window.clips, epoch_ended)
+            self.report_step(outcome, lr, accumulated.window.clips / max(elapsed, 1e-9), used)
             profile.end_step()
             return outcome
         finally:
@@ -356,8 +357,9 @@ class TrainingLoop:
             self.write_plan()
         return True
 
-    def count_samples(self, micro_batches: int, epoch_ended: bool) -> None:
-        self.state.samples_seen += micro_batches * self.fitter.micro_batch
+    def count_samples(self, clips: int, epoch_ended: bool) -> None:
+        """The clips a step used (a cut or short micro-batch counts the clips it had), and the epoch."""
+        self.state.samples_seen += clips
         if epoch_ended:
             self.state.epoch += 1
 

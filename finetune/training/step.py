@@ -9,7 +9,9 @@ In a new discriminator's warm-up, the discriminator trains alone: step 1 is cut 
 (posterior encoder -> random segment -> decoder, no gradients: no text encoder, flow, alignment search
 or duration loss) and step 3 is left out; the generator does not change.
 Micro-batches come one at a time (accumulate_window): the loop may end a window early at the deadline
-or an epoch's end, and the gradients are then rescaled to the mean over the micro-batches used. A CUDA
+or an epoch's end, or cut its last micro-batch to the clips that fit. Each clip weighs the same: a
+micro-batch's mean loss counts in proportion to its clips, and the gradients are the mean over every clip
+the window used (so a micro-batch cut to 2 of 8 clips does not weigh each of them 4 times). A CUDA
 out-of-memory error inside a window drops that window (counted, logged with the batch shape and the
 flags that help) and training goes on.
 
@@ -52,7 +54,6 @@ from finetune.vits.objective import (GeneratorLosses, generated_segments, genera
 from finetune.system.profile import section
 
 ADAM_BETAS = (0.8, 0.99)  # original VITS
-ADAM_EPS = 1e-9
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,8 @@ class StepSettings:
     max_grad_norm: float = 10.0  # clip each model's gradient norm to this (0: no clipping)
     segment_frames: int = 32  # 32 frames x 256 = 8192 samples, as in VITS
     weight_decay: float = 0.01  # AdamW's default
+    adam_eps: float = 1e-9  # original VITS
+    discriminator_loss_weight: float = 1.0  # the discriminator's loss is scaled by this before its backward
 
 
 @dataclass
@@ -135,9 +138,10 @@ class StepResult:
 class Window:
     """Gradients of one accumulation window, summed into the parameters' .grad, not yet applied."""
 
-    totals: dict[str, torch.Tensor]  # loss terms, averaged over the micro-batches used
+    totals: dict[str, torch.Tensor]  # loss terms, averaged over the clips used
     used: int  # micro-batches run
     planned: int  # micro-batches the window was meant to have
+    clips: int = 0  # clips in the micro-batches run (fewer than used x the micro-batch when one was cut or short)
     generator: bool = True  # False: only the discriminator learned (its gradients alone are set)
     oom: str = ""  # set when it ran out of GPU memory: what it was running
 
@@ -155,9 +159,9 @@ class TrainStep:
         dist.broadcast_module(discriminator)
         self.generator_params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer_g = torch.optim.AdamW(self.generator_params, lr=settings.learning_rate, betas=ADAM_BETAS,
-                                             eps=ADAM_EPS, weight_decay=settings.weight_decay)
+                                             eps=settings.adam_eps, weight_decay=settings.weight_decay)
         self.optimizer_d = torch.optim.AdamW(discriminator.parameters(), lr=settings.discriminator_learning_rate,
-                                             betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=settings.weight_decay)
+                                             betas=ADAM_BETAS, eps=settings.adam_eps, weight_decay=settings.weight_decay)
         self.scaler_g = torch.amp.GradScaler(device.type, enabled=precision.uses_scaler)
         self.scaler_d = torch.amp.GradScaler(device.type, enabled=precision.uses_scaler)
         self.nonfinite_skips = 0
@@ -239,7 +243,7 @@ class TrainStep:
             scores, features = self.discriminator(torch.cat([real_audio, generated_audio.detach()]))
         real_scores, fake_scores = [s[:size].float() for s in scores], [s[size:].float() for s in scores]
         d_loss = discriminator_loss(real_scores, fake_scores)
-        self.scaler_d.scale(d_loss * scale).backward()
+        self.scaler_d.scale(d_loss * (scale * self.settings.discriminator_loss_weight)).backward()
         margin = torch.stack([r.mean() - f.mean() for r, f in zip(real_scores, fake_scores)]).mean()
         real_features = [[f[:size].detach() for f in fs] for fs in features] if keep_real_features else None
         return d_loss, margin, real_features
@@ -254,21 +258,24 @@ class TrainStep:
         return g_losses
 
     def accumulate_window(self, micro_batches: Iterable[tuple[Batch, bool]], planned: int,
-                          generator: bool = True) -> Window:
+                          generator: bool = True, clips_per_micro_batch: int = 0) -> Window:
         """Forward and backward over the micro-batches of one optimizer step, as they come: (batch, whether
-        it is the window's last). `planned` is the window's full size; when fewer come (an epoch's end, a
-        window cut short at the deadline), gradients and losses are rescaled to the mean over those used.
+        it is the window's last). `planned` is the window's full size, `clips_per_micro_batch` a whole
+        micro-batch's clips (0: the first one's); each micro-batch counts by its clips, and when fewer come
+        (an epoch's end, a window cut short at the deadline, a last micro-batch cut to the clips that fit),
+        gradients and losses are rescaled to the mean over the clips used.
         Out of GPU memory: the window is dropped (`oom` says on what); in a data-parallel run every process
         learns it (one collective at the window's end) and drops its window too. A process that ran out
         still takes its remaining micro-batches from `micro_batches` (without computing them): each
         process's data position, and the collectives the loop makes per micro-batch, stay in step.
         Any other exception (a stop request, for one) clears the gradients before it propagates."""
-        scale = 1.0 / planned
         totals: dict[str, torch.Tensor] = {}
-        used, longest, widest, oom = 0, 0, 0, ""
+        used, clips, longest, widest, oom = 0, 0, 0, 0, ""
         try:
             for batch, _last in micro_batches:
-                used += 1
+                used, clips = used + 1, clips + len(batch)
+                clips_per_micro_batch = clips_per_micro_batch or len(batch)
+                scale = len(batch) / (planned * clips_per_micro_batch)  # its share of a whole window's clips
                 longest, widest = max(longest, int(batch.frame_lengths.max())), max(widest, len(batch))
                 if oom:
                     continue
@@ -287,10 +294,11 @@ class TrainStep:
             self.zero_grad()
             oom = "another process's share of this window"
         if oom:
-            return Window(totals={}, used=used, planned=planned, generator=generator, oom=oom)
-        if 0 < used < planned:
-            self._rescale(planned / used, totals)
-        return Window(totals=totals, used=used, planned=planned, generator=generator)
+            return Window(totals={}, used=used, planned=planned, clips=clips, generator=generator, oom=oom)
+        whole = planned * clips_per_micro_batch
+        if 0 < clips != whole:  # the weights summed to clips / whole: back to a mean over the clips used
+            self._rescale(whole / clips, totals)
+        return Window(totals=totals, used=used, planned=planned, clips=clips, generator=generator)
 
     def _rescale(self, factor: float, totals: dict[str, torch.Tensor]) -> None:
         for param in [*self.generator_params, *self.discriminator.parameters()]:

@@ -103,7 +103,8 @@ class WindowRunner:
         """Forward and backward over a window (generator False: the discriminator's alone)."""
         self.mark_boundary()
         micro_batches = MicroBatches(self, pacer)
-        window = self.step.accumulate_window(micro_batches, pacer.timer.accumulation, generator)
+        whole = pacer.timer.clips if pacer.timer.clips > 1 else 0  # 0: a whole micro-batch is the first one's size
+        window = self.step.accumulate_window(micro_batches, pacer.timer.accumulation, generator, whole)
         return Accumulated(window, micro_batches.epoch_ended, micro_batches.cut_to)
 
     def update(self, accumulated: Accumulated, pacer: Pacer, last: bool = False) -> StepOutcome:
