@@ -16,6 +16,7 @@ import torch
 from finetune.cli import ConfigError
 from finetune.data.features import FeatureConfig, Features
 from finetune.reporting.logs import Metrics
+from finetune.reporting.model_card import licence_sentence
 from finetune.reporting.run_log import RunLog
 from finetune.reporting.tracking import Tracker
 from finetune.settings import TrainingFlags
@@ -79,7 +80,8 @@ def train_step(flags: TrainingFlags, run: Run, model, discriminator, features: F
     weights = LossWeights(mel=flags.mel_loss_weight, kl=flags.kl_loss_weight, duration=flags.duration_loss_weight,
                           adversarial=flags.adversarial_loss_weight, feature_matching=flags.feature_matching_loss_weight)
     settings = StepSettings(learning_rate=flags.learning_rate, discriminator_learning_rate=flags.discriminator_learning_rate,
-                            max_grad_norm=flags.max_grad_norm)
+                            max_grad_norm=flags.max_grad_norm, adam_eps=flags.adam_eps,
+                            discriminator_loss_weight=flags.discriminator_loss_weight)
     return TrainStep(model, discriminator, features, weights, settings, run.precision, run.device, run.dist)
 
 
@@ -137,6 +139,9 @@ def build_loop(flags: TrainingFlags, run: Run, start: StartingPoint, data: Train
                                        reserve_after_s=choices.reserve_after_s)
     log = run_log(flags, run, choices.title, start.features.config.sample_rate, choices.tracker,
                   best_dir=choices.paths.best_dir)
+    if saves.card is not None:  # the base model's licence, which every voice made from it inherits: said at the start
+        log.event("licence", licence=saves.card.licence, note=saves.card.licence_note, base_model=saves.card.base_model)
+        run.logger.info(licence_sentence(saves.card))
     context = LoopContext(run.budget, run.dist, run.stop, log, choices.paths, run.resume_path)
     parts = TrainingParts(step, start.tokenizer, data.examples, data.sampler, evaluator, start.frozen_parts)
     return TrainingLoop(parts, context, settings, state, plan, saves, step_callback)

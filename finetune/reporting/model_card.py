@@ -48,15 +48,30 @@ def _front_matter(folder: Path) -> dict[str, str]:
     return {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in header.splitlines()) if _}
 
 
+def _config_licence(folder: Path) -> dict[str, str]:
+    """{"license": ...} from a model folder's config.json when it names one, else {}."""
+    import json
+
+    path = folder / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+    licence = config.get("license") or config.get("licence")
+    return {"license": str(licence)} if licence else {}
+
+
 def card_facts(base_model: str, data_hours: float, data_clips: int, script: str = "train_vits.py") -> CardFacts:
     """Language and licence of a voice trained from `base_model` (see the module docstring)."""
     mms = MMS_ID.search(base_model.rstrip("/"))
     local = Path(base_model).is_dir()
     inherited = _front_matter(Path(base_model)) if local else {}
+    if local and not inherited.get("license"):  # a folder without this tool's card: its config.json may say
+        inherited = {**inherited, **_config_licence(Path(base_model))}
     hub = inherited.get("base_model", "") if local else "" if base_model.startswith("scratch") else base_model
     if inherited.get("license"):
         licence, note = inherited["license"], f"inherited from {base_model}"
-        language = inherited.get("language", "unknown")
+        language = inherited.get("language") or (mms.group("language") if mms else "unknown")  # a hub card has none
     elif mms:
         licence, language = MMS_LICENCE, mms.group("language")
         note = ("Meta's MMS-TTS checkpoints are released under CC-BY-NC 4.0, and a voice fine-tuned from one keeps "
@@ -68,6 +83,11 @@ def card_facts(base_model: str, data_hours: float, data_clips: int, script: str 
         licence, language = "unknown", "unknown"
         note = f"check the licence of the base model ({base_model}): a fine-tuned voice inherits it"
     return CardFacts(base_model, hub, language, licence, note, round(data_hours, 3), data_clips, script)
+
+
+def licence_sentence(facts: CardFacts) -> str:
+    """One plain sentence for the log and the report: the licence the voice inherits."""
+    return f"licence: {facts.licence} ({facts.licence_note}); the voice made in this run inherits it"
 
 
 def _figures(evaluation: dict | None) -> str:
@@ -103,7 +123,8 @@ def _tempo(evaluation: dict) -> str:
             f"| noise_scale_duration | {own['noise_scale_duration']:g} | {fit['noise_scale_duration']:g} |\n"
             f"| noise_scale | {own['noise_scale']:g} | {fit['noise_scale']:g} (kept: it varies the timbre, not the length) |\n\n"
             f"Median length of one request x{before['length_ratio']:.2f} -> x{after['length_ratio']:.2f} the recordings'; "
-            f"variation between requests x{before['draw_spread']:.2f} -> x{after['draw_spread']:.2f}."
+            f"variation between requests x{before['draw_spread']:.2f} -> x{after['draw_spread']:.2f} (after: measured on "
+            f"{fit.get('after_measured_on', 'the clips it was fitted on')})."
             + (f" Note: {fit['note']}." if fit.get("note") else "")
             + " To speak with the model's own settings, set them back in config.json (or train with "
             "--inference_settings model).")

@@ -155,7 +155,8 @@ def _tempo_fit(best: dict) -> str:
             f"{fit['noise_scale_duration']:g} (the model's own: {own['speaking_rate']:g}, {own['noise_scale_duration']:g}), "
             f"fitted on {fit['clips']} held-out recordings: one request's median length x{before['length_ratio']:.2f} -> "
             f"x{after['length_ratio']:.2f} the recordings', variation between requests x{before['draw_spread']:.2f} -> "
-            f"x{after['draw_spread']:.2f}{html.escape('; ' + fit['note'] if fit.get('note') else '')}.</p>")
+            f"x{after['draw_spread']:.2f} (after: on {html.escape(fit.get('after_measured_on', 'the clips it was fitted on'))})"
+            f"{html.escape('; ' + fit['note'] if fit.get('note') else '')}.</p>")
 
 
 def _naturalness_text(best: dict) -> str:
@@ -177,6 +178,15 @@ def _skipped(records: list[dict]) -> str:
             f"</p><ul>{items}</ul>")
 
 
+def _licence(records: list[dict]) -> str:
+    """The base model's licence, which the voice inherits (from the run's "licence" record)."""
+    record = next((r for r in reversed(records) if r.get("kind") == "licence"), None)
+    if record is None:
+        return ""
+    return (f"<p><b>Licence: {html.escape(record['licence'])}</b>. {html.escape(record['note'])}: the voice made in "
+            f"this run, fine-tuned from {html.escape(record['base_model'])}, inherits it.</p>")
+
+
 def write_report(run_dir: Path, title: str, max_length_ratio: float = 1.25, best_dir: Path | None = None) -> Path:
     """Draw the plots and write RUN_DIR/report.html (the best model in `best_dir`, by default
     RUN_DIR/best_model); returns its path."""
@@ -193,7 +203,7 @@ def write_report(run_dir: Path, title: str, max_length_ratio: float = 1.25, best
 <style>body{{font-family:sans-serif;max-width:980px;margin:2em auto;color:#222}}img{{max-width:100%}}
 figure{{margin:1em 0}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:2px 8px;text-align:right}}
 td:first-child{{text-align:left}}</style></head><body>
-<h1>{html.escape(title)}</h1>{summary}{_skipped(records)}
+<h1>{html.escape(title)}</h1>{summary}{_licence(records)}{_skipped(records)}
 <h2>Figures</h2>{images}
 <h2>Best model, per held-out clip</h2>{_clip_table(best_dir or run_dir / "best_model")}
 <h2>Listen</h2>{_audio(run_dir, evals[-1]["step"] if evals else None, "Latest evaluation")}
