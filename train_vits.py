@@ -24,7 +24,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from finetune.cli import ConfigError, config_to_dict, flag, given_flags, lazy_modules, parse_config, run_script
+from finetune.cli import (ConfigError, config_to_dict, exit_process, flag, given_flags, lazy_modules, parse_config,
+                          run_script)
 from finetune.settings import TrainingFlags
 from finetune.system.run_lock import hold_for_launch
 
@@ -59,6 +60,8 @@ class TrainConfig(TrainingFlags):
     early_stopping_patience: int = flag(0, "stop after N evaluations without a better score (0: never)")
     discriminator: str | None = flag(None, "discriminator to start from: this tool's discriminator.pt or an original VITS D_*.pth")
     discriminator_periods: list[int] = flag([2, 3, 5, 7, 11], "periods of a new discriminator's period discriminators")
+    discriminator_scales: int = flag(1, "scale discriminators of a new discriminator (1: standard VITS; 0: the period "
+                                        "ones alone)")
     keep_checkpoints: int = flag(3, "checkpoints kept in --checkpoint_dir (older ones are deleted)")
     checkpoint_every_minutes: float = flag(30.0, "also checkpoint this often inside an epoch (minutes)")
     test_sentences: str | None = flag(None, "text file, one sentence a line, synthesised at each evaluation "
@@ -95,6 +98,9 @@ class TrainConfig(TrainingFlags):
         from finetune.reporting.tracking import check_trackers
 
         problems += check_trackers(self.report_to)
+        if self.discriminator_scales < 0 or (self.discriminator_scales == 0 and not self.discriminator_periods):
+            problems.append(f"--discriminator_scales {self.discriminator_scales}: 0 or more, and 0 only with "
+                            "--discriminator_periods (a discriminator needs at least one part)")
         if self.discriminator and not Path(self.discriminator).is_file():
             problems.append(f"--discriminator {self.discriminator}: no such file")
         if self.test_sentences and not Path(self.test_sentences).is_file():
@@ -311,6 +317,7 @@ def build_loop(config: TrainConfig, run: recipe.Run, model: Model, data: Data, s
     held-out evaluation, its checkpoints and trackers, what its saves carry; recipe.build_loop does the rest."""
     loaded, features = model.loaded, model.features
     choice = session.build_discriminator(config.discriminator, config.discriminator_width, config.discriminator_periods,
+                                         config.discriminator_scales,
                                          run.payload, loaded.pretrained, config.discriminator_warmup_steps)
     run.logger.info(choice.description)
     # The target's own clips (each once: --target_share repeats them), for want of held-out ones.
@@ -471,4 +478,4 @@ def push(config: TrainConfig, run: recipe.Run) -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(run_script(main))
+    exit_process(run_script(main))  # no interpreter teardown after the budget's last line (finetune/cli.py)

@@ -52,6 +52,8 @@ class TrainingFlags:
     adversarial_loss_weight: float = flag(1.0, "weight of the generator's adversarial loss")
     feature_matching_loss_weight: float = flag(1.0, "weight of the feature-matching loss")
     max_grad_norm: float = flag(10.0, "clip each model's gradient norm to this (0: no clipping)")
+    discriminator_loss_weight: float = flag(1.0, "weight of the discriminator's own loss (finetune-hf-vits: 3)")
+    adam_eps: float = flag(1e-9, "AdamW's epsilon, both optimizers (original VITS: 1e-9; finetune-hf-vits: 1e-8)")
     log_every_seconds: float = flag(30.0, "seconds between progress lines")
     profile: bool = flag(False, "exact step profile: synchronise the GPU at each section (slower steps)")
     device: str = flag("auto", "cuda, cuda:N, cpu, or auto")
@@ -66,7 +68,7 @@ class TrainingFlags:
         """Every problem with the shared flags, each naming its flag; a recipe adds its own to the list."""
         positive = {name: getattr(self, name) for name in (
             "batch_size", "gradient_accumulation_steps", "learning_rate", "val_samples", "discriminator_width",
-            "log_every_seconds", "discriminator_warmup_learning_rate")}
+            "log_every_seconds", "discriminator_warmup_learning_rate", "discriminator_loss_weight", "adam_eps")}
         problems = [f"--{k} {v}: must be positive" for k, v in positive.items() if v <= 0]
         non_negative = {name: getattr(self, name) for name in (
             "warmup_steps", "val_every", "max_epochs", "discriminator_learning_rate", "benchmark_samples",

@@ -132,7 +132,7 @@ class DiscriminatorChoice:
     warmup_steps: int  # steps before its gradients reach the generator
 
 
-def build_discriminator(path: str | None, width: float, periods: list[int] | None, payload: dict | None,
+def build_discriminator(path: str | None, width: float, periods: list[int] | None, scales: int, payload: dict | None,
                         generator_pretrained: bool, warmup_steps: int) -> DiscriminatorChoice:
     """From the checkpoint when resuming; else loaded from --discriminator; else new (`periods` None: the
     standard VITS ones). A new
@@ -150,7 +150,7 @@ def build_discriminator(path: str | None, width: float, periods: list[int] | Non
         loaded = load_discriminator(path)
         size = parameter_count(loaded.discriminator) / 1e6
         return DiscriminatorChoice(loaded.discriminator, f"discriminator loaded from {loaded.source}, {size:.1f}M parameters", 0)
-    config = DiscriminatorConfig(width=width) if periods is None else DiscriminatorConfig(periods=tuple(periods), width=width)
+    config = DiscriminatorConfig(width=width, scales=scales, **({} if periods is None else {"periods": tuple(periods)}))
     discriminator = Discriminator(config)
     size = parameter_count(discriminator) / 1e6
     warmup = warmup_steps if generator_pretrained else 0

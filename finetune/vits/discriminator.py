@@ -6,7 +6,8 @@ discriminator first), so an original `D_*.pth` loads after renaming its weight-n
 (`weight_g`/`weight_v` -> `parametrizations.weight.original0/1`). The size is configurable: `width`
 scales every channel count (1.0 is the standard 46.7M parameters, which on a CPU with a tiny generator
 is nearly all of a step's time); extra `scales` add HiFi-GAN-style discriminators on average-pooled
-audio, after the original ones so the original layout stays intact.
+audio, after the original ones so the original layout stays intact; `scales` 0 leaves the period
+discriminators alone (a layout finetune-hf-vits can also hold at any width, for a side-by-side start).
 """
 
 from __future__ import annotations
@@ -34,7 +35,12 @@ SCALE_STRIDES = (1, 4, 4, 4, 4, 1)
 class DiscriminatorConfig:
     periods: tuple[int, ...] = (2, 3, 5, 7, 11)
     width: float = 1.0  # channel multiplier; 1.0 = original VITS (46.7M parameters)
-    scales: int = 1  # scale discriminators; 1 = original VITS, more add pooled-audio ones
+    scales: int = 1  # scale discriminators; 1 = original VITS, more add pooled-audio ones, 0 = periods alone
+
+    def __post_init__(self):
+        if self.scales < 0 or (self.scales == 0 and not self.periods):
+            raise ValueError(f"a discriminator needs at least one sub-discriminator: scales {self.scales}, "
+                             f"periods {list(self.periods)}")
 
     def to_dict(self) -> dict:
         return {**asdict(self), "periods": list(self.periods)}
@@ -103,12 +109,12 @@ class Discriminator(nn.Module):
     def __init__(self, config: DiscriminatorConfig = DiscriminatorConfig()):
         super().__init__()
         self.config = config
-        subs: list[nn.Module] = [ScaleDiscriminator(config.width)]
+        subs: list[nn.Module] = [ScaleDiscriminator(config.width)] if config.scales >= 1 else []
         subs += [PeriodDiscriminator(p, config.width) for p in config.periods]
         subs += [ScaleDiscriminator(config.width) for _ in range(config.scales - 1)]
         self.discriminators = nn.ModuleList(subs)
         self.pool = nn.AvgPool1d(4, 2, padding=2)
-        self.first_extra_scale = 1 + len(config.periods)
+        self.first_extra_scale = min(1, config.scales) + len(config.periods)
 
     def forward(self, audio: torch.Tensor) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
         scores, features = [], []
@@ -133,6 +139,17 @@ def save_discriminator(discriminator: Discriminator, path: str | Path) -> None:
     """Our format: {"format", "version", "config", "state_dict"} (written by the caller atomically)."""
     torch.save({"format": FORMAT_NAME, "version": 1, "config": discriminator.config.to_dict(),
                 "state_dict": discriminator.state_dict()}, str(path))
+
+
+def to_original_layout(discriminator: Discriminator) -> dict[str, torch.Tensor]:
+    """Our weights under the original VITS key names (old-style weight norm: weight_g, weight_v), as an
+    original D_*.pth's "model" holds them."""
+    renamed = {}
+    for key, value in discriminator.state_dict().items():
+        key = key.replace("parametrizations.weight.original0", "weight_g").replace("parametrizations.weight.original1",
+                                                                                  "weight_v")
+        renamed[key] = value
+    return renamed
 
 
 def from_original_layout(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
