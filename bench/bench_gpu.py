@@ -3,6 +3,7 @@
 
     .venv/bin/python bench/bench_gpu.py                   # on a CUDA machine: all parts, about 5-10 minutes
     .venv/bin/python bench/bench_gpu.py --smoke           # on the CPU, tiny model, seconds: the code path only
+    .venv/bin/python bench/bench_gpu.py --parts flops     # the FLOP count and the cards' limits, CPU or GPU
 
 Parts (each a table, ready for bench/RESULTS.md, and a JSON file with the same figures):
   step     MMS-size training step (scratch:mms generator, 36M; standard discriminator, 46.7M) in fp32,
@@ -15,9 +16,14 @@ Parts (each a table, ready for bench/RESULTS.md, and a JSON file with the same f
   data     the share of step time spent waiting for data with pinned memory and 0, 2, 4 loader workers
   compile  torch.compile of the discriminator and the generator's decoder, on and off (fp16, micro-batch 8)
   torchrun with 2 or more GPUs, a short train_vits.py run under torchrun (NCCL) on the demo corpus
+  flops    the floating-point operations of one training step per clip of --clip_seconds (generator and
+           discriminator, forward and backward: torch.utils.flop_counter, which counts matrix products and
+           convolutions), and the clips a second each card's tensor peak (PEAK_TFLOPS) would allow; runs on a
+           CPU too. On a GPU named in PEAK_TFLOPS, the step part's rows say what fraction of its peak they reach
 
 Data is synthetic (random tokens, noise-and-tone audio of fixed length): step cost depends on lengths, not
-on content. On a machine without CUDA (and without --smoke) it says so in one line and exits 0.
+on content. On a machine without CUDA (and without --smoke or --parts flops alone) it says so in one line and
+exits 0.
 
 It runs to its end whatever fails: each part on its own (one that raises is recorded as failed, with the
 error, and the next part runs), the JSON rewritten after each part, and a configuration that does not fit
@@ -56,6 +62,11 @@ from finetune.vits.generator import hop_length, ready_for_training, scratch_gene
 from finetune.vits.losses import LossWeights  # noqa: E402
 
 PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+# Dense fp16/bf16 tensor-core peaks (TFLOPS) from the vendors' sheets, with FP32 accumulation (what PyTorch's
+# autocast matrix products use). RTX 2070: 288 tensor cores x 64 FMA (128 FLOP) a clock x 1.62 GHz boost
+# (reference card) = 59.7 TFLOPS with FP16 accumulation; GeForce Turing runs FP32 accumulation at half that
+# rate. H100: NVIDIA's H100 datasheet, dense (without sparsity). Spec-sheet ceilings, never reached in practice.
+PEAK_TFLOPS = {"RTX 2070": 29.9, "H100 SXM": 989.4, "H100 80GB HBM3": 989.4, "H100 PCIe": 756.0, "H200": 989.4}
 LETTERS = list("abcçdeêfghiîjklmnopqrsştuûvwxyz '-")
 CHARACTERS_PER_SECOND = 14  # read speech, about; MMS puts a blank between characters (2n + 1 tokens)
 SAMPLE_RATE = 16_000
@@ -79,6 +90,7 @@ class Setup:
     compile: bool
     torchrun_target_hours: float
     parts: list[str] = field(default_factory=list)
+    flops_per_clip: float | None = None  # counted by the flops part, when it ran
 
 
 # ---------------------------------------------------------------- models and data
@@ -181,6 +193,9 @@ def part_step(setup: Setup) -> list[dict]:
                 row.update(step_s=round(step_s, 4), clips_per_s=round(micro_batch / step_s, 2),
                            peak_allocated_gib=allocated and round(allocated, 2),
                            peak_reserved_gib=reserved and round(reserved, 2))
+                peak = card_peak(setup.device)
+                if peak and setup.flops_per_clip and precision != "fp32":
+                    row["of_tensor_peak"] = round(micro_batch / step_s * setup.flops_per_clip / (peak[1] * 1e12), 4)
             except DoesNotFit as error:
                 row.update(out_of_memory=str(error))
             rows.append(row)
@@ -310,7 +325,54 @@ def part_torchrun(setup: Setup) -> list[dict]:
         return [row]
 
 
-PARTS = {"step": part_step, "fit": part_fit, "data": part_data, "compile": part_compile, "torchrun": part_torchrun}
+def flops_per_clip(setup: Setup, clip_seconds: float) -> dict:
+    """FLOPs of one training step (both updates, forward and backward) on one clip, counted by
+    torch.utils.flop_counter in fp32 on the setup's device (a count, not a timing: precision does not change
+    it), split by model."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    step, hop = build_step(setup, "fp32")
+    batch = host_batches(synthetic_examples(1, clip_seconds, hop, seed=5), 1, hop, setup.device)[0].to(setup.device)
+    run_step(step, batch)  # the first step builds what is built once (optimizer states)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        run_step(step, batch)
+    by_module = counter.get_flop_counts()  # keys: module paths, e.g. "GeneratorObjective.model.decoder"
+    parts = {name for name, _ in step.model.named_children()}
+    generator = sum(sum(counts.values()) for key, counts in by_module.items()
+                    if key.split(".")[-1] in parts and key.split(".")[-2:-1] == ["model"])
+    total = counter.get_total_flops()
+    del step
+    release()
+    return {"total": total, "generator": generator, "discriminator": total - generator}
+
+
+def card_peak(device: torch.device) -> tuple[str, float] | None:
+    """The PEAK_TFLOPS entry of this CUDA card, if it is named there."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next(((card, peak) for card, peak in PEAK_TFLOPS.items() if card in name), None)
+
+
+def part_flops(setup: Setup) -> list[dict]:
+    counted = flops_per_clip(setup, setup.clip_seconds)
+    here = card_peak(setup.device)
+    shown = ["RTX 2070", "H100 SXM", "H100 PCIe"]  # the user's card and the lent one (the other names match it)
+    cards = {card: PEAK_TFLOPS[card] for card in ([here[0]] if here else []) + shown}
+    rows = []
+    for card, peak in cards.items():
+        rows.append({"card": card, "peak_tflops": peak, "clip_s": setup.clip_seconds,
+                     "gflops_per_clip": round(counted["total"] / 1e9, 1),
+                     "generator_gflops": round(counted["generator"] / 1e9, 1),  # its modules, forward and backward
+                     "discriminator_gflops": round(counted["discriminator"] / 1e9, 1),  # and the rest (mels)
+                     "clips_per_s_at_peak": round(peak * 1e12 / counted["total"], 1)})
+        print(f"  flops {rows[-1]}", flush=True)
+    setup.flops_per_clip = counted["total"]
+    return rows
+
+
+PARTS = {"flops": part_flops, "step": part_step, "fit": part_fit, "data": part_data, "compile": part_compile, "torchrun": part_torchrun}
 
 
 # ---------------------------------------------------------------- report
@@ -329,8 +391,10 @@ def table(rows: list[dict], columns: list[str]) -> str:
 
 
 def markdown(results: dict) -> str:
-    columns = {"step": ["precision", "micro_batch", "clip_s", "step_s", "clips_per_s", "peak_allocated_gib",
-                        "peak_reserved_gib", "out_of_memory"],
+    columns = {"flops": ["card", "peak_tflops", "clip_s", "gflops_per_clip", "generator_gflops",
+                         "discriminator_gflops", "clips_per_s_at_peak"],
+               "step": ["precision", "micro_batch", "clip_s", "step_s", "clips_per_s", "of_tensor_peak",
+                        "peak_allocated_gib", "peak_reserved_gib", "out_of_memory"],
                "fit": ["precision", "memory_limit_gib", "clip_s", "largest_micro_batch", "peak_reserved_gib",
                        "first_failure"],
                "data": ["workers", "pinned", "micro_batch", "precision", "data_wait_share", "step_s"],
@@ -371,7 +435,8 @@ def setup_for(args: argparse.Namespace) -> Setup:
                      fit_sizes=[1, 2], fit_precisions=["fp32"], memory_limit_gib=0.0, workers=[0, 2], compile=False,
                      torchrun_target_hours=args.torchrun_target_hours,
                      parts=[p for p in args.parts if p != "compile"])  # compiling on a CPU takes minutes
-    return Setup(device=torch.device("cuda", torch.cuda.current_device()), size="mms", discriminator_width=1.0, micro_batches=[4, 8, 16],
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    return Setup(device=device, size="mms", discriminator_width=1.0, micro_batches=[4, 8, 16],
                  precisions=list(PRECISIONS), clip_seconds=args.clip_seconds, max_seconds=args.max_seconds,
                  steps=args.steps, burn_in=args.burn_in, fit_sizes=[1, 2, 3, 4, 6, 8, 12, 16, 24, 32],
                  fit_precisions=["fp16", "fp32"], memory_limit_gib=args.memory_limit_gib, workers=[0, 2, 4],
@@ -392,7 +457,7 @@ def run_part(name: str, setup: Setup) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    if not args.smoke and not torch.cuda.is_available():
+    if not args.smoke and not torch.cuda.is_available() and args.parts != ["flops"]:
         print(f"bench_gpu.py: no CUDA device on this machine ({describe()}): nothing measured; run it where a GPU "
               "is (--smoke runs its code path on the CPU)")
         return 0

@@ -17,12 +17,14 @@ from tests.conftest import REPO
 # train_vits.py end by their epochs, inside budgets with room for a machine 3x slower beside busy processes:
 # no smoke test depends on how fast the machine is.
 SMOKE = {
+    "bench_corrections.py": ["--smoke"],
     "bench_deadline.py": ["--smoke", "--data_dir", "{data}", "--work_dir", "{data}/../bench_deadline_smoke"],
     "bench_export.py": ["--size", "tiny", "--repeats", "1"],
     "bench_finetune.py": ["--smoke"],
     "bench_gpu.py": None,  # its --smoke setting runs in tests/test_bench_gpu.py (the same main(), in-process)
     "bench_measure.py": ["--data_dir", "{data}"],
     "bench_naturalness.py": ["--smoke"],
+    "bench_peers.py": ["--smoke"],
     "bench_prepare.py": ["--workers", "1", "--max_samples", "6"],
     "bench_step.py": ["--smoke", "--data_dir", "{data}"],
     "bench_speakers.py": ["--smoke"],

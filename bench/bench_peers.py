@@ -1,0 +1,503 @@
+#!/usr/bin/env python3
+"""The same start, the same clips, the same wall budget, one judge: this tool beside finetune-hf-vits.
+
+    python bench/bench_peers.py --base_model DIR --data_dir DIR --budget_s 180 --work_dir W \\
+        --peer_dir finetune-hf-vits=PATH [--seeds 2] [--learning_rate 1e-3] [--levers clip1 dur8]
+    python bench/bench_peers.py --scenario tiny --work_dir W --peer_dir finetune-hf-vits=PATH --budget_s 180
+    python bench/bench_peers.py --smoke            # ours alone on a few clips, seconds of training
+
+The start: --base_model, a voice folder this tool wrote (config.json, weights, tokenizer, discriminator.pt),
+and --data_dir, a corpus prepared for it (prepare_data.py: wavs/, metadata.csv, metadata_val.csv). Or
+--scenario tiny: this script makes both (bench_finetune.py's scenario: a tiny voice A pretrained from
+scratch on the demo corpus, fine-tuned onto B, A's recordings played 1.25x slower and lower), with a
+discriminator finetune-hf-vits can hold too (the period discriminators alone, width 1/16).
+
+The held-out clips are split: the first --eval_clips are what this tool's runs evaluate on (as a user's
+run would), the rest are the judge's: no run sees them.
+
+Systems (--systems), each --seeds times, one after another on this machine:
+  ours         train_vits.py with every flag at its default but the budget, the start (--model_name,
+               --discriminator) and --learning_rate (default: this tool's default)
+  ours+LEVER   the same with one recipe difference changed (--levers; LEVERS below)
+  fhv          finetune-hf-vits (ylacombe/finetune-hf-vits, the checkout of --peer_dir, in a venv of its own
+               with the versions of its time, PEER_VERSIONS), started the way its README says
+               (convert_original_discriminator_checkpoint.py on our generator and our discriminator written
+               as an original VITS D_*.pth), run with its documented MMS fine-tuning config
+               (training_config_examples/finetune_mms.json: learning rate 2e-5, batch 16, its loss weights,
+               an evaluation every 50 steps) on the same clips, stopped at the budget (killed: it has no
+               time limit); a training state saved every --peer_save_steps steps makes its curve, and the
+               last one saved is its result
+  fhv@lr       the same at --learning_rate, so that a difference is not a learning rate alone
+
+The judge, the same for every model: stock transformers (VitsModel.forward on the text, one request a
+sentence, --judge_seeds seeds) on the judge's clips: the mean MCD-DTW against the recordings (each clip's
+mean over seeds), and the median length of a request over the recording's. Every model a run saved on
+the way (ours: each whole evaluation's; the peer: each saved state) is judged too: the curve of the judge's
+MCD against wall time since launch, and from it each system's time to reach a quality.
+
+Outputs: W/<system>_s<seed>/final_model/ (a transformers folder), W/results.json, and the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from bench.launcher import run_script  # noqa: E402
+from bench.machine import describe  # noqa: E402
+
+# The peer's requirements name floors only (transformers>=4.35.1, datasets[audio]>=2.14.7, accelerate>=0.24.1);
+# these are the releases of its last commit's time (6f3f51f, 2024-02-12), which its code was written against
+# (datasets 2.x also decodes audio with soundfile, where 4.x needs torchcodec). PyTorch is the one on this
+# machine (2.13.0, CPU); numpy below 2 for the transformers and datasets of then.
+PEER_VERSIONS = ["transformers==4.37.2", "datasets[audio]==2.17.1", "accelerate==0.27.2", "numpy<2", "Cython",
+                 "matplotlib", "tensorboard", "soundfile", "librosa", "safetensors", "torch==2.13.0"]
+
+# One recipe difference each (issue 35): this tool's flags that change it.
+LEVERS = {
+    "constant_lr": ["--lr_floor_ratio", "1", "--warmup_steps", "0"],
+    "mel35_kl1.5": ["--mel_loss_weight", "35", "--kl_loss_weight", "1.5"],
+    "dur8": ["--duration_loss_weight", "8"],
+    "clip1": ["--max_grad_norm", "1"],
+    "eps1e-8": ["--adam_eps", "1e-8"],
+    "no_eval": ["--val_every", "1000000"],
+    "disc3": ["--discriminator_loss_weight", "3"],
+}
+
+
+def run(command: list, log: Path, label: str, env: dict | None = None, cwd: Path | None = None) -> None:
+    with open(log, "w") as out:
+        code = subprocess.run([str(c) for c in command], stdout=out, stderr=subprocess.STDOUT, env=env,
+                              cwd=cwd).returncode
+    if code != 0:
+        raise SystemExit(f"{label} failed (exit {code}); see {log}")
+
+
+def recipe(script: str, argv: list, log: Path, label: str) -> None:
+    code = run_script(REPO / script, [str(a) for a in argv], log)
+    if code != 0:
+        raise SystemExit(f"{label} failed (exit {code}); see {log}")
+
+
+# ---------------------------------------------------------------- the start and the clips
+
+
+def tiny_scenario(work: Path, pretrain_hours: float, max_samples: int) -> tuple[Path, Path]:
+    """Voice A pretrained from scratch on the demo corpus (a discriminator both tools can hold), and B's
+    data: A's recordings 1.25x slower and lower, prepared with A's vocabulary, 30% held out."""
+    from bench.bench_finetune import make_voice_b
+
+    voice_a = work / "voice_a" / "checkpoints" / "best_model"
+    if not (voice_a / "config.json").is_file():
+        recipe("prepare_data.py", ["--input_dir", REPO / "demo" / "corpus", "--data_dir", work / "data_a", "--model_name",
+                                   "scratch:tiny", "--val_fraction", "0.05", "--num_workers", "1", "--max_samples",
+                                   max_samples], work / "data_a.log", "preparing A")
+        smoke = ["--max_epochs", "2", "--val_samples", "2"] if max_samples else []
+        recipe("train_vits.py", ["--data_dir", work / "data_a", "--checkpoint_dir", work / "voice_a" / "checkpoints",
+                                 "--output_dir", work / "voice_a" / "final_model", "--model_name", "scratch:tiny",
+                                 "--target_hours", pretrain_hours, "--discriminator_width", "0.0625",
+                                 "--discriminator_scales", "0", "--learning_rate", "2e-3",
+                                 "--gradient_accumulation_steps", "1", "--log_every_seconds", "60", *smoke],
+               work / "voice_a.log", "pretraining A")
+    if not (voice_a / "config.json").is_file():
+        voice_a = work / "voice_a" / "final_model"
+    data_b = work / "data_b"
+    if not (data_b / "metadata.csv").is_file():
+        shutil.rmtree(work / "corpus_b", ignore_errors=True)
+        make_voice_b(work / "data_a", work / "corpus_b", 1.25, 0.0)
+        recipe("prepare_data.py", ["--input_dir", work / "corpus_b", "--data_dir", data_b, "--model_name", voice_a,
+                                   "--val_fraction", "0.3", "--num_workers", "1"], work / "data_b.log", "preparing B")
+    return voice_a, data_b
+
+
+def split_held_out(data_dir: Path, work: Path, eval_clips: int) -> tuple[Path, list[tuple[str, str]]]:
+    """W/data: the training clips as they are, the first `eval_clips` held-out clips as the runs'
+    metadata_val.csv; the other held-out clips, the judge's (id, text)."""
+    from finetune.data.corpus import read_rows
+
+    held = [(item, text) for item, _, text in read_rows(data_dir / "metadata_val.csv")]
+    if len(held) < eval_clips + 4:
+        raise SystemExit(f"{data_dir}/metadata_val.csv holds {len(held)} clips: at least {eval_clips + 4} are needed "
+                         f"({eval_clips} for the runs' evaluations, the rest for the judge); prepare with a larger "
+                         "--val_fraction")
+    data = work / "data"
+    shutil.rmtree(data, ignore_errors=True)
+    data.mkdir(parents=True)
+    (data / "wavs").symlink_to((data_dir / "wavs").resolve())
+    shutil.copyfile(data_dir / "metadata.csv", data / "metadata.csv")
+    (data / "metadata_val.csv").write_text("".join(f"{i}|{t}\n" for i, t in held[:eval_clips]), encoding="utf-8")
+    (data / "judge.csv").write_text("".join(f"{i}|{t}\n" for i, t in held[eval_clips:]), encoding="utf-8")
+    return data, held[eval_clips:]
+
+
+# ---------------------------------------------------------------- ours
+
+
+def child(record_dir: str, argv: list[str]) -> int:
+    """train_vits.main with each whole evaluation's model saved to RECORD/evaluated/step_N/ (and the seconds
+    since launch it was saved at): the curve (runs in its own process)."""
+    import train_vits
+    from finetune.cli import run_script as run_recipe
+    from finetune.training.budget import seconds_since_process_start
+    from finetune.training.evaluating import Evaluations
+    from finetune.vits.generator import export_model
+
+    folder = Path(record_dir)
+    real = Evaluations.keep_if_best
+
+    def keep_if_best(self, result):
+        kept = real(self, result)
+        if result.clips_scored == result.clips_planned:
+            saved = folder / "curve" / f"step_{result.step:06d}"
+            export_model(self.model, self.exports.saver.tokenizer, saved)
+            (saved / "wall_s.txt").write_text(f"{seconds_since_process_start():.2f}\n")
+        return kept
+
+    Evaluations.keep_if_best = keep_if_best
+    return run_recipe(lambda: train_vits.main(argv))
+
+
+def run_ours(args, base: Path, data: Path, folder: Path, seed: int, extra: list[str]) -> dict:
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    flags = ["--data_dir", data, "--checkpoint_dir", folder / "checkpoints", "--output_dir", folder / "final_model",
+             "--model_name", base, "--target_hours", args.budget_s / 3600, "--seed", seed, "--val_samples", args.eval_clips,
+             "--log_every_seconds", "60", *(["--discriminator", base / "discriminator.pt"]
+                                            if (base / "discriminator.pt").is_file() else []),
+             *(["--learning_rate", args.learning_rate] if args.learning_rate else []), *extra, *args.ours_flags]
+    started = time.perf_counter()
+    code = run_script(Path(__file__), ["--child_record", str(folder), "--", *[str(f) for f in flags]], folder / "run.log")
+    wall = time.perf_counter() - started
+    if code != 0:
+        raise SystemExit(f"ours failed (exit {code}); see {folder / 'run.log'}")
+    end = [json.loads(line) for line in (folder / "checkpoints" / "metrics.jsonl").read_text().splitlines()
+           if '"kind": "end"' in line][-1]
+    return {"wall_s": round(wall, 1), "steps": end["steps"], "samples_seen": end["samples_seen"],
+            "final_model": str(folder / "final_model"),
+            "curve": {float((p / "wall_s.txt").read_text()): str(p) for p in sorted((folder / "curve").glob("step_*"))}}
+
+
+# ---------------------------------------------------------------- finetune-hf-vits
+
+
+def peer_venv(peer: Path, work: Path) -> Path:
+    """The peer's own environment (made once, in W/fhv_venv): PEER_VERSIONS, its monotonic_align built."""
+    venv = work / "fhv_venv"
+    python = venv / "bin" / "python"
+    if not (venv / ".ready").is_file():
+        shutil.rmtree(venv, ignore_errors=True)
+        run([sys.executable, "-m", "venv", venv], work / "fhv_venv.log", "making the peer's venv")
+        run([python, "-m", "pip", "install", *PEER_VERSIONS], work / "fhv_pip.log", "installing the peer's packages")
+        (venv / ".ready").write_text("\n".join(PEER_VERSIONS) + "\n")
+    build = peer / "monotonic_align"
+    if not list(build.glob("**/core*.so")):  # its README: cd monotonic_align; mkdir monotonic_align; build in place
+        (build / "monotonic_align").mkdir(exist_ok=True)
+        run([python, "setup.py", "build_ext", "--inplace"], work / "fhv_build.log", "building its monotonic_align",
+            cwd=build)
+    return python
+
+
+def peer_env() -> dict:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "WANDB_DISABLED": "true", "WANDB_MODE": "disabled", "HF_HUB_DISABLE_TELEMETRY": "1",
+            "PYTHONPATH": "", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def peer_start(python: Path, peer: Path, base: Path, work: Path) -> Path:
+    """Our starting voice converted as the peer's README says: its conversion script on our generator and our
+    discriminator (written as an original VITS D_*.pth); the discriminator's shape goes into the config."""
+    import torch
+
+    from finetune.vits.discriminator import PERIOD_CHANNELS, SCALE_CHANNELS, load_discriminator, scaled, to_original_layout
+
+    start = work / "fhv_start"
+    if (start / "config.json").is_file():
+        return start
+    loaded = load_discriminator(base / "discriminator.pt").discriminator
+    config = loaded.config
+    generator = work / "fhv_generator"
+    shutil.rmtree(generator, ignore_errors=True)
+    shutil.copytree(base, generator, ignore=shutil.ignore_patterns("discriminator.pt", "multi_speaker"))
+    settings = json.loads((generator / "config.json").read_text())
+    settings.update(discriminator_periods=list(config.periods),
+                    discriminator_period_channels=[1] + [scaled(c, config.width) for c in PERIOD_CHANNELS[:4]],
+                    discriminator_scale_channels=(None if config.scales == 0 else
+                                                  [1] + [scaled(c, config.width) for c in SCALE_CHANNELS[:4]]))
+    if config.scales > 1 or (config.scales == 1 and config.width != 1.0):
+        raise SystemExit("finetune-hf-vits holds the standard discriminator (width 1) or period discriminators alone "
+                         f"at any width; this start's is width {config.width} with {config.scales} scale discriminator(s)")
+    (generator / "config.json").write_text(json.dumps(settings, indent=2))
+    torch.save({"model": to_original_layout(loaded), "iteration": 0}, work / "D_start.pth")
+    run([python, "convert_original_discriminator_checkpoint.py", "--checkpoint_path", work / "D_start.pth",
+         "--generator_checkpoint_path", generator, "--pytorch_dump_folder_path", start], work / "fhv_convert.log",
+        "the peer's conversion", env=peer_env(), cwd=peer)
+    return start
+
+
+def peer_data(data: Path, work: Path) -> Path:
+    """The training clips as an audiofolder the peer's load_dataset reads (file_name, text)."""
+    import csv
+
+    from finetune.data.corpus import read_rows
+
+    folder = work / "fhv_data"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    with open(folder / "metadata.csv", "w", newline="", encoding="utf-8") as out:
+        writer = csv.writer(out)
+        writer.writerow(["file_name", "text"])
+        for item, _, text in read_rows(data / "metadata.csv"):
+            (folder / f"{item}.wav").symlink_to((data / "wavs" / f"{item}.wav").resolve())
+            writer.writerow([f"{item}.wav", text])
+    return folder
+
+
+def peer_config(peer: Path, start: Path, clips: Path, out: Path, seed: int, learning_rate: float | None,
+                save_steps: int) -> Path:
+    """Its documented MMS config with our start, clips and folders, offline and on the CPU (no fp16, no
+    hub, no wandb); the rest as documented."""
+    config = json.loads((peer / "training_config_examples" / "finetune_mms.json").read_text())
+    for key in ("hub_model_id", "dataset_config_name", "speaker_id_column_name", "override_speaker_embeddings",
+                "filter_on_speaker_id"):
+        config.pop(key, None)
+    config.update(push_to_hub=False, report_to=["tensorboard"], output_dir=str(out), project_name="bench_peers",
+                  dataset_name=str(clips), model_name_or_path=str(start), fp16=False, seed=seed,
+                  full_generation_sample_text="rojbaş, tu çawa yî", preprocessing_num_workers=1,
+                  num_train_epochs=100000, save_steps=save_steps, save_total_limit=None,
+                  **({"learning_rate": learning_rate} if learning_rate else {}))
+    path = out.parent / "fhv_config.json"
+    path.write_text(json.dumps(config, indent=2))
+    return path
+
+
+def run_peer(args, python: Path, peer: Path, start: Path, clips: Path, folder: Path, seed: int,
+             learning_rate: float | None) -> dict:
+    """The peer's training, launched and killed at the budget; each saved state exported as a voice."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    config = peer_config(peer, start, clips, folder / "out", seed, learning_rate, args.peer_save_steps)
+    started = time.perf_counter()
+    with open(folder / "run.log", "w") as log:
+        process = subprocess.Popen([str(python), "run_vits_finetuning.py", str(config)], stdout=log,
+                                   stderr=subprocess.STDOUT, cwd=peer, env=peer_env(), start_new_session=True)
+        saved_at: dict[str, float] = {}
+        while process.poll() is None and time.perf_counter() - started < args.budget_s:
+            time.sleep(0.5)
+            for state in (folder / "out").glob("checkpoint-*"):
+                saved_at.setdefault(state.name, time.perf_counter() - started)
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)  # at the budget: what it saved by then is what it made
+        process.wait()
+    wall = time.perf_counter() - started
+    steps = last_peer_step(folder / "run.log")
+    curve = {}
+    for state in sorted((folder / "out").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1])):
+        if not (state / "model.safetensors").is_file() or state.name not in saved_at:
+            continue  # a state the kill interrupted is not a result
+        voice = folder / "curve" / state.name
+        run([python, REPO / "bench" / "peer_fhv.py", "export", start, state, voice], folder / "export.log",
+            f"exporting {state}", env=peer_env(), cwd=peer)
+        curve[round(saved_at[state.name], 2)] = str(voice)
+        shutil.rmtree(state)  # optimizer states: large, and not needed once exported
+    final = folder / "final_model"
+    if curve:
+        shutil.copytree(curve[max(curve)], final)
+    return {"wall_s": round(wall, 1), "steps": steps, "final_model": str(final) if curve else None, "curve": curve,
+            "learning_rate": learning_rate or json.loads(config.read_text())["learning_rate"]}
+
+
+def last_peer_step(log: Path) -> int:
+    """The last optimizer step its progress bar showed (tqdm's "Steps: ... N/M")."""
+    import re
+
+    steps = re.findall(r"Steps:\s+\d+%\|[^|]*\|\s*(\d+)/", log.read_text(errors="replace").replace("\r", "\n"))
+    return int(steps[-1]) if steps else 0
+
+
+# ---------------------------------------------------------------- the judge
+
+
+def judge(model_dir: str, examples: list, seeds: int) -> dict:
+    """Stock transformers, one request a sentence and seed: each clip's MCD (mean over seeds), their mean,
+    and the median length of a request over the recording's."""
+    import torch
+    from transformers import VitsModel
+
+    from finetune.data.features import FeatureConfig, Features
+    from finetune.reporting.measures import mcd_dtw
+
+    model = VitsModel.from_pretrained(model_dir).eval()
+    features = Features(FeatureConfig())
+    clips, ratios = {}, []
+    for index, example in enumerate(examples):
+        real = features.mel(torch.from_numpy(example.audio / 32768.0).float().unsqueeze(0))[0].numpy()
+        scores = []
+        for seed in range(seeds):
+            torch.manual_seed(10_000 * seed + index)
+            with torch.no_grad():
+                out = model(input_ids=torch.from_numpy(example.token_ids.astype(np.int64)).unsqueeze(0))
+            samples = int(out.sequence_lengths[0])
+            scores.append(mcd_dtw(features.mel(out.waveform[:, :samples])[0].numpy(), real))
+            ratios.append(samples / len(example.audio))
+        clips[example.item_id] = float(np.mean(scores))
+    return {"mcd_db": float(np.mean(list(clips.values()))), "length_ratio": float(np.median(ratios)), "clips": clips}
+
+
+def judge_examples(data: Path, base: Path) -> list:
+    from transformers import VitsTokenizer
+
+    from finetune.data.corpus import load_examples
+
+    examples, _ = load_examples(data, "judge.csv", VitsTokenizer.from_pretrained(str(base)), 256, 16000)
+    return examples
+
+
+def time_to_reach(curve: list[tuple[float, float]], target_db: float) -> float | None:
+    """The first wall time (s) at which the judge's MCD is at or below `target_db`; None if never."""
+    return next((t for t, mcd in sorted(curve) if mcd <= target_db), None)
+
+
+# ---------------------------------------------------------------- the whole bench
+
+
+def systems_to_run(args) -> list[tuple[str, list[str]]]:
+    names = list(args.systems) + [f"ours+{lever}" for lever in args.levers]
+    out = []
+    for name in names:
+        if name.startswith("ours+"):
+            lever = name.split("+", 1)[1]
+            if lever not in LEVERS:
+                raise SystemExit(f"--levers {lever}: unknown; one of {', '.join(LEVERS)}")
+            out.append((name, LEVERS[lever]))
+        else:
+            out.append((name, []))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base_model", help="the starting voice: a folder this tool wrote (with discriminator.pt)")
+    parser.add_argument("--data_dir", help="the clips: a corpus prepared for the base model")
+    parser.add_argument("--scenario", choices=["tiny"], help="make the start and the clips here instead")
+    parser.add_argument("--pretrain_hours", type=float, default=0.17, help="--scenario tiny: voice A's pretraining")
+    parser.add_argument("--budget_s", type=float, default=180.0, help="wall seconds each run gets, launch to result")
+    parser.add_argument("--work_dir", default=None)
+    parser.add_argument("--peer_dir", action="append", default=[], help="finetune-hf-vits=PATH: a checkout of "
+                        "ylacombe/finetune-hf-vits")
+    parser.add_argument("--systems", nargs="*", default=["ours", "fhv", "fhv@lr"])
+    parser.add_argument("--levers", nargs="*", default=[], help=f"ours with one change each: {', '.join(LEVERS)}")
+    parser.add_argument("--ours_flags", nargs="*", default=[], help="more train_vits.py flags for every run of ours")
+    parser.add_argument("--learning_rate", type=float, default=0.0, help="ours' learning rate and fhv@lr's (0: this "
+                        "tool's default, and no fhv@lr)")
+    parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--eval_clips", type=int, default=16, help="held-out clips the runs evaluate on")
+    parser.add_argument("--judge_seeds", type=int, default=2)
+    parser.add_argument("--peer_save_steps", type=int, default=50, help="the peer saves its state this often")
+    parser.add_argument("--smoke", action="store_true", help="ours alone on the tiny scenario with 40 clips, "
+                        "a few steps (figures mean nothing)")
+    parser.add_argument("--child_record", help=argparse.SUPPRESS)
+    parser.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child_record:
+        sys.exit(child(args.child_record, args.rest))
+    print(f"machine: {describe()}", flush=True)
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_peers_")).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"work folder: {work}", flush=True)
+    if args.smoke:
+        args.scenario, args.systems, args.seeds, args.eval_clips, args.judge_seeds = "tiny", ["ours"], 1, 2, 1
+        args.ours_flags += ["--max_epochs", "1", "--benchmark_samples", "4"]
+        args.budget_s = max(args.budget_s, 600.0)  # room for any machine: the epoch ends the run
+    peers = dict(p.split("=", 1) for p in args.peer_dir)
+    if args.scenario:
+        base, data_dir = tiny_scenario(work, 0.1 if args.smoke else args.pretrain_hours, 40 if args.smoke else 0)
+    elif args.base_model and args.data_dir:
+        base, data_dir = Path(args.base_model).resolve(), Path(args.data_dir).resolve()
+    else:
+        parser.error("give --base_model and --data_dir, or --scenario tiny (or --smoke)")
+    data, judged = split_held_out(data_dir, work, args.eval_clips)
+    print(f"start: {base}; clips: {data_dir} ({len(judged)} held-out clips for the judge, {args.eval_clips} for the "
+          f"runs' evaluations); {args.budget_s:.0f} s a run", flush=True)
+    examples = judge_examples(data, base)
+    results = {"start": judge(str(base), examples, args.judge_seeds), "runs": {}, "budget_s": args.budget_s,
+               "machine": describe()}
+    print(f"the start: judge MCD {results['start']['mcd_db']:.3f} dB, length x{results['start']['length_ratio']:.3f}",
+          flush=True)
+    python = start = clips = None
+    for name, extra in systems_to_run(args):
+        if name.startswith("fhv"):
+            if "finetune-hf-vits" not in peers:
+                print(f"{name}: skipped (no --peer_dir finetune-hf-vits=PATH)", flush=True)
+                continue
+            if name == "fhv@lr" and not args.learning_rate:
+                print("fhv@lr: skipped (no --learning_rate: ours runs at its default, the peer's documented one "
+                      "is fhv's)", flush=True)
+                continue
+            peer = Path(peers["finetune-hf-vits"]).resolve()
+            if python is None:
+                python = peer_venv(peer, work)
+                start, clips = peer_start(python, peer, base, work), peer_data(data, work)
+        for seed in range(args.seeds):
+            folder = work / f"{name.replace('@', '_at_').replace('+', '_')}_s{seed}"
+            if name.startswith("fhv"):
+                outcome = run_peer(args, python, peer, start, clips, folder, seed,
+                                   args.learning_rate if name == "fhv@lr" else None)
+            else:
+                outcome = run_ours(args, base, data, folder, seed, extra)
+            outcome["judge"] = judge(outcome["final_model"], examples, args.judge_seeds) if outcome["final_model"] else None
+            outcome["curve"] = {t: {"model": path, **{k: v for k, v in judge(path, examples, args.judge_seeds).items()
+                                                      if k != "clips"}}
+                                for t, path in outcome["curve"].items()}
+            results["runs"].setdefault(name, []).append(outcome)
+            score = outcome["judge"]
+            print(f"{name} seed {seed}: {outcome['steps']} steps in {outcome['wall_s']:.0f} s; judge MCD "
+                  + (f"{score['mcd_db']:.3f} dB, length x{score['length_ratio']:.3f}" if score else "none (nothing saved)"),
+                  flush=True)
+            (work / "results.json").write_text(json.dumps(results, indent=2))
+    print_tables(results)
+
+
+def summary(runs: list[dict]) -> dict:
+    judged = [r["judge"] for r in runs if r["judge"]]
+    return {"mcd_db": float(np.mean([j["mcd_db"] for j in judged])) if judged else math.nan,
+            "length_ratio": float(np.mean([j["length_ratio"] for j in judged])) if judged else math.nan,
+            "steps": float(np.mean([r["steps"] for r in runs])), "wall_s": float(np.mean([r["wall_s"] for r in runs])),
+            "seeds": len(runs)}
+
+
+def print_tables(results: dict) -> None:
+    start = results["start"]["mcd_db"]
+    print(f"\n| system | seeds | optimizer steps | judge MCD (dB) | change from the start ({start:.2f}) | length vs "
+          "recordings | wall s |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    table = {name: summary(runs) for name, runs in results["runs"].items()}
+    for name, s in table.items():
+        print(f"| {name} | {s['seeds']} | {s['steps']:.0f} | {s['mcd_db']:.3f} | {100 * (s['mcd_db'] / start - 1):+.1f}% | "
+              f"{s['length_ratio']:.3f} | {s['wall_s']:.0f} |")
+    peers = {name: s for name, s in table.items() if name.startswith("fhv") and math.isfinite(s["mcd_db"])}
+    if not peers or "ours" not in results["runs"]:
+        return
+    print("\nTime to reach each peer's final quality (its seeds' mean judge MCD), per seed of each system:")
+    for peer_name, peer in peers.items():
+        for name, runs in results["runs"].items():
+            times = [time_to_reach([(float(t), p["mcd_db"]) for t, p in r["curve"].items()], peer["mcd_db"]) for r in runs]
+            shown = ", ".join("never" if t is None else f"{t:.0f} s" for t in times)
+            print(f"  {peer_name} at {peer['mcd_db']:.3f} dB: {name} {shown}")
+    results["table"] = table
+
+
+if __name__ == "__main__":
+    main()
