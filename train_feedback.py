@@ -64,11 +64,14 @@ class FeedbackConfig(TrainingFlags):
     corrections_voice: str = flag("own", "own: the corrections train under a speaker id of their own (recorded by "
                                          "other people: they teach pronunciation, the voice stays); voice: as the voice "
                                          "itself (recorded by its own speaker)")
-    acoustics: str = flag("frozen", "with --corrections_voice own: frozen keeps the voice's acoustic model (posterior "
-                                    "encoder, flow, decoder) as it is but for the corrections' own speaker "
-                                    "conditioning, so a round teaches how letters are said (text encoder, duration "
-                                    "predictor), not how the voice sounds; trained lets every part learn",
-                          choices=["frozen", "trained"])
+    acoustics: str = flag("embeddings", "with --corrections_voice own: embeddings trains only the token embeddings, "
+                                        "the duration predictor and the speakers' conditioning (what a letter is, "
+                                        "not how the voice sounds or reads sentences); frozen also trains the text "
+                                        "encoder's layers; both keep the acoustic model (posterior encoder, flow, "
+                                        "decoder) but for the corrections' own conditioning; trained lets every "
+                                        "part learn (bench_corrections.py: embeddings fixed a planted letter most and "
+                                        "moved the voice least)",
+                          choices=["frozen", "embeddings", "trained"])
     target_speaker: str | None = flag(None, "a multi-speaker --data_dir: whose clips are replayed and judged (default: "
                                             "the speaker the base model was exported for)")
     target_minutes: float = flag(15.0, "time budget of the round, everything included (minutes)")
@@ -266,15 +269,19 @@ def load_round_data(config: FeedbackConfig, round_: recipe.Run, base: Path) -> R
 def starting_point(config: FeedbackConfig, round_: recipe.Run, data: RoundData, base: Path) -> recipe.StartingPoint:
     """The base model and its discriminator (or a new one, warmed up first: the base model is pretrained)."""
     parts = list(config.freeze)
-    learn_pronunciation = config.corrections_voice == "own" and config.acoustics == "frozen"
+    learn_pronunciation = config.corrections_voice == "own" and config.acoustics != "trained"
     if learn_pronunciation:
-        parts += [part for part in generator.ACOUSTIC_PARTS if part not in parts]
+        extra = [*generator.ACOUSTIC_PARTS, *(["text_encoder"] if config.acoustics == "embeddings" else [])]
+        parts += [part for part in extra if part not in parts]
     frozen_parts = generator.freeze(data.model, parts)
     if learn_pronunciation:  # the corrections' own voice still learns, in its speaker conditioning alone
         speaker_layers.train_conditioning(data.model)
-        round_.logger.info(f"acoustics frozen ({', '.join(generator.ACOUSTIC_PARTS)}), but for the speakers' conditioning: "
-                           "the round teaches how the text is said, not how the voice sounds (--acoustics trained "
-                           "lets every part learn)")
+        if config.acoustics == "embeddings":  # what each letter is, not how the text encoder reads sentences
+            data.model.text_encoder.embed_tokens.requires_grad_(True)
+        round_.logger.info(f"frozen: {', '.join(parts)}, but for "
+                           f"{'the token embeddings and ' if config.acoustics == 'embeddings' else ''}the speakers' "
+                           "conditioning: the round teaches how the text is said, not how the voice sounds "
+                           "(--acoustics trained lets every part learn)")
     saved = base / "discriminator.pt"
     choice = session.build_discriminator(str(saved) if saved.is_file() else None, config.discriminator_width,
                                          None, 1, None, True,

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import shutil
 import sys
 import tempfile
@@ -266,7 +267,8 @@ def main() -> None:
     parser.add_argument("--round_minutes", type=float, default=6.0)
     parser.add_argument("--round_lr", type=float, default=5e-4, help="the round's learning rate (the demo voice's: "
                         "make demo-feedback uses 5e-4)")
-    parser.add_argument("--round_flags", nargs="*", default=[], help="more train_feedback.py flags for the round")
+    parser.add_argument("--round_flags", default="", help="more train_feedback.py flags for the round, one string "
+                        "(--round_flags=\"--acoustics trained\")")
     parser.add_argument("--judge_seeds", type=int, default=3)
     parser.add_argument("--smoke", action="store_true", help="the pipeline on 64 clips with tiny budgets (figures "
                         "mean nothing)")
@@ -282,7 +284,7 @@ def main() -> None:
     planted = plant(voice, work / "planted", args.letter, args.spoken_as)
     print(f"planted: {args.letter!r} is said as {args.spoken_as!r} by {planted}", flush=True)
     report = feedback_round(planted, parts["voice"], parts["corrections"], work, 1.0 if args.smoke else args.round_minutes,
-                            args.round_lr, args.smoke, args.round_flags)
+                            args.round_lr, args.smoke, shlex.split(args.round_flags))
     print(f"round: {'ACCEPTED' if report['accepted'] else 'REJECTED'} ({report['reason']})\n  decided by "
           f"{report['decided_by']}\n  the voice's length on the corrections (other readers' tempo): "
           f"x{report['before']['corrections_length_ratio']:.2f} before, x{report['after']['corrections_length_ratio']:.2f} "

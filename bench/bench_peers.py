@@ -44,6 +44,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -399,7 +400,8 @@ def main() -> None:
                         "ylacombe/finetune-hf-vits")
     parser.add_argument("--systems", nargs="*", default=["ours", "fhv", "fhv@lr"])
     parser.add_argument("--levers", nargs="*", default=[], help=f"ours with one change each: {', '.join(LEVERS)}")
-    parser.add_argument("--ours_flags", nargs="*", default=[], help="more train_vits.py flags for every run of ours")
+    parser.add_argument("--ours_flags", default="", help="more train_vits.py flags for every run of ours, one string "
+                        "(--ours_flags=\"--gradient_accumulation_steps 1\")")
     parser.add_argument("--learning_rate", type=float, default=0.0, help="ours' learning rate and fhv@lr's (0: this "
                         "tool's default, and no fhv@lr)")
     parser.add_argument("--seeds", type=int, default=2)
@@ -413,6 +415,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.child_record:
         sys.exit(child(args.child_record, args.rest))
+    args.ours_flags = shlex.split(args.ours_flags)
     print(f"machine: {describe()}", flush=True)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_peers_")).resolve()
     work.mkdir(parents=True, exist_ok=True)
