@@ -63,9 +63,10 @@ from bench.machine import describe  # noqa: E402
 # The peer's requirements name floors only (transformers>=4.35.1, datasets[audio]>=2.14.7, accelerate>=0.24.1);
 # these are the releases of its last commit's time (6f3f51f, 2024-02-12), which its code was written against
 # (datasets 2.x also decodes audio with soundfile, where 4.x needs torchcodec). PyTorch is the one on this
-# machine (2.13.0, CPU); numpy below 2 for the transformers and datasets of then.
+# machine (2.13.0, CPU); numpy below 2, pyarrow and pandas of then, for the transformers and datasets of then.
 PEER_VERSIONS = ["transformers==4.37.2", "datasets[audio]==2.17.1", "accelerate==0.27.2", "numpy<2", "Cython",
-                 "matplotlib", "tensorboard", "soundfile", "librosa", "safetensors", "torch==2.13.0"]
+                 "pyarrow==15.0.0", "pandas==2.2.0",
+                 "matplotlib==3.8.2", "tensorboard", "soundfile", "librosa", "safetensors", "torch==2.13.0"]
 
 # One recipe difference each (issue 35): this tool's flags that change it.
 LEVERS = {
@@ -198,11 +199,12 @@ def peer_venv(peer: Path, work: Path) -> Path:
     """The peer's own environment (made once, in W/fhv_venv): PEER_VERSIONS, its monotonic_align built."""
     venv = work / "fhv_venv"
     python = venv / "bin" / "python"
-    if not (venv / ".ready").is_file():
+    wanted = "\n".join(PEER_VERSIONS) + "\n"
+    if not (venv / ".ready").is_file() or (venv / ".ready").read_text() != wanted:
         shutil.rmtree(venv, ignore_errors=True)
         run([sys.executable, "-m", "venv", venv], work / "fhv_venv.log", "making the peer's venv")
         run([python, "-m", "pip", "install", *PEER_VERSIONS], work / "fhv_pip.log", "installing the peer's packages")
-        (venv / ".ready").write_text("\n".join(PEER_VERSIONS) + "\n")
+        (venv / ".ready").write_text(wanted)
     build = peer / "monotonic_align"
     if not list(build.glob("**/core*.so")):  # its README: cd monotonic_align; mkdir monotonic_align; build in place
         (build / "monotonic_align").mkdir(exist_ok=True)
@@ -261,7 +263,11 @@ def peer_data(data: Path, work: Path) -> Path:
         writer = csv.writer(out)
         writer.writerow(["file_name", "text"])
         for item, _, text in read_rows(data / "metadata.csv"):
-            (folder / f"{item}.wav").symlink_to((data / "wavs" / f"{item}.wav").resolve())
+            source = (data / "wavs" / f"{item}.wav").resolve()
+            try:  # a file of its own: the peer's datasets finds no audio behind symbolic links (a plain csv)
+                os.link(source, folder / f"{item}.wav")
+            except OSError:  # another filesystem
+                shutil.copyfile(source, folder / f"{item}.wav")
             writer.writerow([f"{item}.wav", text])
     return folder
 
@@ -301,6 +307,9 @@ def run_peer(args, python: Path, peer: Path, start: Path, clips: Path, folder: P
                 saved_at.setdefault(state.name, time.perf_counter() - started)
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)  # at the budget: what it saved by then is what it made
+        elif process.returncode != 0:
+            raise SystemExit(f"finetune-hf-vits failed before its budget (exit {process.returncode}); see "
+                             f"{folder / 'run.log'}")
         process.wait()
     wall = time.perf_counter() - started
     steps = last_peer_step(folder / "run.log")
@@ -310,7 +319,7 @@ def run_peer(args, python: Path, peer: Path, start: Path, clips: Path, folder: P
             continue  # a state the kill interrupted is not a result
         voice = folder / "curve" / state.name
         run([python, REPO / "bench" / "peer_fhv.py", "export", start, state, voice], folder / "export.log",
-            f"exporting {state}", env=peer_env(), cwd=peer)
+            f"exporting {state}", env={**peer_env(), "PYTHONPATH": str(peer)}, cwd=peer)  # its utils package
         curve[round(saved_at[state.name], 2)] = str(voice)
         shutil.rmtree(state)  # optimizer states: large, and not needed once exported
     final = folder / "final_model"
@@ -378,11 +387,13 @@ def systems_to_run(args) -> list[tuple[str, list[str]]]:
     names = list(args.systems) + [f"ours+{lever}" for lever in args.levers]
     out = []
     for name in names:
-        if name.startswith("ours+"):
-            lever = name.split("+", 1)[1]
-            if lever not in LEVERS:
-                raise SystemExit(f"--levers {lever}: unknown; one of {', '.join(LEVERS)}")
-            out.append((name, LEVERS[lever]))
+        if name.startswith("ours+"):  # ours+clip1, or several levers at once: ours+clip1+dur8
+            levers = name.split("+")[1:]
+            unknown = [lever for lever in levers if lever not in LEVERS]
+            if unknown:
+                raise SystemExit(f"--levers {'+'.join(unknown)}: unknown; one of {', '.join(LEVERS)} (or several "
+                                 "joined by +)")
+            out.append((name, [flag for lever in levers for flag in LEVERS[lever]]))
         else:
             out.append((name, []))
     return out
@@ -399,7 +410,8 @@ def main() -> None:
     parser.add_argument("--peer_dir", action="append", default=[], help="finetune-hf-vits=PATH: a checkout of "
                         "ylacombe/finetune-hf-vits")
     parser.add_argument("--systems", nargs="*", default=["ours", "fhv", "fhv@lr"])
-    parser.add_argument("--levers", nargs="*", default=[], help=f"ours with one change each: {', '.join(LEVERS)}")
+    parser.add_argument("--levers", nargs="*", default=[], help=f"ours with one change each: {', '.join(LEVERS)}; "
+                        "several joined by + (clip1+dur8) change together")
     parser.add_argument("--ours_flags", default="", help="more train_vits.py flags for every run of ours, one string "
                         "(--ours_flags=\"--gradient_accumulation_steps 1\")")
     parser.add_argument("--learning_rate", type=float, default=0.0, help="ours' learning rate and fhv@lr's (0: this "
@@ -437,6 +449,12 @@ def main() -> None:
     examples = judge_examples(data, base)
     results = {"start": judge(str(base), examples, args.judge_seeds), "runs": {}, "budget_s": args.budget_s,
                "machine": describe()}
+    earlier = work / "results.json"
+    if earlier.is_file():  # the systems not run this time keep their earlier runs (same start, clips, budget)
+        kept = json.loads(earlier.read_text())
+        if kept.get("budget_s") == args.budget_s and kept.get("start", {}).get("clips") == results["start"]["clips"]:
+            results["runs"] = {name: runs for name, runs in kept["runs"].items()
+                               if name not in dict(systems_to_run(args))}
     print(f"the start: judge MCD {results['start']['mcd_db']:.3f} dB, length x{results['start']['length_ratio']:.3f}",
           flush=True)
     python = start = clips = None

@@ -141,6 +141,15 @@ def test_corrections_read_at_another_tempo_are_not_held_to_the_voices_timing(pre
     evaluations = [json.loads(line) for line in (tmp_path / "voices" / "rounds" / "round_001" / "metrics.jsonl")
                    .read_text().splitlines() if '"kind": "eval"' in line]
     assert evaluations and all(e["eligible"] for e in evaluations), evaluations
+    # --acoustics embeddings (the default): what each letter is learns; how the voice reads and sounds does not.
+    from safetensors.torch import load_file
+
+    before = load_file(str(base_run / "checkpoints" / "best_model" / "model.safetensors"))
+    after = load_file(str(tmp_path / "voices" / "rounds" / "round_001" / "checkpoints" / "last_model" /
+                          "model.safetensors"))
+    for prefix in ("text_encoder.encoder.", "text_encoder.project.", "decoder.", "flow.", "posterior_encoder."):
+        assert all(torch.equal(before[k], after[k]) for k in before if k.startswith(prefix) and ".cond" not in k), prefix
+    assert not torch.equal(before["text_encoder.embed_tokens.weight"], after["text_encoder.embed_tokens.weight"])
 
 
 def round_scores(step: int, corrections: list[float], originals: float) -> EvalResult:
