@@ -121,6 +121,31 @@ def read_at_another_tempo(folder, stretch: float, ids=CORRECTION_IDS):
     return folder
 
 
+def tempo_centred_copy(base, prepared_demo, folder, clips: int = 3):
+    """A copy of the voice at `base` whose config.json speaking_rate makes the stock pipeline read its first
+    `clips` held-out sentences at their recorded length (median of 4 seeds): the state a fitted voice is in,
+    forced, so that a 30-step voice's timing on its own clips is not at the rule's edge by chance."""
+    import soundfile as sf
+    from transformers import AutoTokenizer, VitsModel
+
+    from finetune.data.corpus import read_rows
+
+    shutil.copytree(base, folder)
+    model, tokenizer = VitsModel.from_pretrained(str(folder)).eval(), AutoTokenizer.from_pretrained(str(folder))
+    ratios = []
+    for item, _, text in read_rows(prepared_demo / "metadata_val.csv")[:clips]:
+        recorded = sf.info(str(prepared_demo / "wavs" / f"{item}.wav")).frames
+        for seed in range(4):
+            torch.manual_seed(seed)
+            with torch.no_grad():
+                out = model(input_ids=tokenizer(text, return_tensors="pt").input_ids)
+            ratios.append(int(out.sequence_lengths[0]) / recorded)
+    config = json.loads((folder / "config.json").read_text())
+    config["speaking_rate"] = config.get("speaking_rate", 1.0) * float(np.median(ratios))
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder
+
+
 @pytest.mark.parametrize("stretch", [1.4, 1 / 1.4])
 def test_corrections_read_at_another_tempo_are_not_held_to_the_voices_timing(prepared_demo, base_run, tmp_path,
                                                                              timed_work, stretch):
@@ -130,8 +155,10 @@ def test_corrections_read_at_another_tempo_are_not_held_to_the_voices_timing(pre
     so the starting voice passes the rule there)."""
     fake, _ = timed_work
     feedback = read_at_another_tempo(tmp_path / "feedback", stretch)
+    voice = tempo_centred_copy(base_run / "checkpoints" / "best_model", prepared_demo, tmp_path / "voice")
     args = feedback_args(prepared_demo, base_run, tmp_path, feedback, "--max_epochs", "1", "--val_samples", "3",
                          relaxed_timing=False)
+    args[args.index("--base_model") + 1] = str(voice)
     assert train_feedback.main(args, clock=clock_for(fake)) == 0
     report = json.loads((tmp_path / "voices" / "rounds" / "round_001" / "feedback_report.json").read_text())
     voice_on_corrections = report["before"]["corrections_length_ratio"]
@@ -144,11 +171,12 @@ def test_corrections_read_at_another_tempo_are_not_held_to_the_voices_timing(pre
     # --acoustics embeddings (the default): what each letter is learns; how the voice reads and sounds does not.
     from safetensors.torch import load_file
 
-    before = load_file(str(base_run / "checkpoints" / "best_model" / "model.safetensors"))
+    before = load_file(str(voice / "model.safetensors"))
     after = load_file(str(tmp_path / "voices" / "rounds" / "round_001" / "checkpoints" / "last_model" /
                           "model.safetensors"))
     for prefix in ("text_encoder.encoder.", "text_encoder.project.", "decoder.", "flow.", "posterior_encoder."):
-        assert all(torch.equal(before[k], after[k]) for k in before if k.startswith(prefix) and ".cond" not in k), prefix
+        changed = {k: float((before[k] - after[k]).abs().max()) for k in before if k.startswith(prefix) and ".cond" not in k}
+        assert max(changed.values()) < 1e-5, sorted(changed.items(), key=lambda kv: -kv[1])[:3]
     assert not torch.equal(before["text_encoder.embed_tokens.weight"], after["text_encoder.embed_tokens.weight"])
 
 
