@@ -58,6 +58,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from bench.launcher import run_script  # noqa: E402
+from bench.bench_selection import judge_model as judge  # noqa: E402  (the same judge as the kept-model bench)
 from bench.machine import describe  # noqa: E402
 
 # The peer's requirements name floors only (transformers>=4.35.1, datasets[audio]>=2.14.7, accelerate>=0.24.1);
@@ -338,32 +339,6 @@ def last_peer_step(log: Path) -> int:
 
 
 # ---------------------------------------------------------------- the judge
-
-
-def judge(model_dir: str, examples: list, seeds: int) -> dict:
-    """Stock transformers, one request a sentence and seed: each clip's MCD (mean over seeds), their mean,
-    and the median length of a request over the recording's."""
-    import torch
-    from transformers import VitsModel
-
-    from finetune.data.features import FeatureConfig, Features
-    from finetune.reporting.measures import mcd_dtw
-
-    model = VitsModel.from_pretrained(model_dir).eval()
-    features = Features(FeatureConfig())
-    clips, ratios = {}, []
-    for index, example in enumerate(examples):
-        real = features.mel(torch.from_numpy(example.audio / 32768.0).float().unsqueeze(0))[0].numpy()
-        scores = []
-        for seed in range(seeds):
-            torch.manual_seed(10_000 * seed + index)
-            with torch.no_grad():
-                out = model(input_ids=torch.from_numpy(example.token_ids.astype(np.int64)).unsqueeze(0))
-            samples = int(out.sequence_lengths[0])
-            scores.append(mcd_dtw(features.mel(out.waveform[:, :samples])[0].numpy(), real))
-            ratios.append(samples / len(example.audio))
-        clips[example.item_id] = float(np.mean(scores))
-    return {"mcd_db": float(np.mean(list(clips.values()))), "length_ratio": float(np.median(ratios)), "clips": clips}
 
 
 def judge_examples(data: Path, base: Path) -> list:
