@@ -81,7 +81,7 @@ def train_step(flags: TrainingFlags, run: Run, model, discriminator, features: F
                           adversarial=flags.adversarial_loss_weight, feature_matching=flags.feature_matching_loss_weight)
     settings = StepSettings(learning_rate=flags.learning_rate, discriminator_learning_rate=flags.discriminator_learning_rate,
                             max_grad_norm=flags.max_grad_norm, adam_eps=flags.adam_eps,
-                            discriminator_loss_weight=flags.discriminator_loss_weight)
+                            discriminator_loss_weight=flags.discriminator_loss_weight, anchor_weight=flags.anchor_weight)
     return TrainStep(model, discriminator, features, weights, settings, run.precision, run.device, run.dist)
 
 

@@ -54,6 +54,9 @@ class TrainingFlags:
     max_grad_norm: float = flag(10.0, "clip each model's gradient norm to this (0: no clipping)")
     discriminator_loss_weight: float = flag(1.0, "weight of the discriminator's own loss (finetune-hf-vits: 3)")
     adam_eps: float = flag(1e-9, "AdamW's epsilon, both optimizers (original VITS: 1e-9; finetune-hf-vits: 1e-8)")
+    anchor_weight: float = flag(0.0, "pull the generator's trained weights toward where they started, by this times "
+                                     "the learning rate at each step, in place of AdamW's decay toward zero (L2-SP; "
+                                     "0: off). Keeps what the start already knew while a few things change")
     log_every_seconds: float = flag(30.0, "seconds between progress lines")
     profile: bool = flag(False, "exact step profile: synchronise the GPU at each section (slower steps)")
     device: str = flag("auto", "cuda, cuda:N, cpu, or auto")
@@ -72,7 +75,7 @@ class TrainingFlags:
         problems = [f"--{k} {v}: must be positive" for k, v in positive.items() if v <= 0]
         non_negative = {name: getattr(self, name) for name in (
             "warmup_steps", "val_every", "max_epochs", "discriminator_learning_rate", "benchmark_samples",
-            "max_grad_norm", "discriminator_warmup_steps")}
+            "max_grad_norm", "discriminator_warmup_steps", "anchor_weight")}
         problems += [f"--{k} {v}: must be 0 or more" for k, v in non_negative.items() if v < 0]
         if self.max_length_ratio < 1:
             problems.append(f"--max_length_ratio {self.max_length_ratio}: must be 1 or more (1.25 accepts 0.8-1.25)")

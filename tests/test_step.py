@@ -234,3 +234,44 @@ def test_each_clip_of_a_window_weighs_the_same_however_its_micro_batches_were_cu
     assert weights == pytest.approx([4 / 6, 2 / 6])
     assert all(torch.allclose(p.grad, torch.ones_like(p)) for p in step.generator_params)  # a mean: weights sum to 1
     assert float(window.totals["mel"]) == pytest.approx((4 * 4 + 2 * 2) / 6)  # the loss, a mean over the 6 clips
+
+
+def test_the_anchor_pulls_each_trained_weight_back_toward_its_start(prepared_demo):
+    """--anchor_weight: after AdamW's step (its decay toward zero off) each trained generator weight moves
+    anchor_weight x lr of the way back to where the run started; the discriminator is not anchored."""
+    lr = 1e-3
+    moved = {}
+    for anchor in (0.0, 0.25 / lr, 1.0 / lr):
+        loaded = tiny_generator(prepared_demo, seed=0)
+        model, batch = loaded.model.train(), demo_batch(prepared_demo, loaded.tokenizer)
+        start = copy.deepcopy(model.state_dict())
+        torch.manual_seed(0)
+        settings = StepSettings(learning_rate=lr, discriminator_learning_rate=lr, anchor_weight=anchor,
+                                weight_decay=0.0)
+        step = TrainStep(model, Discriminator(SMALL_D), Features(FeatureConfig()), LossWeights(), settings, FP32,
+                         torch.device("cpu"))
+        discriminator_before = copy.deepcopy(step.discriminator.state_dict())
+        torch.manual_seed(1)
+        assert step.run([batch]).applied
+        moved[anchor] = {k: v - start[k] for k, v in model.state_dict().items()}
+        assert any(not torch.equal(v, discriminator_before[k]) for k, v in step.discriminator.state_dict().items())
+    free, quarter, full = moved[0.0], moved[0.25 / lr], moved[1.0 / lr]
+    assert any(v.abs().max() > 0 for v in free.values())
+    for key, change in free.items():
+        assert torch.allclose(quarter[key], 0.75 * change, atol=1e-6), key  # changes are about lr: 1e-3
+        assert torch.equal(full[key], torch.zeros_like(change)), key
+
+
+def test_a_resumed_run_keeps_the_anchor_where_the_first_run_started(prepared_demo):
+    loaded = tiny_generator(prepared_demo, seed=0)
+    model, batch = loaded.model.train(), demo_batch(prepared_demo, loaded.tokenizer)
+    start = [p.detach().clone() for p in model.parameters() if p.requires_grad]
+    settings = StepSettings(learning_rate=1e-3, discriminator_learning_rate=1e-3, anchor_weight=10.0)
+    step = TrainStep(model, Discriminator(SMALL_D), Features(FeatureConfig()), LossWeights(), settings, FP32,
+                     torch.device("cpu"))
+    assert step.run([batch]).applied
+    saved = copy.deepcopy(step.state_dict())
+    resumed = TrainStep(model, step.discriminator, step.features, LossWeights(), settings, FP32, torch.device("cpu"))
+    assert not all(torch.equal(a, b) for a, b in zip(resumed.start_weights, start))  # built from the moved weights
+    resumed.load_state_dict(saved)
+    assert all(torch.equal(a, b) for a, b in zip(resumed.start_weights, start))

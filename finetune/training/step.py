@@ -122,6 +122,7 @@ class StepSettings:
     weight_decay: float = 0.01  # AdamW's default
     adam_eps: float = 1e-9  # original VITS
     discriminator_loss_weight: float = 1.0  # the discriminator's loss is scaled by this before its backward
+    anchor_weight: float = 0.0  # >0: the generator decays toward its starting weights (rate: this x lr), not zero
 
 
 @dataclass
@@ -158,8 +159,12 @@ class TrainStep:
         dist.broadcast_module(model)  # every process starts from the main one's weights
         dist.broadcast_module(discriminator)
         self.generator_params = [p for p in model.parameters() if p.requires_grad]
+        # L2-SP: with an anchor the generator's weights decay toward where they started instead of toward zero
+        self.start_weights = ([p.detach().clone() for p in self.generator_params] if settings.anchor_weight > 0
+                              else None)
         self.optimizer_g = torch.optim.AdamW(self.generator_params, lr=settings.learning_rate, betas=ADAM_BETAS,
-                                             eps=settings.adam_eps, weight_decay=settings.weight_decay)
+                                             eps=settings.adam_eps,
+                                             weight_decay=0.0 if self.start_weights is not None else settings.weight_decay)
         self.optimizer_d = torch.optim.AdamW(discriminator.parameters(), lr=settings.discriminator_learning_rate,
                                              betas=ADAM_BETAS, eps=settings.adam_eps, weight_decay=settings.weight_decay)
         self.scaler_g = torch.amp.GradScaler(device.type, enabled=precision.uses_scaler)
@@ -383,6 +388,8 @@ class TrainStep:
         for optimizer, scaler, _ in pairs:
             scaler.step(optimizer)
             scaler.update()
+        if generator:
+            self._pull_toward_start()
         if scales_before is not None and any(scaler.get_scale() < before
                                              for (_, scaler, _), before in zip(pairs, scales_before)):
             self.overflow_skips += 1  # fp16 overflow: a scaler skipped its step and lowered its scale
@@ -390,14 +397,28 @@ class TrainStep:
         return StepResult(applied=True, losses=losses, grad_norm_discriminator=float(norms[0]),
                           grad_norm_generator=float(norms[1]) if generator else float("nan"))
 
+    @torch.no_grad()
+    def _pull_toward_start(self) -> None:
+        """Each trained generator weight moves the fraction anchor_weight x lr of the way back to its start:
+        a weight the data keeps pushing settles about 1/anchor_weight from it (AdamW's steps are about lr),
+        one pushed this way and that by noise stays near it."""
+        if self.start_weights is None:
+            return
+        rate = min(1.0, self.optimizer_g.param_groups[0]["lr"] * self.settings.anchor_weight)
+        for weight, start in zip(self.generator_params, self.start_weights):
+            weight.lerp_(start, rate)
+
     def state_dict(self) -> dict:
         return {"optimizer_g": self.optimizer_g.state_dict(), "optimizer_d": self.optimizer_d.state_dict(),
                 "scaler_g": self.scaler_g.state_dict(), "scaler_d": self.scaler_d.state_dict(),
                 "nonfinite_skips": self.nonfinite_skips, "overflow_skips": self.overflow_skips,
-                "oom_skips": self.oom_skips}
+                "oom_skips": self.oom_skips,
+                **({"start_weights": self.start_weights} if self.start_weights is not None else {})}
 
     def load_state_dict(self, state: dict) -> None:
         self.load_optimizers(state)
+        if self.start_weights is not None and state.get("start_weights") is not None:  # a resumed run's anchor
+            self.start_weights = [saved.to(self.device) for saved in state["start_weights"]]
         self.nonfinite_skips = state.get("nonfinite_skips", 0)
         self.overflow_skips = state.get("overflow_skips", 0)
         self.oom_skips = state.get("oom_skips", 0)
