@@ -27,6 +27,7 @@ from finetune.data.prepare import ClipSettings, Preparer, write_outputs
 from finetune.data.quality import QualityLimits
 from finetune.data.sources import SourceError, open_source
 from finetune.data.text import TextNormalizer
+from finetune.reporting.prepare_page import write_page
 from finetune.system.errors import ToolError
 
 
@@ -185,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         "vocabulary": "open (scratch model)" if normalizer.vocabulary is None else "".join(sorted(normalizer.vocabulary)),
         **source.notes, "elapsed_s": round(time.monotonic() - started, 2),
     }, limits)
+    write_page(data_dir, report, tally)
     print_summary(report, data_dir)
     if not report["counts"]["kept"]:
         print("error: no clip survived preparation; the reasons are above and in prepare_report.json",

@@ -33,20 +33,35 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from finetune.cli import config_to_dict, exit_process, flag, lazy_modules, parse_config, run_script
+from finetune.cli import config_to_dict, exit_process, flag, parse_config, run_script
 from finetune.settings import TrainingFlags
 from finetune.system.run_lock import hold_for_launch
 
-# The parts below need torch and transformers: they load on first use, once the flags are parsed (--help stays fast).
-(atomic, audio, budgeting, checkpoints, context, corpus, corrections, distributed, evaluation, feedback, generator,
- interrupt, logs, loop, measures, model_card, model_source, recipe, run_settings, sampler, session, speaker_layers,
- synthesis) = lazy_modules(
-    "finetune.system.atomic", "finetune.data.audio", "finetune.training.budget", "finetune.training.checkpoint",
-    "finetune.training.context", "finetune.data.corpus", "finetune.data.corrections", "finetune.training.distributed",
-    "finetune.reporting.evaluation", "finetune.training.feedback", "finetune.vits.generator", "finetune.system.interrupt",
-    "finetune.reporting.logs", "finetune.training.loop", "finetune.reporting.measures", "finetune.reporting.model_card",
-    "finetune.system.model_source", "finetune.recipe", "finetune.training.run_settings", "finetune.data.sampler",
-    "finetune.training.session", "finetune.vits.speakers", "finetune.vits.synthesis")
+from transformers import VitsModel, VitsTokenizer
+
+from finetune import recipe
+from finetune.data.features import Features
+from finetune.data import audio
+from finetune.data import corpus
+from finetune.data import corrections
+from finetune.data import sampler
+from finetune.reporting import evaluation
+from finetune.reporting import logs
+from finetune.reporting import measures
+from finetune.reporting import model_card
+from finetune.system import atomic
+from finetune.system import interrupt
+from finetune.system import model_source
+from finetune.training import budget as budgeting
+from finetune.training import context
+from finetune.training import distributed
+from finetune.training import feedback
+from finetune.training import loop
+from finetune.training import run_settings
+from finetune.training import session
+from finetune.vits import generator
+from finetune.vits import speakers as speaker_layers
+from finetune.vits import synthesis
 
 
 @dataclass
@@ -204,11 +219,11 @@ def review(config: FeedbackConfig, base: Path) -> int:
 
 @dataclass
 class RoundData:
-    model: object  # the generator, ready for training
-    tokenizer: object
-    features: object
-    corrections: object  # Corpus
-    originals: object  # Corpus: held-out clips of the original
+    model: VitsModel  # the generator, ready for training
+    tokenizer: VitsTokenizer
+    features: Features
+    corrections: corpus.Corpus
+    originals: corpus.Corpus  # held-out clips of the original
     replay: list  # Examples of the original corpus
     prepare_report: dict
     hop: int
@@ -246,7 +261,7 @@ def load_round_data(config: FeedbackConfig, round_: recipe.Run, base: Path) -> R
     voice = corrections.voice_speaker(data_dir, config.target_speaker, getattr(model.config, "speaker", None))
     if config.corrections_voice == "own":  # other people's recordings: their own speaker id, the voice its own
         model = speaker_layers.add_speakers(model, 2, seed=config.seed)
-        speaker_layers.pin_first_speaker(model)  # the voice's own path: only the shared parts can move it
+        speaker_layers.pin_target_speaker(model)  # the voice's own path: only the shared parts can move it
         model.config.speaker_names = [voice or "voice", "corrections"]
         round_.logger.info("speakers: the corrections train under a speaker id of their own, the replayed clips as "
                            f"the voice ({voice or 'the corpus'}); the voice is judged and exported "

@@ -24,21 +24,34 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from finetune.cli import (ConfigError, config_to_dict, exit_process, flag, given_flags, lazy_modules, parse_config,
+from finetune.cli import (ConfigError, config_to_dict, exit_process, flag, given_flags, parse_config,
                           run_script)
 from finetune.settings import TrainingFlags
 from finetune.system.run_lock import hold_for_launch
 
-# The parts below need torch and transformers: they load on first use, once the flags are parsed (--help stays fast).
-(atomic, budgeting, checkpoints, context, corpus, distributed, evaluation, generator, hub_upload, interrupt, logs, loop,
- measures, model_card, naturalness, recipe, run_settings, sampler, session, speaker_layers, speakers,
- tracking) = lazy_modules(
-    "finetune.system.atomic", "finetune.training.budget", "finetune.training.checkpoint", "finetune.training.context",
-    "finetune.data.corpus", "finetune.training.distributed", "finetune.reporting.evaluation", "finetune.vits.generator",
-    "finetune.system.hub_upload", "finetune.system.interrupt", "finetune.reporting.logs", "finetune.training.loop",
-    "finetune.reporting.measures", "finetune.reporting.model_card", "finetune.reporting.naturalness", "finetune.recipe",
-    "finetune.training.run_settings", "finetune.data.sampler", "finetune.training.session", "finetune.vits.speakers",
-    "finetune.data.speakers", "finetune.reporting.tracking")
+from finetune import recipe
+from finetune.data.features import Features
+from finetune.data import corpus
+from finetune.data import sampler
+from finetune.data import speakers
+from finetune.reporting import evaluation
+from finetune.reporting import logs
+from finetune.reporting import measures
+from finetune.reporting import model_card
+from finetune.reporting import naturalness
+from finetune.reporting import tracking
+from finetune.system import atomic
+from finetune.system import hub_upload
+from finetune.system import interrupt
+from finetune.training import budget as budgeting
+from finetune.training import checkpoint as checkpoints
+from finetune.training import context
+from finetune.training import distributed
+from finetune.training import loop
+from finetune.training import run_settings
+from finetune.training import session
+from finetune.vits import generator
+from finetune.vits import speakers as speaker_layers
 
 
 @dataclass
@@ -215,10 +228,10 @@ def tidy(folder: Path, only: str | None, dist, logger) -> None:
 
 @dataclass
 class Model:
-    loaded: object  # finetune.vits.generator.LoadedGenerator: the generator, its tokenizer, where it came from
+    loaded: generator.LoadedGenerator  # the generator, its tokenizer, where it came from
     frozen_parts: list[str]
-    features: object  # finetune.data.features.Features for its rate and hop
-    speakers: object | None  # finetune.data.speakers.Speakers of a multi-speaker corpus, else None
+    features: Features  # for its rate and hop
+    speakers: speakers.Speakers | None  # of a multi-speaker corpus, else None
 
 
 def build_model(config: TrainConfig, run: recipe.Run) -> Model:
@@ -245,9 +258,9 @@ def build_model(config: TrainConfig, run: recipe.Run) -> Model:
 
 @dataclass
 class Data:
-    train: object  # finetune.data.corpus.Corpus
-    val: object | None  # held-out clips (metadata_val.csv), if any
-    sampler: object  # finetune.data.sampler.BucketSampler over the training clips
+    train: corpus.Corpus
+    val: corpus.Corpus | None  # held-out clips (metadata_val.csv), if any
+    sampler: sampler.BucketSampler  # over the training clips
     precomputed: bool  # spectrograms in RAM (else computed per batch)
 
 
@@ -320,16 +333,13 @@ def build_loop(config: TrainConfig, run: recipe.Run, model: Model, data: Data, s
                                          config.discriminator_scales,
                                          run.payload, loaded.pretrained, config.discriminator_warmup_steps)
     run.logger.info(choice.description)
-    # The target's own clips (each once: --target_share repeats them), for want of held-out ones.
-    target = model.speakers and list({e.item_id: e for e in data.train.examples if e.speaker == 0}.values())
-    fallback = corpus.Corpus(target, data.train.report, False, 0.0, 0) if target else data.train
     evaluator = evaluation.Evaluator(
-        session.held_out(data.val, fallback, config.val_samples, run.logger), features, run.device,
+        session.evaluation_clips(data.val, data.train, config.val_samples, run.logger), features, run.device,
         features.config.sample_rate, run.folder / "samples",
         session.test_sentences(config.test_sentences, loaded.tokenizer, run.logger), seed=config.seed,
         batch_size=session.eval_batch_size(run.device), rule=measures.TimingRule(config.max_length_ratio),
         naturalness=naturalness_for(config.naturalness, run.device, run.logger) if run.dist.is_main else None,
-        speaker=0 if model.speakers and model.speakers.conditioned else None, others=other_speakers(config, run, model))
+        speaker=speakers.TARGET_SPEAKER if model.speakers and model.speakers.conditioned else None, others=other_speakers(config, run, model))
     held = len(data.val.examples) if data.val else 0
     warning = measures.few_held_out(len(evaluator.examples), f"raise --val_samples ({held} are held out)"
                                     if held > len(evaluator.examples) else

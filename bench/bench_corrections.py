@@ -33,16 +33,14 @@ import json
 import math
 import shlex
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
+from bench.launcher import run_script
+from bench.machine import describe
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-from bench.launcher import run_script  # noqa: E402
-from bench.machine import describe  # noqa: E402
 
 
 def run(script: str, argv: list, log: Path, label: str) -> None:

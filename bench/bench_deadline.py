@@ -34,10 +34,9 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from bench.machine import describe
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-from bench.machine import describe  # noqa: E402
 
 BUSY = "while True: pass"
 

@@ -15,16 +15,14 @@ figure shows what the architecture costs, not what it says.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from bench.machine import describe
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-from bench.machine import describe  # noqa: E402
 
 SENTENCES = ["rojbaş tu çawa yî", "ez ji te hez dikim û ez ê her tim li vir bim",
              "sibê em ê zû rabin ji ber ku rêwîtiyek dirêj li pêşiya me ye",

@@ -39,11 +39,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+from bench.launcher import run_script
+from bench.machine import describe
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-from bench.launcher import run_script  # noqa: E402
-from bench.machine import describe  # noqa: E402
 
 OLD_LOSS_PATCH = (  # transformers' own training path for the stochastic duration predictor
     "import finetune.vits.objective as o;"

@@ -47,19 +47,18 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from bench.machine import describe
+from finetune.data.examples import Example, collate
+from finetune.data.features import FeatureConfig, Features
+from finetune.data.feed import MicroBatchFeed
+from finetune.data.sampler import BucketSampler
+from finetune.training.batch_fit import longest_batch, try_micro_batch
+from finetune.training.step import Precision, StepSettings, TrainStep
+from finetune.vits.discriminator import Discriminator, DiscriminatorConfig, parameter_count
+from finetune.vits.generator import hop_length, ready_for_training, scratch_generator
+from finetune.vits.losses import LossWeights
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-from bench.machine import describe  # noqa: E402
-from finetune.data.examples import Example, collate  # noqa: E402
-from finetune.data.features import FeatureConfig, Features  # noqa: E402
-from finetune.data.feed import MicroBatchFeed  # noqa: E402
-from finetune.data.sampler import BucketSampler  # noqa: E402
-from finetune.training.batch_fit import longest_batch, try_micro_batch  # noqa: E402
-from finetune.training.step import Precision, StepSettings, TrainStep  # noqa: E402
-from finetune.vits.discriminator import Discriminator, DiscriminatorConfig, parameter_count  # noqa: E402
-from finetune.vits.generator import hop_length, ready_for_training, scratch_generator  # noqa: E402
-from finetune.vits.losses import LossWeights  # noqa: E402
 
 PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 # Dense fp16/bf16 tensor-core peaks (TFLOPS) from the vendors' sheets, with FP32 accumulation (what PyTorch's

@@ -11,22 +11,20 @@ log-mel L1 after DTW, and the ratio of synthesised to real length.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import librosa
 import numpy as np
 import torch
+from bench.machine import describe
+from finetune.data.corpus import load_examples
+from finetune.reporting.measures import MCD_SCALE, mcd_dtw, mel_cepstrum
+from finetune.vits.inference import ceiling_for_text, speak
+from finetune.data.features import FeatureConfig, Features
+from finetune.vits.generator import scratch_generator
+from finetune.training.session import corpus_texts, seed_everything
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-from bench.machine import describe  # noqa: E402
-from finetune.data.corpus import load_examples  # noqa: E402
-from finetune.reporting.measures import MCD_SCALE, mcd_dtw, mel_cepstrum  # noqa: E402
-from finetune.vits.inference import ceiling_for_text, speak  # noqa: E402
-from finetune.data.features import FeatureConfig, Features  # noqa: E402
-from finetune.vits.generator import scratch_generator  # noqa: E402
-from finetune.training.session import corpus_texts, seed_everything  # noqa: E402
 
 
 def dtw_mean(a: np.ndarray, b: np.ndarray, distance) -> float:

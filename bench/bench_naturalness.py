@@ -27,15 +27,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from bench.machine import describe
+from finetune.data.audio import write_pcm16
+from finetune.data.features import FeatureConfig, Features
+from finetune.reporting.measures import mcd_dtw
+from finetune.reporting.naturalness import Naturalness
+from finetune.vits.inference import speak
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-from bench.machine import describe  # noqa: E402
-from finetune.data.audio import write_pcm16  # noqa: E402
-from finetune.data.features import FeatureConfig, Features  # noqa: E402
-from finetune.reporting.measures import mcd_dtw  # noqa: E402
-from finetune.reporting.naturalness import Naturalness  # noqa: E402
-from finetune.vits.inference import speak  # noqa: E402
 
 TEMPOS = (0.7, 1.4)  # length scales: too fast, too slow
 

@@ -54,12 +54,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+from bench.launcher import run_script
+from bench.bench_selection import judge_model as judge  # the same judge as the kept-model bench
+from bench.machine import describe
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-from bench.launcher import run_script  # noqa: E402
-from bench.bench_selection import judge_model as judge  # noqa: E402  (the same judge as the kept-model bench)
-from bench.machine import describe  # noqa: E402
 
 # The peer's requirements name floors only (transformers>=4.35.1, datasets[audio]>=2.14.7, accelerate>=0.24.1);
 # these are the releases of its last commit's time (6f3f51f, 2024-02-12), which its code was written against
@@ -156,7 +155,7 @@ def child(record_dir: str, argv: list[str]) -> int:
     from finetune.cli import run_script as run_recipe
     from finetune.training.budget import seconds_since_process_start
     from finetune.training.evaluating import Evaluations
-    from finetune.vits.generator import export_model
+    from finetune.vits.model_folder import export_model
 
     folder = Path(record_dir)
     real = Evaluations.keep_if_best

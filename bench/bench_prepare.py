@@ -18,10 +18,9 @@ import time
 from pathlib import Path
 
 import soundfile as sf
+from bench.machine import describe
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-from bench.machine import describe  # noqa: E402
 
 CORPUS = REPO / "demo" / "corpus"
 

@@ -22,10 +22,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from bench.machine import describe
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-from bench.machine import describe  # noqa: E402
 
 DEMO = REPO / "demo" / "corpus"
 

@@ -40,11 +40,10 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from bench.launcher import run_script
+from bench.machine import describe
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-from bench.launcher import run_script  # noqa: E402
-from bench.machine import describe  # noqa: E402
 
 RULES = {"lowest mean (before)": None, "beyond noise, 80%": 0.80, "beyond noise, 90%": 0.90,
          "beyond noise, 95% (now)": 0.95, "beyond noise, 99%": 0.99}
@@ -58,7 +57,7 @@ def child(record_dir: str, argv: list[str]) -> int:
     import train_vits
     from finetune.cli import run_script
     from finetune.training.evaluating import Evaluations
-    from finetune.vits.generator import export_model
+    from finetune.vits.model_folder import export_model
 
     folder = Path(record_dir)
     folder.mkdir(parents=True, exist_ok=True)

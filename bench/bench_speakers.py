@@ -41,11 +41,10 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from bench.bench_finetune import prepare, pretrain_voice_a, run, score, train
+from bench.machine import describe
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-from bench.bench_finetune import prepare, pretrain_voice_a, run, score, train  # noqa: E402
-from bench.machine import describe  # noqa: E402
 
 # name -> (how many times longer than voice A, SNR of added white noise in dB or None); T is the target.
 SPEAKERS = {"T": (1.30, None), "F": (0.80, None), "N": (0.90, 25.0), "A": (1.00, 15.0)}

@@ -19,25 +19,23 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from bench.demo_data import prepare_demo
+from bench.machine import describe
+from finetune.vits import objective
+from finetune.data.corpus import load_examples
+from finetune.data.examples import collate
+from finetune.vits.discriminator import Discriminator, DiscriminatorConfig, parameter_count
+from finetune.data.features import FeatureConfig, Features
+from finetune.vits.generator import hop_length, ready_for_training, scratch_generator
+from finetune.vits.losses import LossWeights
+from finetune.training.step import StepSettings, TrainStep, Window, resolve_precision
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-from bench.demo_data import prepare_demo  # noqa: E402
-from bench.machine import describe  # noqa: E402
-from finetune.vits import objective  # noqa: E402
-from finetune.data.corpus import load_examples  # noqa: E402
-from finetune.data.examples import collate  # noqa: E402
-from finetune.vits.discriminator import Discriminator, DiscriminatorConfig, parameter_count  # noqa: E402
-from finetune.data.features import FeatureConfig, Features  # noqa: E402
-from finetune.vits.generator import hop_length, ready_for_training, scratch_generator  # noqa: E402
-from finetune.vits.losses import LossWeights  # noqa: E402
-from finetune.training.step import StepSettings, TrainStep, Window, resolve_precision  # noqa: E402
 
 PHASES = ("data to device", "generator forward", "alignment", "discriminator fwd+bwd", "generator loss+bwd",
           "optimizer steps")

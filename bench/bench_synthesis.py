@@ -20,11 +20,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from bench.demo_data import prepare_demo
+from bench.machine import describe
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-from bench.demo_data import prepare_demo  # noqa: E402
-from bench.machine import describe  # noqa: E402
 
 
 def build(size: str, data_dir: Path, blow_up: float):

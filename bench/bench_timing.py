@@ -25,18 +25,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
+from bench.machine import describe
+from finetune.reporting.evaluation import DURATION_DRAWS
+from finetune.vits.inference import duration_draws
+from finetune.vits.tempo_fit import geometric_spread
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-from bench.machine import describe  # noqa: E402
-from finetune.reporting.evaluation import DURATION_DRAWS  # noqa: E402
-from finetune.vits.inference import duration_draws  # noqa: E402
-from finetune.vits.tempo_fit import geometric_spread  # noqa: E402
 
 NOISE_SCALES = (0.0, 0.333, 0.5, 0.667, 0.8, 1.0)
 

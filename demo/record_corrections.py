@@ -15,8 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_corpus import SPEAKERS, espeak_version  # noqa: E402
+from make_corpus import SPEAKERS, espeak_version  # beside this script (python demo/record_corrections.py)
 
 APP_USERS = ("axin", "baran", "evin")  # who records the corrections: not ciya
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import logging
 import os
 import sys
@@ -104,24 +103,6 @@ def config_to_dict(config: Any) -> dict[str, Any]:
         return value
 
     return {k: plain(v) for k, v in dataclasses.asdict(config).items()}
-
-
-class LazyModule:
-    """A module imported on first attribute access."""
-
-    def __init__(self, name: str):
-        self._name, self._module = name, None
-
-    def __getattr__(self, attribute: str) -> Any:
-        if self._module is None:
-            self._module = importlib.import_module(self._name)
-        return getattr(self._module, attribute)
-
-
-def lazy_modules(*names: str) -> list[LazyModule]:
-    """Modules that load on first use: a recipe names the heavy parts it calls (torch, transformers) once, at
-    its top, and `--help` or a flag error never pays for importing them."""
-    return [LazyModule(name) for name in names]
 
 
 def run_script(main) -> int:

@@ -1,9 +1,6 @@
 """The wiring train_vits.py and train_feedback.py share, written once: a run's place and means (folder,
 log, metrics, budget, device, precision), the spectrogram features a model needs, and `build_loop`: from
 what a recipe brings (its starting point, its data, its evaluator, its choices) to the training loop.
-
-The recipes import this module lazily (finetune.cli.lazy_modules), once their flags are parsed: it pulls
-in torch and transformers, which `--help` does not need.
 """
 
 from __future__ import annotations
@@ -12,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from transformers import VitsModel, VitsTokenizer
 
 from finetune.cli import ConfigError
 from finetune.data.features import FeatureConfig, Features
@@ -30,7 +28,7 @@ from finetune.training.context import LoopContext, RunPaths
 from finetune.training.loop import SaveExtras, TrainingLoop, TrainingParts
 from finetune.training.run_settings import CheckpointSettings, LoopSettings
 from finetune.training.state import TrainingState
-from finetune.training.session import pick_device
+from finetune.training.session import DiscriminatorChoice, pick_device
 from finetune.training.step import Precision, StepSettings, TrainStep, precision_warning, resolve_precision
 from finetune.vits.generator import hop_length
 from finetune.vits.losses import LossWeights
@@ -98,11 +96,11 @@ class StartingPoint:
     """The weights a recipe trains from: the generator (ready for training) and its tokenizer, the parts kept
     frozen, its spectrogram features, the discriminator chosen for it (finetune/training/session.py)."""
 
-    model: object  # transformers.VitsModel
-    tokenizer: object
+    model: VitsModel
+    tokenizer: VitsTokenizer
     frozen_parts: list[str]
     features: Features
-    discriminator: object  # finetune.training.session.DiscriminatorChoice
+    discriminator: DiscriminatorChoice
 
 
 @dataclass

@@ -28,7 +28,6 @@ import signal
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def die() -> None:
@@ -65,7 +64,7 @@ def inject(fault: str, n: int) -> None:
 
     from finetune.training import feedback
 
-    from finetune.vits import generator
+    from finetune.vits import model_folder
 
     if fault == "checkpoint-write":
         def half_written(obj, path):
@@ -82,16 +81,16 @@ def inject(fault: str, n: int) -> None:
             if target.exists():
                 os.replace(target, target.with_name(f".{target.name}.old-{os.getpid()}"))
             die()
-        generator.replace_dir = on_nth(n, generator.replace_dir, half_swapped)
+        model_folder.replace_dir = on_nth(n, model_folder.replace_dir, half_swapped)
     elif fault == "export-staging":
-        generator.replace_dir = on_nth(n, generator.replace_dir, lambda built, target: die())
+        model_folder.replace_dir = on_nth(n, model_folder.replace_dir, lambda built, target: die())
     elif fault == "export-after-swap":
         def swapped_not_cleaned(built, target):
             if target.exists():
                 os.replace(target, target.with_name(f".{target.name}.old-{os.getpid()}"))
             os.replace(built, target)
             die()
-        generator.replace_dir = on_nth(n, generator.replace_dir, swapped_not_cleaned)
+        model_folder.replace_dir = on_nth(n, model_folder.replace_dir, swapped_not_cleaned)
     elif fault == "pointer-update":
         real_text = checkpoint.write_text_atomic
         pointer_calls = {"count": 0}

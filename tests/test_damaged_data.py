@@ -75,7 +75,8 @@ def test_a_run_on_a_damaged_corpus_goes_on_and_says_which_clips_it_left_out(dama
 def test_a_model_folder_with_a_wrongly_shaped_weight_is_refused_in_one_line(prepared_demo, tmp_path):
     from safetensors.torch import load_file, save_file
 
-    from finetune.vits.generator import export_model, load_complete_model
+    from finetune.vits.generator import load_complete_model
+    from finetune.vits.model_folder import export_model
 
     loaded = tiny_generator(prepared_demo)
     export_model(loaded.model, loaded.tokenizer, tmp_path / "model")

@@ -13,12 +13,12 @@ import pytest
 from finetune.system.run_lock import LOCK_NAME, FolderBusy, RunLock
 from tests.conftest import REPO
 
-HOLD = ("import sys, time; sys.path.insert(0, {repo!r}); from finetune.system.run_lock import RunLock; "
+HOLD = ("import time; from finetune.system.run_lock import RunLock; "
         "RunLock({folder!r}).acquire(); print('held', flush=True); time.sleep(600)")
 
 
 def start_holder(folder) -> subprocess.Popen:
-    holder = subprocess.Popen([sys.executable, "-c", HOLD.format(repo=str(REPO), folder=str(folder))],
+    holder = subprocess.Popen([sys.executable, "-c", HOLD.format(folder=str(folder))],
                               stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     return holder
@@ -65,7 +65,7 @@ def test_only_the_main_process_of_a_data_parallel_run_takes_the_lock(tmp_path):
     lock.release()
 
 
-HOLD_OUTPUT = ("import sys, time; sys.path.insert(0, {repo!r}); from finetune.system.run_lock import output_lock; "
+HOLD_OUTPUT = ("import time; from finetune.system.run_lock import output_lock; "
                "output_lock({folder!r}).acquire(); print('held', flush=True); time.sleep(600)")
 
 
@@ -73,7 +73,7 @@ def test_a_second_run_publishing_into_a_held_output_folder_is_refused(prepared_d
     """Its own --checkpoint_dir, but the first run's --output_dir: it would tidy (and publish into) the folder
     the first one swaps. Refused before it trains, naming the holder and the flag."""
     output = tmp_path / "final_model"
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_OUTPUT.format(repo=str(REPO), folder=str(output))],
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_OUTPUT.format(folder=str(output))],
                               stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     try:

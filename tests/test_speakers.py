@@ -171,11 +171,11 @@ def test_a_pinned_first_speaker_sounds_as_before_however_the_conditioning_trains
     train every conditioning layer and embedding on both speakers leave its speech exactly as it was,
     while speaker 1 moves."""
     from finetune.data.features import FeatureConfig, Features
-    from finetune.vits.speakers import pin_first_speaker
+    from finetune.vits.speakers import pin_target_speaker
 
     loaded, batch = voice
     conditioned = add_speakers(loaded.model, 2, 32)
-    pin_first_speaker(conditioned)
+    pin_target_speaker(conditioned)
     for name, parameter in conditioned.named_parameters():
         parameter.requires_grad_(".cond" in name or "embed_speaker" in name)
     tokens = [np.asarray(t[: int(n)], dtype=np.int32) for t, n in zip(batch.input_ids.numpy(), batch.text_lengths)]
@@ -198,7 +198,7 @@ def test_a_pinned_first_speaker_sounds_as_before_however_the_conditioning_trains
 
 
 def test_one_speaker_folds_into_a_plain_model_that_speaks_as_it(voice, tmp_path):
-    from finetune.vits.generator import export_model
+    from finetune.vits.model_folder import export_model
 
     loaded, batch = voice
     conditioned = add_speakers(loaded.model, 3, 32).eval()

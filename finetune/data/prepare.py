@@ -466,8 +466,8 @@ def speaker_table(tally: Tally, val_ids: set[str]) -> dict[str, dict]:
 
 def write_outputs(data_dir: Path, tally: Tally, val_fraction: float, report_extra: dict,
                   limits: quality.QualityLimits = quality.QualityLimits()) -> dict:
-    """metadata.csv, metadata_val.csv, quality.csv and prepare_report.json (and its page,
-    prepare_report.html); returns the report."""
+    """metadata.csv, metadata_val.csv, quality.csv and prepare_report.json; returns the report. Its page,
+    prepare_report.html, is the reporting layer's (finetune/reporting/prepare_page.py, written by prepare_data.py)."""
     apply_quality(tally, limits)
     ids = sorted(tally.kept)
     val_ids = split_by_speaker(tally.kept, val_fraction)
@@ -501,9 +501,6 @@ def write_outputs(data_dir: Path, tally: Tally, val_fraction: float, report_extr
     }
     try:
         write_text_atomic(data_dir / "prepare_report.json", json.dumps(report, indent=2, ensure_ascii=False) + "\n")
-        from finetune.reporting.prepare_page import write_page
-
-        write_page(data_dir / "prepare_report.html", report, tally)
     except OSError as error:
         raise NotWritten(f"could not write {data_dir}/prepare_report.json: "
                          f"{describe_failure(error, data_dir, 'it', 0)}; free space and run the same command again") from None

@@ -23,6 +23,12 @@ from finetune.data.corpus import WAV_HEADER_BYTES, read_rows
 from finetune.system.errors import ConfigError
 
 MODES = ("conditioned", "pooled", "target_only")
+TARGET_SPEAKER = 0  # the id the voice trains under, is judged and exported as; a crowd's (or correctors') follow
+
+
+def target_clips(examples: list) -> list:
+    """The target's clips, each once (a run's training list may repeat them: weighted_for_target)."""
+    return list({e.item_id: e for e in examples if e.speaker == TARGET_SPEAKER}.values())
 
 
 @dataclass(frozen=True)
@@ -43,9 +49,9 @@ class Speakers:
     def indices(self) -> dict[str, int]:
         """speaker -> the index its clips train under (the speakers a mode leaves out are absent)."""
         if self.mode == "target_only":
-            return {self.target: 0}
+            return {self.target: TARGET_SPEAKER}
         if self.mode == "pooled":
-            return {name: 0 for name in self.names}
+            return {name: TARGET_SPEAKER for name in self.names}
         return {name: index for index, name in enumerate(self.names)}
 
     def describe(self) -> str:
@@ -99,7 +105,7 @@ def weighted_for_target(examples: list, share: float) -> tuple[list, str]:
     about `share` of every epoch's draws (never fewer than they are), and the line that says so. In a
     fixed budget the target's voice is learnt from its own clips; the crowd's are there for the text,
     and at their natural share (15% for a minority target) the target's layers see too few steps."""
-    target = [e for e in examples if e.speaker == 0]
+    target = [e for e in examples if e.speaker == TARGET_SPEAKER]
     others = len(examples) - len(target)
     if not target or not others or len(target) >= share * len(examples):
         return examples, (f"speakers: the target's {len(target)} clips are {len(target) / len(examples):.0%} of the "

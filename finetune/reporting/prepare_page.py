@@ -12,8 +12,10 @@ import base64
 import html
 from pathlib import Path
 
+from finetune.data.prepare import NotWritten, Tally
 from finetune.reporting.plots import _figure, _save
 from finetune.system.atomic import write_text_atomic
+from finetune.system.disk import describe_failure
 
 MEASURES = {"snr_db": "noise estimate (dB, higher is cleaner)", "silence": "silence share",
             "clipping": "clipped samples share", "chars_per_s": "characters a second", "dnsmos": "DNSMOS overall"}
@@ -34,7 +36,17 @@ def cell(value) -> str:
     return f"{value:.3g}" if isinstance(value, float) else html.escape(str(value))
 
 
-def write_page(path: Path, report: dict, tally) -> None:
+def write_page(data_dir: Path, report: dict, tally: Tally) -> None:
+    """DATA_DIR/prepare_report.html from the report and the kept clips' measures; NotWritten (what to free)
+    when the disk refuses it, as the report itself."""
+    try:
+        write_text_atomic(data_dir / "prepare_report.html", page(report, tally))
+    except OSError as error:
+        raise NotWritten(f"could not write {data_dir}/prepare_report.html: "
+                         f"{describe_failure(error, data_dir, 'it', 0)}; free space and run the same command again") from None
+
+
+def page(report: dict, tally: Tally) -> str:
     speakers = report.get("speakers", {})
     columns = ["clips", "hours", "val_clips", *[m for m in MEASURES if any(m in s for s in speakers.values())]]
     rows = "".join("<tr><td>" + html.escape(name) + "</td>" + "".join(f"<td>{cell(entry.get(c))}</td>" for c in columns)
@@ -49,7 +61,7 @@ def write_page(path: Path, report: dict, tally) -> None:
     drops = "".join(f"<li>{html.escape(reason)}: {count} ({html.escape(report['drop_reasons'].get(reason, ''))})</li>"
                     for reason, count in report.get("dropped_by_reason", {}).items())
     counts = report["counts"]
-    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>prepare report</title>
+    text = f"""<!doctype html><html><head><meta charset="utf-8"><title>prepare report</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;
 padding:2px 8px;text-align:right}}td:first-child{{text-align:left}}</style></head><body>
 <h1>Prepared corpus</h1>
@@ -64,4 +76,4 @@ speaker(s); {counts['train']} for training, {counts['val']} held out; {counts['d
 --max_silence, --max_rate_deviation, --min_dnsmos.</p>
 </body></html>
 """
-    write_text_atomic(path, page)
+    return text

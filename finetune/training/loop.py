@@ -30,10 +30,12 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+from transformers import VitsTokenizer
 
 from finetune.data.examples import Example
 from finetune.data.feed import MicroBatchFeed
 from finetune.data.sampler import BucketSampler
+from finetune.reporting.evaluation import Evaluator
 from finetune.reporting.model_card import CardFacts
 from finetune.system.cpu_threads import CpuThreads
 from finetune.system.errors import ToolError
@@ -45,6 +47,7 @@ from finetune.training.context import LoopContext
 from finetune.training.ending import LoopResult, summary
 from finetune.training.evaluating import Evaluations
 from finetune.training.exports import Exports
+from finetune.training.feedback import FeedbackEvaluator
 from finetune.training.pacing import Costs, Pacer
 from finetune.training.recovery import Divergence, LastGoodState
 from finetune.training.run_settings import LoopSettings
@@ -66,10 +69,10 @@ class TrainingParts:
     saved with them, the clips and their sampler, the evaluator, the parts kept frozen."""
 
     step: TrainStep
-    tokenizer: object
+    tokenizer: VitsTokenizer
     examples: list[Example]
     sampler: BucketSampler
-    evaluator: object  # finetune/reporting/evaluation.py Evaluator, or a recipe's own with its interface
+    evaluator: Evaluator | FeedbackEvaluator  # a feedback round's judges the corrections and the voice
     frozen_parts: list[str] = field(default_factory=list)
 
 

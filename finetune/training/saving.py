@@ -28,7 +28,7 @@ from typing import Callable
 from finetune.system.disk import (FREE_SPACE_FIX, DiskTooSmall, describe_failure, detached, free_bytes,
                                   is_write_failure, looks_full, mb)
 from finetune.training.checkpoint import list_checkpoints, newest_first, save_checkpoint
-from finetune.vits.generator import copy_model, export_model
+from finetune.vits.model_folder import copy_model, export_model
 from finetune.training.pacing import Costs
 from finetune.training.recovery import all_finite
 

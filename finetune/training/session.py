@@ -17,6 +17,7 @@ import torch
 from transformers import VitsConfig, VitsModel, VitsTokenizer
 
 from finetune.data.corpus import Corpus, CorpusError, read_metadata, tokenize
+from finetune.data.speakers import target_clips
 from finetune.vits.discriminator import Discriminator, DiscriminatorConfig, load_discriminator, parameter_count
 from finetune.training.checkpoint import CheckpointError
 from finetune.vits.generator import LoadedGenerator, load_generator, ready_for_training, shape_mismatches
@@ -170,13 +171,14 @@ def eval_batch_size(device: torch.device) -> int:
     return 8 if device.type == "cuda" else 1
 
 
-def held_out(val: Corpus | None, train: Corpus, count: int, logger) -> list:
-    """Up to `count` held-out examples; without any, the first training clips (and a loud warning)."""
+def evaluation_clips(val: Corpus | None, train: Corpus, count: int, logger) -> list:
+    """The clips that judge the voice: up to `count` held-out ones (of a crowd, the recipe loads the target's
+    alone); without any, the target's first training clips, each once (and a loud warning)."""
     if val is not None and val.examples:
         return val.examples[:count]
     logger.warning("warning: no held-out clips (metadata_val.csv is empty): the best model is judged on training "
                    "clips. Prepare with --val_fraction > 0 for an honest measure")
-    return train.examples[:count]
+    return target_clips(train.examples)[:count]
 
 
 def test_sentences(path: str | None, tokenizer: VitsTokenizer, logger) -> list[tuple[str, np.ndarray]]:

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from transformers import VitsConfig, VitsModel
 
+from finetune.data.speakers import TARGET_SPEAKER
 from finetune.vits.generator import has_weight_norm, inference_copy
 
 EMBEDDING_SIZE = 256  # the original VITS's gin_channels for its multi-speaker models
@@ -76,18 +77,18 @@ def conditioning_layers(model: VitsModel) -> list[torch.nn.Conv1d]:
     return layers
 
 
-def pin_first_speaker(model: VitsModel) -> None:
-    """Speaker 0 keeps sounding exactly as the model did before add_speakers, however the others train: its
-    embedding is zero and held there, and every conditioning layer's bias is held at zero, so each layer's
-    output for speaker 0 (weights times a zero embedding, plus a zero bias) stays zero while its weights
-    learn the other speakers. Held by zeroing those gradients (hooks), which survives any later
+def pin_target_speaker(model: VitsModel) -> None:
+    """The target (TARGET_SPEAKER) keeps sounding exactly as the model did before add_speakers, however the
+    others train: its embedding is zero and held there, and every conditioning layer's bias is held at zero,
+    so each layer's output for the target (weights times a zero embedding, plus a zero bias) stays zero while
+    its weights learn the other speakers. Held by zeroing those gradients (hooks), which survives any later
     requires_grad change; Adam moves nothing whose gradient was always zero."""
     with torch.no_grad():
-        model.embed_speaker.weight[0].zero_()
+        model.embed_speaker.weight[TARGET_SPEAKER].zero_()
 
     def without_first_row(grad: torch.Tensor) -> torch.Tensor:
         grad = grad.clone()
-        grad[0] = 0
+        grad[TARGET_SPEAKER] = 0
         return grad
 
     model.embed_speaker.weight.register_hook(without_first_row)

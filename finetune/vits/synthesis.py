@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from transformers import VitsModel, VitsTokenizer
 
 from finetune.data.audio import write_pcm16
 from finetune.data.corpus import tokenize
@@ -20,8 +21,8 @@ from finetune.data.text import TextNormalizer, describe_oov
 
 @dataclass
 class Voice:
-    model: object  # transformers.VitsModel in eval mode
-    tokenizer: object
+    model: VitsModel  # in eval mode
+    tokenizer: VitsTokenizer
     normalizer: TextNormalizer
     sample_rate: int
     device: torch.device
