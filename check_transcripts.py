@@ -54,9 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     from transformers import VitsTokenizer
 
-    from finetune.reporting import transcripts
     from finetune.data.corpus import load_examples
     from finetune.recipe import features_for
+    from finetune.reporting import transcripts
     from finetune.system.interrupt import StopRequest, StopRequested
     from finetune.system.progress import Progress
     from finetune.training.session import pick_device

@@ -166,11 +166,9 @@ def export_speakers(folder: Path, out_dir: Path, config: ExportConfig, lines: li
 
     import torch
 
-    from finetune.vits.onnx_export import export_voice
-    from finetune.vits.synthesis import load_voice
-
     from finetune.reporting.model_card import card_facts
-    from finetune.vits.onnx_export import card
+    from finetune.vits.onnx_export import card, export_voice
+    from finetune.vits.synthesis import load_voice
 
     names = json.loads((folder / "speakers.json").read_text(encoding="utf-8"))["speakers"]
     voice = load_voice(folder, torch.device("cpu"), speaker="0")

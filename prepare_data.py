@@ -22,13 +22,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from finetune.cli import ConfigError, config_to_dict, flag, parse_config
-from finetune.system.model_source import ModelSourceError, model_sample_rate, model_vocabulary, resolve_model
 from finetune.data.prepare import ClipSettings, Preparer, write_outputs
 from finetune.data.quality import QualityLimits
 from finetune.data.sources import SourceError, open_source
 from finetune.data.text import TextNormalizer
 from finetune.reporting.prepare_page import write_page
 from finetune.system.errors import ToolError
+from finetune.system.model_source import ModelSourceError, model_sample_rate, model_vocabulary, resolve_model
 
 
 @dataclass

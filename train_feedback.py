@@ -33,35 +33,20 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from finetune.cli import config_to_dict, exit_process, flag, parse_config, run_script
-from finetune.settings import TrainingFlags
-from finetune.system.run_lock import hold_for_launch
-
 from transformers import VitsModel, VitsTokenizer
 
 from finetune import recipe
+from finetune.cli import config_to_dict, exit_process, flag, parse_config, run_script
+from finetune.data import audio, corpus, corrections, sampler
 from finetune.data.features import Features
-from finetune.data import audio
-from finetune.data import corpus
-from finetune.data import corrections
-from finetune.data import sampler
-from finetune.reporting import evaluation
-from finetune.reporting import logs
-from finetune.reporting import measures
-from finetune.reporting import model_card
-from finetune.system import atomic
-from finetune.system import interrupt
-from finetune.system import model_source
+from finetune.reporting import evaluation, logs, measures, model_card
+from finetune.settings import TrainingFlags
+from finetune.system import atomic, interrupt, model_source
+from finetune.system.run_lock import hold_for_launch
 from finetune.training import budget as budgeting
-from finetune.training import context
-from finetune.training import distributed
-from finetune.training import feedback
-from finetune.training import loop
-from finetune.training import run_settings
-from finetune.training import session
-from finetune.vits import generator
+from finetune.training import context, distributed, feedback, loop, run_settings, session
+from finetune.vits import generator, synthesis
 from finetune.vits import speakers as speaker_layers
-from finetune.vits import synthesis
 
 
 @dataclass

@@ -24,32 +24,17 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from finetune.cli import (ConfigError, config_to_dict, exit_process, flag, given_flags, parse_config,
-                          run_script)
-from finetune.settings import TrainingFlags
-from finetune.system.run_lock import hold_for_launch
-
 from finetune import recipe
+from finetune.cli import ConfigError, config_to_dict, exit_process, flag, given_flags, parse_config, run_script
+from finetune.data import corpus, sampler, speakers
 from finetune.data.features import Features
-from finetune.data import corpus
-from finetune.data import sampler
-from finetune.data import speakers
-from finetune.reporting import evaluation
-from finetune.reporting import logs
-from finetune.reporting import measures
-from finetune.reporting import model_card
-from finetune.reporting import naturalness
-from finetune.reporting import tracking
-from finetune.system import atomic
-from finetune.system import hub_upload
-from finetune.system import interrupt
+from finetune.reporting import evaluation, logs, measures, model_card, naturalness, tracking
+from finetune.settings import TrainingFlags
+from finetune.system import atomic, hub_upload, interrupt
+from finetune.system.run_lock import hold_for_launch
 from finetune.training import budget as budgeting
 from finetune.training import checkpoint as checkpoints
-from finetune.training import context
-from finetune.training import distributed
-from finetune.training import loop
-from finetune.training import run_settings
-from finetune.training import session
+from finetune.training import context, distributed, loop, run_settings, session
 from finetune.vits import generator
 from finetune.vits import speakers as speaker_layers
 

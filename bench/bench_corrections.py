@@ -37,6 +37,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+
 from bench.launcher import run_script
 from bench.machine import describe
 

@@ -34,6 +34,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
 from bench.machine import describe
 
 REPO = Path(__file__).resolve().parent.parent

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from bench.machine import describe
 
 REPO = Path(__file__).resolve().parent.parent

@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from bench.launcher import run_script
 from bench.machine import describe
 
@@ -135,8 +136,8 @@ def score(model_dir: Path, data_dir: Path, metadata: str = "metadata_val.csv") -
     from transformers.utils import logging as transformers_logging
 
     from finetune.data.corpus import load_examples
-    from finetune.reporting.evaluation import Evaluator
     from finetune.data.features import FeatureConfig, Features
+    from finetune.reporting.evaluation import Evaluator
 
     transformers_logging.disable_progress_bar()
     model = VitsModel.from_pretrained(str(model_dir)).eval()

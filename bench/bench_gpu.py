@@ -47,6 +47,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from bench.machine import describe
 from finetune.data.examples import Example, collate
 from finetune.data.features import FeatureConfig, Features

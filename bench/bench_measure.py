@@ -16,13 +16,14 @@ from pathlib import Path
 import librosa
 import numpy as np
 import torch
+
 from bench.machine import describe
 from finetune.data.corpus import load_examples
-from finetune.reporting.measures import MCD_SCALE, mcd_dtw, mel_cepstrum
-from finetune.vits.inference import ceiling_for_text, speak
 from finetune.data.features import FeatureConfig, Features
-from finetune.vits.generator import scratch_generator
+from finetune.reporting.measures import MCD_SCALE, mcd_dtw, mel_cepstrum
 from finetune.training.session import corpus_texts, seed_everything
+from finetune.vits.generator import scratch_generator
+from finetune.vits.inference import ceiling_for_text, speak
 
 REPO = Path(__file__).resolve().parent.parent
 

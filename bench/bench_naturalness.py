@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from bench.machine import describe
 from finetune.data.audio import write_pcm16
 from finetune.data.features import FeatureConfig, Features

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import soundfile as sf
+
 from bench.machine import describe
 
 REPO = Path(__file__).resolve().parent.parent

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
 from bench.machine import describe
 
 REPO = Path(__file__).resolve().parent.parent

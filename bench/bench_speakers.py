@@ -41,6 +41,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+
 from bench.bench_finetune import prepare, pretrain_voice_a, run, score, train
 from bench.machine import describe
 

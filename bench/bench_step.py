@@ -24,16 +24,17 @@ import time
 from pathlib import Path
 
 import torch
+
 from bench.demo_data import prepare_demo
 from bench.machine import describe
-from finetune.vits import objective
 from finetune.data.corpus import load_examples
 from finetune.data.examples import collate
-from finetune.vits.discriminator import Discriminator, DiscriminatorConfig, parameter_count
 from finetune.data.features import FeatureConfig, Features
+from finetune.training.step import StepSettings, TrainStep, Window, resolve_precision
+from finetune.vits import objective
+from finetune.vits.discriminator import Discriminator, DiscriminatorConfig, parameter_count
 from finetune.vits.generator import hop_length, ready_for_training, scratch_generator
 from finetune.vits.losses import LossWeights
-from finetune.training.step import StepSettings, TrainStep, Window, resolve_precision
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
 from bench.demo_data import prepare_demo
 from bench.machine import describe
 
@@ -30,8 +31,8 @@ def build(size: str, data_dir: Path, blow_up: float):
     import torch
 
     from finetune.data.corpus import load_examples
-    from finetune.vits.generator import scratch_generator
     from finetune.training.session import corpus_texts
+    from finetune.vits.generator import scratch_generator
 
     torch.manual_seed(0)
     loaded = scratch_generator(size, sorted(set("".join(corpus_texts(data_dir)))), 16000)
@@ -46,8 +47,8 @@ def build(size: str, data_dir: Path, blow_up: float):
 def case_evaluate(size: str, data_dir: Path, blow_up: float) -> dict:
     import torch
 
-    from finetune.reporting.evaluation import Evaluator
     from finetune.data.features import FeatureConfig, Features
+    from finetune.reporting.evaluation import Evaluator
 
     model, examples = build(size, data_dir, blow_up)
     evaluator = Evaluator(examples, Features(FeatureConfig()), torch.device("cpu"), 16000, None, [], batch_size=1)

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from bench.machine import describe
 from finetune.reporting.evaluation import DURATION_DRAWS
 from finetune.vits.inference import duration_draws

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
 from bench.demo_data import prepare_demo
 from bench.machine import describe
 

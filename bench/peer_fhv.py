@@ -18,7 +18,6 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, VitsModel
-
 from utils import VitsConfig, VitsModelForPreTraining
 
 

@@ -21,8 +21,6 @@ from typing import Any
 from finetune.system.errors import ConfigError, ToolError
 
 
-
-
 def flag(default: Any, help: str, **metadata: Any) -> Any:
     """A dataclass field that is also a command-line flag (`choices=`, `metavar=` pass through)."""
     if isinstance(default, list):

@@ -13,6 +13,7 @@ from transformers import VitsModel, VitsTokenizer
 
 from finetune.cli import ConfigError
 from finetune.data.features import FeatureConfig, Features
+from finetune.data.sampler import BucketSampler
 from finetune.reporting.logs import Metrics
 from finetune.reporting.model_card import licence_sentence
 from finetune.reporting.run_log import RunLog
@@ -20,15 +21,13 @@ from finetune.reporting.tracking import Tracker
 from finetune.settings import TrainingFlags
 from finetune.system.interrupt import StopRequest
 from finetune.system.profile import StepProfile
-from finetune.training.budget import Budget
-from finetune.training.distributed import Distributed
-from finetune.data.sampler import BucketSampler
-from finetune.training.budget import Plan
+from finetune.training.budget import Budget, Plan
 from finetune.training.context import LoopContext, RunPaths
+from finetune.training.distributed import Distributed
 from finetune.training.loop import SaveExtras, TrainingLoop, TrainingParts
 from finetune.training.run_settings import CheckpointSettings, LoopSettings
-from finetune.training.state import TrainingState
 from finetune.training.session import DiscriminatorChoice, pick_device
+from finetune.training.state import TrainingState
 from finetune.training.step import Precision, StepSettings, TrainStep, precision_warning, resolve_precision
 from finetune.vits.generator import hop_length
 from finetune.vits.losses import LossWeights

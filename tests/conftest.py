@@ -160,8 +160,7 @@ def timed_work(monkeypatch):
     fake = FakeClock()
     costs = {"micro_batch_s": 3.0, "eval_s": 1.0, "checkpoint_s": 2.0, "export_s": 1.0}
     from finetune.reporting import evaluation
-    from finetune.training import saving
-    from finetune.training import step
+    from finetune.training import saving, step
 
     real_accumulate, real_evaluate = step.TrainStep.accumulate, evaluation.Evaluator.evaluate
     real_save, real_export = saving.save_checkpoint, saving.export_model

@@ -29,7 +29,6 @@ import sys
 from pathlib import Path
 
 
-
 def die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -59,11 +58,7 @@ def inject(fault: str, n: int) -> None:
     import torch
 
     from finetune.system import atomic
-
-    from finetune.training import checkpoint
-
-    from finetune.training import feedback
-
+    from finetune.training import checkpoint, feedback
     from finetune.vits import model_folder
 
     if fault == "checkpoint-write":

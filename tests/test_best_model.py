@@ -19,7 +19,6 @@ from finetune.reporting.selection import NONE_YET, better, chosen_as, compare, j
 from tests.conftest import DEMO_CORPUS, clock_for
 from tests.test_train import args, metrics
 
-
 # ---------------------------------------------------------------- the rule
 
 
@@ -187,9 +186,9 @@ def test_a_voice_fine_tuned_from_an_mms_folder_carries_its_licence_to_every_card
         prepared_demo, tmp_path, timed_work):
     """An MMS checkpoint downloaded for offline use (a folder named as the hub's, its card's licence in its
     header): the voice made from it inherits CC-BY-NC-4.0, and says so wherever a user looks."""
+    from finetune.system.model_source import resolve_model
     from finetune.vits.generator import load_generator, ready_for_training
     from finetune.vits.model_folder import export_model
-    from finetune.system.model_source import resolve_model
     from tests.conftest import KURMANJI_LETTERS
 
     fake, _ = timed_work

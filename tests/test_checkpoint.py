@@ -7,11 +7,20 @@ import numpy as np
 import pytest
 import torch
 
-from finetune.training.checkpoint import (CheckpointError, capture_rng, check_same_data, cuda_state_for, latest_checkpoint,
-                                 list_checkpoints,
-                                 load_checkpoint, resolve_resume, restore_rng, resumed_settings,
-                                 save_checkpoint)
 from finetune.data.corpus import CorpusError, MemoryEstimate, decide_precompute
+from finetune.training.checkpoint import (
+    CheckpointError,
+    capture_rng,
+    check_same_data,
+    cuda_state_for,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    resolve_resume,
+    restore_rng,
+    resumed_settings,
+    save_checkpoint,
+)
 
 
 def test_random_state_round_trips_and_loads_with_weights_only(tmp_path):

@@ -12,7 +12,7 @@ import torch
 import train_vits
 from finetune.data.corpus import CorpusError, load_examples, read_metadata
 from finetune.system.model_source import ModelSourceError
-from finetune.training.checkpoint import CheckpointError, load_checkpoint, list_checkpoints
+from finetune.training.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
 from tests.conftest import clock_for, tiny_generator
 from tests.test_train import args, metrics
 

@@ -4,12 +4,16 @@ import warnings
 
 import pytest
 import torch
-
-from finetune.system.model_source import ModelSourceError
 from torch import nn
 
-from finetune.vits.discriminator import (Discriminator, DiscriminatorConfig, load_discriminator, parameter_count,
-                                    save_discriminator)
+from finetune.system.model_source import ModelSourceError
+from finetune.vits.discriminator import (
+    Discriminator,
+    DiscriminatorConfig,
+    load_discriminator,
+    parameter_count,
+    save_discriminator,
+)
 
 
 def test_standard_size_is_the_vits_discriminator():

@@ -70,8 +70,8 @@ def test_each_library_s_full_disk_error_is_recognised_as_one(small_disk):
     disk = small_disk(2)
     fill(disk, 64 * 1024)
     tensors = {"w": torch.zeros(1_000_000)}
-    from safetensors.torch import save_file
     import soundfile as sf
+    from safetensors.torch import save_file
 
     errors = {"torch.save": raised(lambda: torch.save(tensors, disk / "a.pt")),
               "safetensors": raised(lambda: save_file(tensors, str(disk / "a.safetensors"))),

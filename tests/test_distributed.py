@@ -28,14 +28,14 @@ def free_port() -> int:
 def one_step(data_dir: str, rank: int, world_size: int, out: str, port: int) -> None:
     """Build the same tiny model and step as every other process, take one optimizer step on this rank's
     batch (two clips), save the weights. world_size 1: both batches as two micro-batches of one window."""
-    from finetune.vits import objective
     from finetune.data.corpus import load_examples
     from finetune.data.examples import collate
-    from finetune.vits.discriminator import Discriminator, DiscriminatorConfig
-    from finetune.training.distributed import Distributed
     from finetune.data.features import FeatureConfig, Features
-    from finetune.vits.losses import LossWeights
+    from finetune.training.distributed import Distributed
     from finetune.training.step import Precision, StepSettings, TrainStep
+    from finetune.vits import objective
+    from finetune.vits.discriminator import Discriminator, DiscriminatorConfig
+    from finetune.vits.losses import LossWeights
     from tests.conftest import tiny_generator
 
     torch.set_num_threads(1)

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 import export_onnx
+from finetune.reporting.tracking import installed
 from finetune.vits.inference import ceiling_for_text, speak_tokens, synthesise_graph
 from finetune.vits.onnx_export import export_voice, sherpa_speech, tokens_lines
-from finetune.reporting.tracking import installed
 from tests.test_inference import tiny_model
 
 SENTENCES = ["ez", "ez baş im", "rojbaş tu çawa yî li vir", "sibê em ê zû rabin ji ber ku rêwîtiyek dirêj li pêşiya me ye"]
@@ -86,9 +86,9 @@ def test_sherpa_onnx_loads_the_export_and_speaks_the_expected_length(exported):
 
 
 def test_the_script_exports_and_checks_a_saved_model(tmp_path, capsys):
+    from finetune.system.model_source import resolve_model
     from finetune.vits.generator import load_generator, ready_for_training
     from finetune.vits.model_folder import export_model
-    from finetune.system.model_source import resolve_model
     from tests.conftest import KURMANJI_LETTERS
 
     loaded = load_generator(resolve_model("scratch:tiny"), list(KURMANJI_LETTERS + " "), 16000)

@@ -12,8 +12,8 @@ import torch
 
 import train_feedback
 import train_vits
-from finetune.reporting.evaluation import ClipScore, EvalResult
 from finetune.data.corrections import FeedbackError, replay_sample
+from finetune.reporting.evaluation import ClipScore, EvalResult
 from finetune.training.feedback import Versions, decide
 from tests.conftest import DEMO_CORPUS, clock_for
 

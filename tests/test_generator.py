@@ -4,11 +4,16 @@ import numpy as np
 import torch
 from transformers import VitsConfig, VitsModel, pipeline
 
-from finetune.vits.discriminator import Discriminator, DiscriminatorConfig, load_discriminator
-from finetune.vits.model_folder import export_model
-from finetune.vits.generator import (SCRATCH_CONFIGS, has_weight_norm, load_generator, ready_for_training,
-                                scratch_tokenizer)
 from finetune.system.model_source import resolve_model
+from finetune.vits.discriminator import Discriminator, DiscriminatorConfig, load_discriminator
+from finetune.vits.generator import (
+    SCRATCH_CONFIGS,
+    has_weight_norm,
+    load_generator,
+    ready_for_training,
+    scratch_tokenizer,
+)
+from finetune.vits.model_folder import export_model
 from tests.conftest import KURMANJI_LETTERS, make_tokenizer_dir
 
 

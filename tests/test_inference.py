@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
+from finetune.system.model_source import resolve_model
 from finetune.vits.generator import load_generator
 from finetune.vits.inference import cap_durations, ceiling_for_text, speak, speak_tokens
-from finetune.system.model_source import resolve_model
 from tests.conftest import KURMANJI_LETTERS
 
 TEXTS = ["ez baş im", "rojbaş tu çawa yî li vir"]
@@ -94,8 +94,8 @@ def test_a_runaway_model_is_evaluated_as_broken_within_the_ceilings(prepared_dem
     """The scenario that used to hang a feedback test for 20 minutes at 19 GB: a duration predictor that
     asks for minutes a clip. Scored (and its validation losses computed) within the caps, as broken."""
     from finetune.data.corpus import load_examples
-    from finetune.reporting.evaluation import Evaluator
     from finetune.data.features import FeatureConfig, Features
+    from finetune.reporting.evaluation import Evaluator
     from tests.conftest import tiny_generator
 
     loaded = tiny_generator(prepared_demo)

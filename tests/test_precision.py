@@ -18,9 +18,9 @@ import finetune.training.step as step_module
 import finetune.vits.losses as losses_module
 import finetune.vits.objective as objective_module
 from finetune.data.features import FeatureConfig, Features
+from finetune.training.step import Precision, StepSettings, TrainStep, precision_warning, resolve_precision
 from finetune.vits.discriminator import Discriminator, DiscriminatorConfig
 from finetune.vits.losses import LossWeights
-from finetune.training.step import Precision, StepSettings, TrainStep, precision_warning, resolve_precision
 from tests.conftest import demo_batch, tiny_generator
 
 MICRO = dict(hidden_size=16, ffn_dim=32, flow_size=8, num_hidden_layers=1, upsample_initial_channel=16,

@@ -16,8 +16,7 @@ from transformers import VitsModel
 import train_vits
 from finetune.data import corpus
 from finetune.reporting import evaluation
-from finetune.training import recovery
-from finetune.training import step
+from finetune.training import recovery, step
 from finetune.training.checkpoint import list_checkpoints, load_checkpoint
 from tests import launch
 from tests.conftest import clock_for

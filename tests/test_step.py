@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from finetune.vits.discriminator import Discriminator, DiscriminatorConfig
 from finetune.data.features import FeatureConfig, Features
+from finetune.training.step import Precision, StepSettings, TrainStep
+from finetune.vits.discriminator import Discriminator, DiscriminatorConfig
 from finetune.vits.generator import freeze
 from finetune.vits.losses import LossWeights, discriminator_loss
 from finetune.vits.objective import generator_forward, real_segments, reconstruction_mel_l1
-from finetune.training.step import Precision, StepSettings, TrainStep
 from tests.conftest import demo_batch, tiny_generator
 
 SMALL_D = DiscriminatorConfig(width=0.0625, periods=(2, 3))
@@ -137,8 +137,8 @@ def test_evaluation_out_of_gpu_memory_retries_with_smaller_groups(prepared_demo)
     """Synthesising 8 clips at once (each up to 3x its recording) may not fit a small GPU: the evaluation
     halves its group size and scores every clip, rather than ending the run. The error is raised where a
     GPU raises it: in the decoder's forward, here for groups of more than 2 clips."""
-    from finetune.reporting import evaluation
     from finetune.data.corpus import load_examples
+    from finetune.reporting import evaluation
 
     loaded = tiny_generator(prepared_demo)
     examples, _ = load_examples(prepared_demo, "metadata.csv", loaded.tokenizer, hop=256, sample_rate=16000,

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import check_transcripts
-from finetune.reporting import transcripts
 from finetune.data.corpus import read_rows
+from finetune.reporting import transcripts
 
 
 def test_a_clip_far_above_its_speakers_costs_is_flagged_and_a_small_speaker_is_measured_against_all():

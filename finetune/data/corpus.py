@@ -27,9 +27,9 @@ import torch
 from finetune.data.audio import read_pcm16
 from finetune.data.examples import Example, collate
 from finetune.data.features import Features
+from finetune.system.errors import ToolError
 from finetune.system.interrupt import StopRequest
 from finetune.system.progress import Progress
-from finetune.system.errors import ToolError
 
 WAV_HEADER_BYTES = 44
 EXAMPLE_OVERHEAD_BYTES = 1024  # Python objects and token ids per clip, roughly

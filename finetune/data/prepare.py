@@ -25,12 +25,12 @@ from typing import Iterator
 import numpy as np
 
 from finetune.data import audio, quality
+from finetune.data.sources import Source, SourceItem
+from finetune.data.text import TextNormalizer, describe_oov
 from finetune.system.atomic import write_text_atomic
 from finetune.system.disk import describe_failure, detached, is_write_failure
 from finetune.system.errors import ToolError
 from finetune.system.progress import Progress
-from finetune.data.sources import Source, SourceItem
-from finetune.data.text import TextNormalizer, describe_oov
 
 CACHE_NAME = ".prepare_cache.json"
 RESERVE_NAME = ".prepare_cache.reserve"  # room for the cache while the clips are written (Preparer.reserve_room)

@@ -44,17 +44,23 @@ import numpy as np
 import torch
 
 from finetune.data.audio import write_pcm16
-from finetune.system.disk import OPTIONAL, is_write_failure
 from finetune.data.examples import Example, collate
 from finetune.data.features import Features
-from finetune.vits.inference import ceiling_for_text, duration_draws, fork_rng, speak
-from finetune.vits.tempo_fit import geometric_spread
+from finetune.reporting.measures import (
+    TimingRule,
+    duration_error,
+    length_ratio,
+    mcd_across_speakers,
+    mcd_dtw,
+    warped_references,
+)
+from finetune.system.disk import OPTIONAL, is_write_failure
 from finetune.system.interrupt import StopRequest
 from finetune.system.time_limit import PieceCosts, TimeLimit
+from finetune.vits.inference import ceiling_for_text, duration_draws, fork_rng, speak
 from finetune.vits.losses import LossWeights
-from finetune.reporting.measures import (TimingRule, duration_error, length_ratio, mcd_across_speakers, mcd_dtw,
-                                         warped_references)
 from finetune.vits.objective import generator_forward, generator_losses, real_segments
+from finetune.vits.tempo_fit import geometric_spread
 
 LOG = logging.getLogger(__name__)  # a child of the run's "finetune" logger
 

@@ -12,13 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
-from finetune.system.atomic import write_atomic, write_text_atomic
-from finetune.system.disk import OPTIONAL
 from finetune.reporting.evaluation import EvalResult
-from finetune.system.profile import StepProfile
 from finetune.reporting.logs import Metrics, ProgressDisplay, memory_text, progress_line
 from finetune.reporting.tracking import Tracker
-
+from finetune.system.atomic import write_atomic, write_text_atomic
+from finetune.system.disk import OPTIONAL
+from finetune.system.profile import StepProfile
 
 SCALER_FIGURES = ("loss_scale_generator", "loss_scale_discriminator", "fp16_overflow_skips")  # fp16 runs only
 # report.html is redrawn after an evaluation at most this often (and always at the end): its figures cost

@@ -13,8 +13,8 @@ import html
 import json
 from pathlib import Path
 
-from finetune.system.atomic import write_text_atomic
 from finetune.reporting.plots import bars, curves
+from finetune.system.atomic import write_text_atomic
 
 LOSS_TERMS = ("mel", "kl", "duration", "adversarial", "feature_matching", "generator", "discriminator")
 

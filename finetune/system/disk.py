@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import shutil
 from pathlib import Path
+
 from finetune.system.errors import ToolError
 
 MB = 1024 * 1024

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+
 from finetune.system.errors import ToolError
 
 

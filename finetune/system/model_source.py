@@ -15,6 +15,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
+
 from finetune.system.errors import ToolError
 
 SCRATCH_PREFIX = "scratch"

@@ -22,6 +22,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
 from finetune.system.errors import ToolError
 
 LOCK_NAME = "run.lock"

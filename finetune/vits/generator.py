@@ -13,7 +13,6 @@ Training differs from the stock module in three ways, all undone or harmless at 
 
 from __future__ import annotations
 
-
 import json
 import math
 import tempfile

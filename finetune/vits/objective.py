@@ -24,14 +24,14 @@ from dataclasses import dataclass
 import torch
 from transformers import VitsModel
 
+from finetune.data.examples import Batch
+from finetune.data.features import Features
+from finetune.system.profile import section
 from finetune.vits import losses
 from finetune.vits.alignment import maximum_path, prior_log_likelihood
 from finetune.vits.duration import stochastic_duration_nll
 from finetune.vits.fp32_islands import fp32
 from finetune.vits.speakers import conditioning, duration_conditioning
-from finetune.system.profile import section
-from finetune.data.examples import Batch
-from finetune.data.features import Features
 
 
 def sequence_mask(lengths: torch.Tensor, max_length: int) -> torch.Tensor:

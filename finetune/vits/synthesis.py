@@ -5,7 +5,6 @@ training did, skip (and name) what the vocabulary cannot say, write 16-bit WAVs.
 from __future__ import annotations
 
 import sys
-
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,8 +14,9 @@ from transformers import VitsModel, VitsTokenizer
 
 from finetune.data.audio import write_pcm16
 from finetune.data.corpus import tokenize
-from finetune.vits.inference import ceiling_for_text, speak as speak_bounded
 from finetune.data.text import TextNormalizer, describe_oov
+from finetune.vits.inference import ceiling_for_text
+from finetune.vits.inference import speak as speak_bounded
 
 
 @dataclass
