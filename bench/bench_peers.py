@@ -54,8 +54,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench.launcher import run_script
+
 from bench.bench_selection import judge_model as judge  # the same judge as the kept-model bench
+from bench.launcher import run_script
 from bench.machine import describe
 
 REPO = Path(__file__).resolve().parent.parent
@@ -224,7 +225,13 @@ def peer_start(python: Path, peer: Path, base: Path, work: Path) -> Path:
     discriminator (written as an original VITS D_*.pth); the discriminator's shape goes into the config."""
     import torch
 
-    from finetune.vits.discriminator import PERIOD_CHANNELS, SCALE_CHANNELS, load_discriminator, scaled, to_original_layout
+    from finetune.vits.discriminator import (
+        PERIOD_CHANNELS,
+        SCALE_CHANNELS,
+        load_discriminator,
+        scaled,
+        to_original_layout,
+    )
 
     start = work / "fhv_start"
     if (start / "config.json").is_file():
@@ -391,6 +398,8 @@ def main() -> None:
     parser.add_argument("--learning_rate", type=float, default=0.0, help="ours' learning rate and fhv@lr's (0: this "
                         "tool's default, and no fhv@lr)")
     parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--first_seed", type=int, default=0, help="run seeds FIRST_SEED.. (a later seed added to "
+                        "results.json: the earlier seeds' runs are kept)")
     parser.add_argument("--eval_clips", type=int, default=16, help="held-out clips the runs evaluate on")
     parser.add_argument("--judge_seeds", type=int, default=2)
     parser.add_argument("--peer_save_steps", type=int, default=50, help="the peer saves its state this often")
@@ -427,8 +436,10 @@ def main() -> None:
     if earlier.is_file():  # the systems not run this time keep their earlier runs (same start, clips, budget)
         kept = json.loads(earlier.read_text())
         if kept.get("budget_s") == args.budget_s and kept.get("start", {}).get("clips") == results["start"]["clips"]:
-            results["runs"] = {name: runs for name, runs in kept["runs"].items()
-                               if name not in dict(systems_to_run(args))}
+            running = dict(systems_to_run(args))
+            results["runs"] = {name: [r for r in runs if name not in running or r.get("seed", 0) < args.first_seed]
+                               for name, runs in kept["runs"].items()}
+            results["runs"] = {name: runs for name, runs in results["runs"].items() if runs}
     print(f"the start: judge MCD {results['start']['mcd_db']:.3f} dB, length x{results['start']['length_ratio']:.3f}",
           flush=True)
     python = start = clips = None
@@ -445,7 +456,7 @@ def main() -> None:
             if python is None:
                 python = peer_venv(peer, work)
                 start, clips = peer_start(python, peer, base, work), peer_data(data, work)
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             folder = work / f"{name.replace('@', '_at_').replace('+', '_')}_s{seed}"
             if name.startswith("fhv"):
                 outcome = run_peer(args, python, peer, start, clips, folder, seed,
@@ -456,6 +467,7 @@ def main() -> None:
             outcome["curve"] = {t: {"model": path, **{k: v for k, v in judge(path, examples, args.judge_seeds).items()
                                                       if k != "clips"}}
                                 for t, path in outcome["curve"].items()}
+            outcome["seed"] = seed
             results["runs"].setdefault(name, []).append(outcome)
             score = outcome["judge"]
             print(f"{name} seed {seed}: {outcome['steps']} steps in {outcome['wall_s']:.0f} s; judge MCD "
