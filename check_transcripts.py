@@ -28,20 +28,28 @@ from finetune.cli import ConfigError, flag, parse_config, run_script
 
 @dataclass
 class CheckConfig:
-    model: str = flag("training/checkpoints/best_model", "a model folder train_vits.py wrote after training on DATA_DIR")
+    model: str = flag(
+        "training/checkpoints/best_model", "a model folder train_vits.py wrote after training on DATA_DIR"
+    )
     data_dir: str = flag("training", "the prepared corpus (prepare_data.py)")
-    max_z: float = flag(3.5, "flag clips whose alignment cost is more than this many robust standard deviations "
-                             "above their speaker's median")
-    exclude: bool = flag(False, "move the flagged clips out of metadata.csv / metadata_val.csv into "
-                                "metadata_excluded.csv")
+    max_z: float = flag(
+        3.5,
+        "flag clips whose alignment cost is more than this many robust standard deviations "
+        "above their speaker's median",
+    )
+    exclude: bool = flag(
+        False, "move the flagged clips out of metadata.csv / metadata_val.csv into metadata_excluded.csv"
+    )
     seed: int = flag(0, "seed of the posterior sample each clip is scored with")
     device: str = flag("auto", "cuda, cpu, or auto")
 
     def __post_init__(self):
         problems = []
         if not (Path(self.model) / "config.json").is_file():
-            problems.append(f"--model {self.model}: no model folder there (config.json); give a folder train_vits.py "
-                            "wrote, e.g. training/checkpoints/best_model")
+            problems.append(
+                f"--model {self.model}: no model folder there (config.json); give a folder train_vits.py "
+                "wrote, e.g. training/checkpoints/best_model"
+            )
         if not (Path(self.data_dir) / "metadata.csv").is_file():
             problems.append(f"--data_dir {self.data_dir}: no metadata.csv; prepare the corpus first (prepare_data.py)")
         if problems:
@@ -101,18 +109,25 @@ def main(argv: list[str] | None = None) -> int:
     report_path = transcripts.write_report(data_dir, ranked)
     flagged = [c for c in ranked if c.flagged]
     costs_array = np.array([c.cost for c in ranked])
-    print(f"{len(ranked)} clips aligned by {config.model}: alignment cost median {np.median(costs_array):.3f}, "
-          f"{len(flagged)} above z {config.max_z:g} -> {report_path}")
+    print(
+        f"{len(ranked)} clips aligned by {config.model}: alignment cost median {np.median(costs_array):.3f}, "
+        f"{len(flagged)} above z {config.max_z:g} -> {report_path}"
+    )
     print(f"each clip's z measured within: {transcripts.how_judged(ranked)}")
     for clip in flagged[:20]:
-        print(f"  {clip.item_id}{' (' + clip.speaker + ')' if clip.speaker else ''}: cost {clip.cost:.3f}, z {clip.z:.1f}")
+        print(
+            f"  {clip.item_id}{' (' + clip.speaker + ')' if clip.speaker else ''}: cost {clip.cost:.3f}, z {clip.z:.1f}"
+        )
     if len(flagged) > 20:
         print(f"  ... and {len(flagged) - 20} more in {report_path}")
     if config.exclude and flagged:
-        moved = transcripts.exclude(data_dir, {c.item_id for c in flagged},
-                                    f"transcript mismatch (alignment cost z {config.max_z:g}+)")
-        print(f"excluded: {moved} rows moved to {data_dir / transcripts.EXCLUDED_NAME}; the next train_vits.py run "
-              "leaves them out")
+        moved = transcripts.exclude(
+            data_dir, {c.item_id for c in flagged}, f"transcript mismatch (alignment cost z {config.max_z:g}+)"
+        )
+        print(
+            f"excluded: {moved} rows moved to {data_dir / transcripts.EXCLUDED_NAME}; the next train_vits.py run "
+            "leaves them out"
+        )
     elif flagged:
         print("listen to them; --exclude leaves them out of the next training run")
     return 0

@@ -36,13 +36,18 @@ from pathlib import Path
 
 from finetune.cli import ConfigError, flag, parse_config, run_script
 
-DEFAULT_CHECK = ["Rojbaş, tu çawa yî?", "Ez ji te hez dikim", "Sibê em ê zû rabin ji ber ku rêwîtiyek dirêj li pêşiya me ye"]
+DEFAULT_CHECK = [
+    "Rojbaş, tu çawa yî?",
+    "Ez ji te hez dikim",
+    "Sibê em ê zû rabin ji ber ku rêwîtiyek dirêj li pêşiya me ye",
+]
 
 
 @dataclass
 class ExportConfig:
-    model_dir: str = flag("training/final_model", "model folder to export (final_model, best_model, a voice version)",
-                          positional=True)
+    model_dir: str = flag(
+        "training/final_model", "model folder to export (final_model, best_model, a voice version)", positional=True
+    )
     out_dir: str = flag("voice_onnx", "folder to write model.onnx, tokens.txt and voice.json into", positional=True)
     language: str = flag("kmr", "language code written into the metadata")
     check_sentences: list[str] = flag(DEFAULT_CHECK, "sentences spoken by both PyTorch and onnxruntime to compare")
@@ -79,12 +84,19 @@ def check_onnxruntime(voice, out_dir: Path, lines: list, tolerance: float, sid: 
         speaker = None if sid is None else torch.tensor([sid], dtype=torch.int64)
         with torch.no_grad():
             expected = graph(ids, torch.tensor([ids.shape[1]]), *scales, speaker)[0, 0].numpy()
-        inputs = {"x": ids.numpy(), "x_length": np.array([ids.shape[1]], dtype=np.int64),
-                  "noise_scale": scales[0].numpy(), "length_scale": scales[1].numpy(), "noise_scale_w": scales[2].numpy(),
-                  **({"sid": speaker.numpy()} if speaker is not None else {})}
+        inputs = {
+            "x": ids.numpy(),
+            "x_length": np.array([ids.shape[1]], dtype=np.int64),
+            "noise_scale": scales[0].numpy(),
+            "length_scale": scales[1].numpy(),
+            "noise_scale_w": scales[2].numpy(),
+            **({"sid": speaker.numpy()} if speaker is not None else {}),
+        }
         got = session.run(None, inputs)[0][0, 0]
         if got.shape != expected.shape:
-            raise ExportError(f"onnxruntime spoke {line.text!r} in {got.shape[0]} samples, PyTorch in {expected.shape[0]}")
+            raise ExportError(
+                f"onnxruntime spoke {line.text!r} in {got.shape[0]} samples, PyTorch in {expected.shape[0]}"
+            )
         worst = max(worst, float(np.abs(got - expected).max()))
     if worst > tolerance:
         raise ExportError(f"onnxruntime differs from PyTorch by up to {worst:.2e} (tolerance {tolerance:g})")
@@ -105,8 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     if not lines:
         raise ConfigError(["none of --check_sentences can be said by this voice: give sentences in its alphabet"])
     facts = card_facts(config.model_dir, 0.0, 0)  # its licence, from the folder's model card or config.json
-    out_dir = export_voice(voice.model, voice.tokenizer, Path(config.out_dir), config.language, facts.licence,
-                           card(voice.model, config.model_dir, facts.licence, facts.licence_note))
+    out_dir = export_voice(
+        voice.model,
+        voice.tokenizer,
+        Path(config.out_dir),
+        config.language,
+        facts.licence,
+        card(voice.model, config.model_dir, facts.licence, facts.licence_note),
+    )
     print(f"exported {config.model_dir} -> {out_dir}/ (model.onnx, tokens.txt, voice.json, README.md)")
     print(f"licence: {facts.licence} ({facts.licence_note}); the export inherits it")
     worst = check_onnxruntime(voice, out_dir, lines, config.tolerance)
@@ -152,10 +170,14 @@ def check_tempo(model_dir: Path, out_dir: Path, texts: list[str]) -> None:
             expected.append(int(stock(**tokenizer(text, return_tensors="pt")).sequence_lengths[0]))
     heard = [counts[0] for counts in sherpa_run(out_dir, texts, 0.667, 0.0)["samples"]]  # its noise_scale default
     if heard != expected:
-        raise ExportError(f"sherpa-onnx at its defaults speaks {heard} samples where the stock pipeline with "
-                          f"{model_dir}/config.json speaks {expected}: the fitted tempo did not reach the graph")
-    print(f"sherpa-onnx at its defaults speaks at config.json's tempo (speaking_rate {stock.speaking_rate:g}): "
-          f"{len(texts)} sentences as long as the stock pipeline makes them (duration noise off to compare exactly)")
+        raise ExportError(
+            f"sherpa-onnx at its defaults speaks {heard} samples where the stock pipeline with "
+            f"{model_dir}/config.json speaks {expected}: the fitted tempo did not reach the graph"
+        )
+    print(
+        f"sherpa-onnx at its defaults speaks at config.json's tempo (speaking_rate {stock.speaking_rate:g}): "
+        f"{len(texts)} sentences as long as the stock pipeline makes them (duration noise off to compare exactly)"
+    )
 
 
 def export_speakers(folder: Path, out_dir: Path, config: ExportConfig, lines: list) -> None:
@@ -173,15 +195,25 @@ def export_speakers(folder: Path, out_dir: Path, config: ExportConfig, lines: li
     names = json.loads((folder / "speakers.json").read_text(encoding="utf-8"))["speakers"]
     voice = load_voice(folder, torch.device("cpu"), speaker="0")
     facts = card_facts(config.model_dir, 0.0, 0)
-    export_voice(voice.model, voice.tokenizer, out_dir, config.language, facts.licence,
-                 card(voice.model, str(folder), facts.licence, facts.licence_note))
+    export_voice(
+        voice.model,
+        voice.tokenizer,
+        out_dir,
+        config.language,
+        facts.licence,
+        card(voice.model, str(folder), facts.licence, facts.licence_note),
+    )
     shutil.copyfile(folder / "speakers.json", out_dir / "speakers.json")
-    print(f"exported {folder} ({len(names)} speakers) -> {out_dir}/ (model.onnx with a sid input, tokens.txt, "
-          "speakers.json)")
+    print(
+        f"exported {folder} ({len(names)} speakers) -> {out_dir}/ (model.onnx with a sid input, tokens.txt, "
+        "speakers.json)"
+    )
     for sid in sorted({0, len(names) - 1}):
         worst = check_onnxruntime(voice, out_dir, lines, config.tolerance, sid)
-        print(f"onnxruntime equals PyTorch as speaker {sid} on {len(lines)} sentences (largest sample difference "
-              f"{worst:.1e})")
+        print(
+            f"onnxruntime equals PyTorch as speaker {sid} on {len(lines)} sentences (largest sample difference "
+            f"{worst:.1e})"
+        )
     check_sherpa(out_dir, voice.normalizer(lines[0].text).text, len(names) - 1)
 
 

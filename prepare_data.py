@@ -33,20 +33,28 @@ from finetune.system.model_source import ModelSourceError, model_sample_rate, mo
 
 @dataclass
 class PrepareConfig:
-    dataset: str = flag("amedcj/kurmanji-commonvoice",
-                        "hub id, save_to_disk folder, audiofolder, or .csv/.tsv manifest")
+    dataset: str = flag(
+        "amedcj/kurmanji-commonvoice", "hub id, save_to_disk folder, audiofolder, or .csv/.tsv manifest"
+    )
     input_dir: str | None = flag(None, "LJSpeech-style folder (wavs/ + metadata.csv); used instead of --dataset")
     split: str = flag("train", "split to take from a dataset with several")
     audio_column: str | None = flag(None, "audio column (default: the first of audio, path, file, ...)")
     text_column: str | None = flag(None, "text column (default: the first of sentence, text, transcription, ...)")
     id_column: str | None = flag(None, "column to name clips by (default: the audio file name, else the row)")
-    speaker_column: str | None = flag(None, "the column naming each clip's speaker (default: client_id, speaker_id or "
-                                            "speaker when the source has one; Common Voice's client_id is found)")
-    speaker: str | None = flag(None, "keep only this speaker's clips (default: every speaker, each named in metadata.csv)")
+    speaker_column: str | None = flag(
+        None,
+        "the column naming each clip's speaker (default: client_id, speaker_id or "
+        "speaker when the source has one; Common Voice's client_id is found)",
+    )
+    speaker: str | None = flag(
+        None, "keep only this speaker's clips (default: every speaker, each named in metadata.csv)"
+    )
     data_dir: str = flag("training", "output folder")
-    model_name: str = flag("facebook/mms-tts-kmr-script_latin",
-                           "model whose vocabulary and sample rate the text and audio must fit: hub id, "
-                           "local folder, or scratch[:tiny|small|mms] (open vocabulary, 16 kHz)")
+    model_name: str = flag(
+        "facebook/mms-tts-kmr-script_latin",
+        "model whose vocabulary and sample rate the text and audio must fit: hub id, "
+        "local folder, or scratch[:tiny|small|mms] (open vocabulary, 16 kHz)",
+    )
     sample_rate: int = flag(0, "output sample rate in Hz (0: the model's)")
     val_fraction: float = flag(0.02, "share of kept clips held out for validation (at least one)")
     min_seconds: float = flag(0.5, "drop clips shorter than this after trimming (seconds)")
@@ -56,15 +64,25 @@ class PrepareConfig:
     peak: float = flag(0.95, "peak level after normalisation (fraction of full scale)")
     num_workers: int = flag(os.cpu_count() or 1, "parallel worker processes for audio")
     max_samples: int = flag(0, "use only the first N items of the source (0: all)")
-    min_snr_db: float = flag(0.0, "drop clips whose noise estimate (loud frames over the noise floor) is below this, "
-                                  "in dB (0: keep all; 15-20 drops noisy recordings)")
+    min_snr_db: float = flag(
+        0.0,
+        "drop clips whose noise estimate (loud frames over the noise floor) is below this, "
+        "in dB (0: keep all; 15-20 drops noisy recordings)",
+    )
     max_clipping: float = flag(0.0, "drop clips with more than this share of clipped samples (0: keep all; e.g. 0.001)")
     max_silence: float = flag(0.0, "drop clips that are more than this share silence (0: keep all; e.g. 0.6)")
-    max_rate_deviation: float = flag(0.0, "drop clips whose characters a second differ from their speaker's median by "
-                                          "more than this share (0: keep all; 0.5 drops likely mismatched transcripts)")
-    dnsmos: bool = flag(False, "also measure each kept clip's DNSMOS (needs requirements-naturalness.txt; about 0.1 s "
-                               "a clip on a CPU core)")
-    min_dnsmos: float = flag(0.0, "with --dnsmos: drop clips whose DNSMOS overall is below this (0: keep all; e.g. 2.5)")
+    max_rate_deviation: float = flag(
+        0.0,
+        "drop clips whose characters a second differ from their speaker's median by "
+        "more than this share (0: keep all; 0.5 drops likely mismatched transcripts)",
+    )
+    dnsmos: bool = flag(
+        False,
+        "also measure each kept clip's DNSMOS (needs requirements-naturalness.txt; about 0.1 s a clip on a CPU core)",
+    )
+    min_dnsmos: float = flag(
+        0.0, "with --dnsmos: drop clips whose DNSMOS overall is below this (0: keep all; e.g. 2.5)"
+    )
 
     def __post_init__(self):
         problems = []
@@ -95,9 +113,11 @@ class PrepareConfig:
 
 def print_summary(report: dict, data_dir: Path) -> None:
     counts, hours = report["counts"], report["hours"]
-    print(f"kept {counts['kept']} of {counts['items']} clips ({hours['kept']:.2f} h): "
-          f"{counts['train']} train ({hours['train']:.2f} h), {counts['val']} validation; "
-          f"{counts['reused']} reused from an earlier run, {counts['processed']} processed now")
+    print(
+        f"kept {counts['kept']} of {counts['items']} clips ({hours['kept']:.2f} h): "
+        f"{counts['train']} train ({hours['train']:.2f} h), {counts['val']} validation; "
+        f"{counts['reused']} reused from an earlier run, {counts['processed']} processed now"
+    )
     for reason, count in report["dropped_by_reason"].items():
         print(f"  dropped {count:5d}  {reason}: {report['drop_reasons'][reason]}")
     if report["out_of_vocabulary_characters"]:
@@ -105,12 +125,18 @@ def print_summary(report: dict, data_dir: Path) -> None:
         print(f"  characters the vocabulary lacks: {chars}")
     speakers = report["speakers"]
     if len(speakers) > 1:
-        top = ", ".join(f"{name} ({entry['clips']} clips, {entry['hours']:.2f} h, {entry['val_clips']} held out)"
-                        for name, entry in list(speakers.items())[:3])
-        print(f"{len(speakers)} speakers; most hours: {top}. train_vits.py speaks as the first unless given "
-              "--target_speaker")
-    print(f"wrote {data_dir}/metadata.csv, metadata_val.csv, quality.csv, wavs/; every drop is listed in "
-          f"{data_dir}/prepare_report.json, each speaker and the clips' quality in {data_dir}/prepare_report.html")
+        top = ", ".join(
+            f"{name} ({entry['clips']} clips, {entry['hours']:.2f} h, {entry['val_clips']} held out)"
+            for name, entry in list(speakers.items())[:3]
+        )
+        print(
+            f"{len(speakers)} speakers; most hours: {top}. train_vits.py speaks as the first unless given "
+            "--target_speaker"
+        )
+    print(
+        f"wrote {data_dir}/metadata.csv, metadata_val.csv, quality.csv, wavs/; every drop is listed in "
+        f"{data_dir}/prepare_report.json, each speaker and the clips' quality in {data_dir}/prepare_report.html"
+    )
     warning = held_out_warning(report)
     if warning:
         print(warning, file=sys.stderr)
@@ -128,10 +154,13 @@ def held_out_warning(report: dict) -> str | None:
     name, first = next(iter(speakers.items())) if several else ("", {})
     judged, share = (first["val_clips"], first["clips"]) if several else (counts["val"], counts["kept"])
     wanted = min(0.5, math.ceil(100 * MIN_DECIDING_CLIPS / max(1, share)) / 100)
-    return few_held_out(judged, f"prepare again with --val_fraction {wanted:g}" if wanted < 0.5 else
-                        "record more clips of the voice, or prepare with a larger --val_fraction",
-                        f" of {name} (the default --target_speaker; another's are in prepare_report.html)" if several
-                        else "")
+    return few_held_out(
+        judged,
+        f"prepare again with --val_fraction {wanted:g}"
+        if wanted < 0.5
+        else "record more clips of the voice, or prepare with a larger --val_fraction",
+        f" of {name} (the default --target_speaker; another's are in prepare_report.html)" if several else "",
+    )
 
 
 def measure_dnsmos(tally, data_dir: Path) -> None:
@@ -163,34 +192,57 @@ def main(argv: list[str] | None = None) -> int:
     sample_rate = config.sample_rate or model_sample_rate(model)
 
     # Source: the corpus to read, as (id, text, audio) items.
-    source = open_source(config.input_dir, config.dataset, split=config.split, audio_column=config.audio_column,
-                         text_column=config.text_column, id_column=config.id_column,
-                         speaker_column=config.speaker_column, speaker=config.speaker,
-                         max_samples=config.max_samples)
+    source = open_source(
+        config.input_dir,
+        config.dataset,
+        split=config.split,
+        audio_column=config.audio_column,
+        text_column=config.text_column,
+        id_column=config.id_column,
+        speaker_column=config.speaker_column,
+        speaker=config.speaker,
+        max_samples=config.max_samples,
+    )
     print(f"source: {source.description}, {source.count} items -> {data_dir} at {sample_rate} Hz")
 
     # Work: every clip processed or reused; every drop recorded with its reason.
-    settings = ClipSettings(sample_rate=sample_rate, trim_db=config.trim_db,
-                            trim_margin_s=config.trim_margin_seconds, peak=config.peak,
-                            min_seconds=config.min_seconds, max_seconds=config.max_seconds)
+    settings = ClipSettings(
+        sample_rate=sample_rate,
+        trim_db=config.trim_db,
+        trim_margin_s=config.trim_margin_seconds,
+        peak=config.peak,
+        min_seconds=config.min_seconds,
+        max_seconds=config.max_seconds,
+    )
     preparer = Preparer(data_dir, normalizer, settings, config.num_workers)
     tally = preparer.run(source)
     if config.dnsmos:
         measure_dnsmos(tally, data_dir)
 
     # Outputs: train/validation metadata, each clip's quality, the report and its page.
-    limits = QualityLimits(config.min_snr_db, config.max_clipping, config.max_silence, config.max_rate_deviation,
-                           config.min_dnsmos)
-    report = write_outputs(data_dir, tally, config.val_fraction, {
-        "source": source.description, "config": config_to_dict(config), "settings": asdict(settings),
-        "vocabulary": "open (scratch model)" if normalizer.vocabulary is None else "".join(sorted(normalizer.vocabulary)),
-        **source.notes, "elapsed_s": round(time.monotonic() - started, 2),
-    }, limits)
+    limits = QualityLimits(
+        config.min_snr_db, config.max_clipping, config.max_silence, config.max_rate_deviation, config.min_dnsmos
+    )
+    report = write_outputs(
+        data_dir,
+        tally,
+        config.val_fraction,
+        {
+            "source": source.description,
+            "config": config_to_dict(config),
+            "settings": asdict(settings),
+            "vocabulary": "open (scratch model)"
+            if normalizer.vocabulary is None
+            else "".join(sorted(normalizer.vocabulary)),
+            **source.notes,
+            "elapsed_s": round(time.monotonic() - started, 2),
+        },
+        limits,
+    )
     write_page(data_dir, report, tally)
     print_summary(report, data_dir)
     if not report["counts"]["kept"]:
-        print("error: no clip survived preparation; the reasons are above and in prepare_report.json",
-              file=sys.stderr)
+        print("error: no clip survived preparation; the reasons are above and in prepare_report.json", file=sys.stderr)
         return 1
     return 0
 

@@ -21,16 +21,24 @@ from finetune.cli import ConfigError, flag, parse_config, run_script
 
 @dataclass
 class SynthesizeConfig:
-    model: str = flag("training/final_model", "model folder (final_model, best_model, or any VITS save_pretrained folder)")
+    model: str = flag(
+        "training/final_model", "model folder (final_model, best_model, or any VITS save_pretrained folder)"
+    )
     text: str | None = flag(None, "one sentence to speak (to --out)")
     sentences: str | None = flag(None, "text file, one sentence a line (to --out_dir)")
     out: str = flag("speech.wav", "output WAV for --text")
     out_dir: str = flag("review", "output folder for --sentences")
     seed: int = flag(0, "random seed of the synthesis noise")
-    speaking_rate: float = flag(1.0, "relative to the voice's own tempo (config.json's speaking_rate, fitted to its "
-                                     "recordings): above 1 speaks faster, below 1 slower")
-    speaker: str | None = flag(None, "a voice of the multi-speaker model beside a multi-speaker run's model "
-                                     "(MODEL/multi_speaker/speakers.json names them); default: the model's one voice")
+    speaking_rate: float = flag(
+        1.0,
+        "relative to the voice's own tempo (config.json's speaking_rate, fitted to its "
+        "recordings): above 1 speaks faster, below 1 slower",
+    )
+    speaker: str | None = flag(
+        None,
+        "a voice of the multi-speaker model beside a multi-speaker run's model "
+        "(MODEL/multi_speaker/speakers.json names them); default: the model's one voice",
+    )
     device: str = flag("auto", "cuda, cpu, or auto")
 
     def __post_init__(self):
@@ -42,8 +50,10 @@ class SynthesizeConfig:
         if not Path(self.model).is_dir():
             problems.append(f"--model {self.model}: no such folder (train first, or point at a model folder)")
         elif not all((Path(self.model) / name).is_file() for name in ("config.json", "vocab.json")):
-            problems.append(f"--model {self.model}: not a model folder (no config.json or vocab.json); give a folder "
-                            "train_vits.py wrote (final_model, best_model) or a VITS save_pretrained folder")
+            problems.append(
+                f"--model {self.model}: not a model folder (no config.json or vocab.json); give a folder "
+                "train_vits.py wrote (final_model, best_model) or a VITS save_pretrained folder"
+            )
         if self.speaking_rate <= 0:
             problems.append(f"--speaking_rate {self.speaking_rate}: must be positive")
         if problems:
@@ -74,8 +84,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     for path, line in spoken:
         print(f"{path}  {line.text}")
-    print(f"{len(spoken)} sentences -> {out_dir}/ (metadata.csv lists id|text)"
-          + (f"; {len(lines) - len(spoken)} skipped" if len(spoken) < len(lines) else ""))
+    print(
+        f"{len(spoken)} sentences -> {out_dir}/ (metadata.csv lists id|text)"
+        + (f"; {len(lines) - len(spoken)} skipped" if len(spoken) < len(lines) else "")
+    )
     return 0
 
 

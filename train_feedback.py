@@ -54,26 +54,41 @@ class FeedbackConfig(TrainingFlags):
     """train_feedback.py's flags: the shared training flags (finetune/settings.py; some with a round's defaults,
     declared again below) and these."""
 
-    feedback_dir: str | None = flag(None, "corrections: pairs <name>.wav + <name>.txt, or wavs/ + metadata.csv "
-                                          "(id|text); any audio format and rate (default: training/feedback, else feedback)")
-    base_model: str | None = flag(None, "model to start from (default: OUTPUT_DIR/current, else "
-                                        "training/checkpoints/best_model); its discriminator.pt is used if present")
+    feedback_dir: str | None = flag(
+        None,
+        "corrections: pairs <name>.wav + <name>.txt, or wavs/ + metadata.csv "
+        "(id|text); any audio format and rate (default: training/feedback, else feedback)",
+    )
+    base_model: str | None = flag(
+        None,
+        "model to start from (default: OUTPUT_DIR/current, else "
+        "training/checkpoints/best_model); its discriminator.pt is used if present",
+    )
     data_dir: str = flag("training", "the original prepared corpus: replay clips and held-out clips come from it")
     output_dir: str = flag("training/voices", "versions folder: current/, v000/, v001/ ..., history.json, rounds/")
     replay_ratio: float = flag(2.0, "original clips replayed per correction (0: none, which risks forgetting)")
-    corrections_voice: str = flag("own", "own: the corrections train under a speaker id of their own (recorded by "
-                                         "other people: they teach pronunciation, the voice stays); voice: as the voice "
-                                         "itself (recorded by its own speaker)")
-    acoustics: str = flag("embeddings", "with --corrections_voice own: embeddings trains only the token embeddings, "
-                                        "the duration predictor and the speakers' conditioning (what a letter is, "
-                                        "not how the voice sounds or reads sentences); frozen also trains the text "
-                                        "encoder's layers; both keep the acoustic model (posterior encoder, flow, "
-                                        "decoder) but for the corrections' own conditioning; trained lets every "
-                                        "part learn (bench_corrections.py: embeddings fixed a planted letter most and "
-                                        "moved the voice least)",
-                          choices=["frozen", "embeddings", "trained"])
-    target_speaker: str | None = flag(None, "a multi-speaker --data_dir: whose clips are replayed and judged (default: "
-                                            "the speaker the base model was exported for)")
+    corrections_voice: str = flag(
+        "own",
+        "own: the corrections train under a speaker id of their own (recorded by "
+        "other people: they teach pronunciation, the voice stays); voice: as the voice "
+        "itself (recorded by its own speaker)",
+    )
+    acoustics: str = flag(
+        "embeddings",
+        "with --corrections_voice own: embeddings trains only the token embeddings, "
+        "the duration predictor and the speakers' conditioning (what a letter is, "
+        "not how the voice sounds or reads sentences); frozen also trains the text "
+        "encoder's layers; both keep the acoustic model (posterior encoder, flow, "
+        "decoder) but for the corrections' own conditioning; trained lets every "
+        "part learn (bench_corrections.py: embeddings fixed a planted letter most and "
+        "moved the voice least)",
+        choices=["frozen", "embeddings", "trained"],
+    )
+    target_speaker: str | None = flag(
+        None,
+        "a multi-speaker --data_dir: whose clips are replayed and judged (default: "
+        "the speaker the base model was exported for)",
+    )
     target_minutes: float = flag(15.0, "time budget of the round, everything included (minutes)")
     target_hours: float = flag(0.0, "time budget in hours instead (0: use --target_minutes)")
     max_regression: float = flag(2.0, "accept only if the held-out originals' MCD rises by at most this (percent)")
@@ -90,9 +105,12 @@ class FeedbackConfig(TrainingFlags):
     val_samples: int = flag(16, "held-out original clips scored before, during and after")
     max_epochs: int = flag(0, "stop after N passes over the mixed data (0: no limit)")
     discriminator_warmup_steps: int = flag(50, "steps a new discriminator trains alone, when the base model has none")
-    max_length_ratio: float = flag(1.25, "timing rule: a model whose median length ratio (synthesised / recorded) on "
-                                          "the voice's held-out clips (and, with --corrections_voice voice, on the "
-                                          "corrections) lies outside [1/X, X] is never accepted")
+    max_length_ratio: float = flag(
+        1.25,
+        "timing rule: a model whose median length ratio (synthesised / recorded) on "
+        "the voice's held-out clips (and, with --corrections_voice voice, on the "
+        "corrections) lies outside [1/X, X] is never accepted",
+    )
 
     def problems(self) -> list[str]:
         problems = super().problems()
@@ -150,8 +168,10 @@ def act(config: "FeedbackConfig", clock) -> int:
             finished = True
             return code
         except interrupt.StopRequested as request:
-            print(f"interrupted ({request.signal_name}): the current voice is unchanged; run again to start a new "
-                  "round", file=sys.stderr)
+            print(
+                f"interrupted ({request.signal_name}): the current voice is unchanged; run again to start a new round",
+                file=sys.stderr,
+            )
             return stop.exit_status
         finally:
             dist.close(finished)
@@ -167,8 +187,10 @@ def feedback_round(config: FeedbackConfig, versions, base: Path, clock, stop, di
     trainer, evaluator, result = fit_round(config, round_, data, start, base)
     trainer.context.run_log.end(trainer.summary(result.stop_reason))
     if result.stop_reason == "interrupted":
-        round_.logger.info(f"interrupted: the current voice is unchanged; {round_.folder} keeps what was done. "
-                           "Run again to start a new round")
+        round_.logger.info(
+            f"interrupted: the current voice is unchanged; {round_.folder} keeps what was done. "
+            "Run again to start a new round"
+        )
         return stop.exit_status
     if not dist.is_main:
         return 0
@@ -184,9 +206,11 @@ def base_model_dir(config: FeedbackConfig, versions) -> Path:
         path = Path("training/checkpoints/best_model")
     missing = [name for name in ("config.json", "vocab.json") if not (path / name).is_file()]
     if missing:
-        raise corrections.FeedbackError(f"no model to start from at {path} (no {' or '.join(missing)}): train one "
-                                        "first (train_vits.py), or pass --base_model DIR with a model folder "
-                                        "train_vits.py wrote")
+        raise corrections.FeedbackError(
+            f"no model to start from at {path} (no {' or '.join(missing)}): train one "
+            "first (train_vits.py), or pass --base_model DIR with a model folder "
+            "train_vits.py wrote"
+        )
     return path
 
 
@@ -196,9 +220,11 @@ def review(config: FeedbackConfig, base: Path) -> int:
     out = Path(config.review_dir)
     sayable = synthesis.speak_for_review(voice, lines, out)
     target = config.feedback_dir or corrections.FEEDBACK_DIRS[0]
-    print(f"{len(sayable)} sentences spoken by {base} -> {out}/ (<id>.wav, <id>.txt, metadata.csv)\n"
-          f"Listen; record each sentence it says wrong as {target}/<id>.wav and copy {out}/<id>.txt beside it "
-          f"(or let your recording app save the pairs there); then run train_feedback.py")
+    print(
+        f"{len(sayable)} sentences spoken by {base} -> {out}/ (<id>.wav, <id>.txt, metadata.csv)\n"
+        f"Listen; record each sentence it says wrong as {target}/<id>.wav and copy {out}/<id>.txt beside it "
+        f"(or let your recording app save the pairs there); then run train_feedback.py"
+    )
     return 0
 
 
@@ -225,8 +251,10 @@ def start_round(config: FeedbackConfig, versions, base: Path, clock, stop, dist)
         folder = versions.new_round_dir()
     folder = dist.broadcast(folder)
     logger = logs.setup_logging(folder, rank=dist.rank)
-    logger.info(f"train_feedback {folder.name}: starting from {base}; budget {config.budget_s:.0f}s"
-                + (f"; data parallel over {dist.world_size} processes ({dist.backend})" if dist.active else ""))
+    logger.info(
+        f"train_feedback {folder.name}: starting from {base}; budget {config.budget_s:.0f}s"
+        + (f"; data parallel over {dist.world_size} processes ({dist.backend})" if dist.active else "")
+    )
     session.seed_everything(config.seed)
     return recipe.open_run(folder, logger, config, budget, dist, stop)
 
@@ -235,9 +263,18 @@ def load_round_data(config: FeedbackConfig, round_: recipe.Run, base: Path) -> R
     """Corrections prepared like the corpus (finetune/data/corrections.py); held-out clips and a replay
     sample of the original."""
     out = round_.folder / "corrections"
-    prepared = (corrections.prepare_corrections(corrections.feedback_folder(config.feedback_dir), out, base,
-                                                config.min_seconds, config.max_seconds, round_.logger)
-                if round_.dist.is_main else None)
+    prepared = (
+        corrections.prepare_corrections(
+            corrections.feedback_folder(config.feedback_dir),
+            out,
+            base,
+            config.min_seconds,
+            config.max_seconds,
+            round_.logger,
+        )
+        if round_.dist.is_main
+        else None
+    )
     prepare_report = round_.dist.broadcast(prepared)  # the others wait for the main one's
     loaded = generator.load_generator(model_source.resolve_model(str(base)), [])
     round_.stop.check()  # loading a model takes seconds: a stop asked for meanwhile is honoured here
@@ -248,21 +285,36 @@ def load_round_data(config: FeedbackConfig, round_: recipe.Run, base: Path) -> R
         model = speaker_layers.add_speakers(model, 2, seed=config.seed)
         speaker_layers.pin_target_speaker(model)  # the voice's own path: only the shared parts can move it
         model.config.speaker_names = [voice or "voice", "corrections"]
-        round_.logger.info("speakers: the corrections train under a speaker id of their own, the replayed clips as "
-                           f"the voice ({voice or 'the corpus'}); the voice is judged and exported "
-                           "(--corrections_voice voice: the corrections are the voice's own)")
+        round_.logger.info(
+            "speakers: the corrections train under a speaker id of their own, the replayed clips as "
+            f"the voice ({voice or 'the corpus'}); the voice is judged and exported "
+            "(--corrections_voice voice: the corrections are the voice's own)"
+        )
     features = recipe.features_for(model, round_.device)
     hop, rate = features.config.hop_length, features.config.sample_rate
     fixed = corpus.load_corpus(out, "metadata.csv", tokenizer, features, rate, 0, False, round_.device, round_.stop)
     for example in fixed.examples if config.corrections_voice == "own" else []:
         example.speaker = 1
     corrections.held_out_originals(data_dir, voice)
-    originals = corpus.load_corpus(data_dir, "metadata_val.csv", tokenizer, features, rate, config.val_samples, False,
-                                   round_.device, round_.stop, speakers={voice: 0} if voice else None)
-    replay = corrections.replay_clips(data_dir, len(fixed.examples), config.replay_ratio, config.seed, tokenizer, hop,
-                                      rate, round_.logger, voice)
-    round_.logger.info(f"training data: {len(fixed.examples)} corrections + {len(replay)} replayed original "
-                       f"clips; {len(originals.examples)} held-out originals scored")
+    originals = corpus.load_corpus(
+        data_dir,
+        "metadata_val.csv",
+        tokenizer,
+        features,
+        rate,
+        config.val_samples,
+        False,
+        round_.device,
+        round_.stop,
+        speakers={voice: 0} if voice else None,
+    )
+    replay = corrections.replay_clips(
+        data_dir, len(fixed.examples), config.replay_ratio, config.seed, tokenizer, hop, rate, round_.logger, voice
+    )
+    round_.logger.info(
+        f"training data: {len(fixed.examples)} corrections + {len(replay)} replayed original "
+        f"clips; {len(originals.examples)} held-out originals scored"
+    )
     return RoundData(model, tokenizer, features, fixed, originals, replay, prepare_report, hop, rate, voice)
 
 
@@ -278,14 +330,22 @@ def starting_point(config: FeedbackConfig, round_: recipe.Run, data: RoundData, 
         speaker_layers.train_conditioning(data.model)
         if config.acoustics == "embeddings":  # what each letter is, not how the text encoder reads sentences
             data.model.text_encoder.embed_tokens.requires_grad_(True)
-        round_.logger.info(f"frozen: {', '.join(parts)}, but for "
-                           f"{'the token embeddings and ' if config.acoustics == 'embeddings' else ''}the speakers' "
-                           "conditioning: the round teaches how the text is said, not how the voice sounds "
-                           "(--acoustics trained lets every part learn)")
+        round_.logger.info(
+            f"frozen: {', '.join(parts)}, but for "
+            f"{'the token embeddings and ' if config.acoustics == 'embeddings' else ''}the speakers' "
+            "conditioning: the round teaches how the text is said, not how the voice sounds "
+            "(--acoustics trained lets every part learn)"
+        )
     saved = base / "discriminator.pt"
-    choice = session.build_discriminator(str(saved) if saved.is_file() else None, config.discriminator_width,
-                                         None, 1, None, True,
-                                         config.discriminator_warmup_steps)
+    choice = session.build_discriminator(
+        str(saved) if saved.is_file() else None,
+        config.discriminator_width,
+        None,
+        1,
+        None,
+        True,
+        config.discriminator_warmup_steps,
+    )
     round_.logger.info(choice.description)
     return recipe.StartingPoint(data.model, data.tokenizer, frozen_parts, data.features, choice)
 
@@ -293,11 +353,13 @@ def starting_point(config: FeedbackConfig, round_: recipe.Run, data: RoundData, 
 def render_before(round_: recipe.Run, data: RoundData, base: Path) -> list:
     """listen/<id>_0_recording.wav and <id>_1_before.wav (the starting model) for each correction."""
     lines = [synthesis.Line(e.item_id, "", e.token_ids) for e in data.corrections.examples]
-    synthesis.speak_to_folder(synthesis.load_voice(base, round_.device), lines, round_.folder / "listen",
-                              suffix="_1_before")
+    synthesis.speak_to_folder(
+        synthesis.load_voice(base, round_.device), lines, round_.folder / "listen", suffix="_1_before"
+    )
     for example in data.corrections.examples:
-        audio.write_pcm16(round_.folder / "listen" / f"{example.item_id}_0_recording.wav", example.audio / 32768.0,
-                          data.rate)
+        audio.write_pcm16(
+            round_.folder / "listen" / f"{example.item_id}_0_recording.wav", example.audio / 32768.0, data.rate
+        )
     return lines
 
 
@@ -309,64 +371,129 @@ def fit_round(config: FeedbackConfig, round_: recipe.Run, data: RoundData, start
     voice = 0 if speaker_layers.speaker_count(data.model) > 1 else None  # the voice is speaker 0, the corrections' 1
     rule = measures.TimingRule(config.max_length_ratio)
     common = dict(seed=config.seed, batch_size=session.eval_batch_size(round_.device))
-    said = evaluation.Evaluator(fixed, data.features, round_.device, data.rate, round_.folder / "samples",
-                                [(e.item_id, e.token_ids) for e in fixed[:5]], speaker=voice,
-                                rule=None if own else rule, across_speakers=own, **common)
-    learnt = (evaluation.Evaluator(fixed, data.features, round_.device, data.rate, None, [], speaker=1, rule=None,
-                                   **common) if own else None)
-    originals = evaluation.Evaluator(data.originals.examples, data.features, round_.device, data.rate, None, [],
-                                     speaker=voice, rule=rule, **common)
+    said = evaluation.Evaluator(
+        fixed,
+        data.features,
+        round_.device,
+        data.rate,
+        round_.folder / "samples",
+        [(e.item_id, e.token_ids) for e in fixed[:5]],
+        speaker=voice,
+        rule=None if own else rule,
+        across_speakers=own,
+        **common,
+    )
+    learnt = (
+        evaluation.Evaluator(fixed, data.features, round_.device, data.rate, None, [], speaker=1, rule=None, **common)
+        if own
+        else None
+    )
+    originals = evaluation.Evaluator(
+        data.originals.examples, data.features, round_.device, data.rate, None, [], speaker=voice, rule=rule, **common
+    )
     evaluator = feedback.FeedbackEvaluator(said, originals, config.max_regression, learnt)
     examples = fixed + data.replay
     generator.train_mode(data.model, start.frozen_parts)
     paths = context.RunPaths(run_dir=round_.folder / "checkpoints", output_dir=round_.folder / "final_model")
-    choices = recipe.RunChoices(title=f"train_feedback: {round_.folder.name}", paths=paths,
-                                checkpoints=run_settings.CheckpointSettings(enabled=False), num_workers=0,
-                                reserve_after_s=after_loop_reserve_s(len(fixed)))
+    choices = recipe.RunChoices(
+        title=f"train_feedback: {round_.folder.name}",
+        paths=paths,
+        checkpoints=run_settings.CheckpointSettings(enabled=False),
+        num_workers=0,
+        reserve_after_s=after_loop_reserve_s(len(fixed)),
+    )
     resolved = config_to_dict(config)
     saves = loop.SaveExtras(
-        checkpoint={"config": resolved, "model_config": data.model.config.to_dict(),
-                    "tokenizer_files": session.tokenizer_files(data.tokenizer), "data_fingerprint": ""},
-        card=model_card.card_facts(str(base), sum(len(e.audio) for e in examples) / data.rate / 3600, len(examples),
-                                   "train_feedback.py"))
-    buckets = sampler.BucketSampler([e.frame_count(data.hop) for e in examples], config.batch_size, config.seed,
-                                    round_.dist.rank, round_.dist.world_size)
-    trainer = recipe.build_loop(config, round_, start, recipe.TrainingData(examples, buckets), evaluator, choices, saves)
+        checkpoint={
+            "config": resolved,
+            "model_config": data.model.config.to_dict(),
+            "tokenizer_files": session.tokenizer_files(data.tokenizer),
+            "data_fingerprint": "",
+        },
+        card=model_card.card_facts(
+            str(base), sum(len(e.audio) for e in examples) / data.rate / 3600, len(examples), "train_feedback.py"
+        ),
+    )
+    buckets = sampler.BucketSampler(
+        [e.frame_count(data.hop) for e in examples],
+        config.batch_size,
+        config.seed,
+        round_.dist.rank,
+        round_.dist.world_size,
+    )
+    trainer = recipe.build_loop(
+        config, round_, start, recipe.TrainingData(examples, buckets), evaluator, choices, saves
+    )
     paths.run_dir.mkdir(parents=True, exist_ok=True)
     return trainer, evaluator, loop.run_with_signals(trainer)
 
 
-def conclude_round(config: FeedbackConfig, round_: recipe.Run, data: RoundData, versions, base: Path, trainer, evaluator,
-                   result, lines) -> int:
+def conclude_round(
+    config: FeedbackConfig, round_: recipe.Run, data: RoundData, versions, base: Path, trainer, evaluator, result, lines
+) -> int:
     """Decide, render the candidate, make a version (or not), write the report."""
     best_dir = trainer.context.paths.best_dir
-    best = json.loads((best_dir / "eval.json").read_text(encoding="utf-8")) if (best_dir / "eval.json").is_file() else None
+    best = (
+        json.loads((best_dir / "eval.json").read_text(encoding="utf-8")) if (best_dir / "eval.json").is_file() else None
+    )
     decision = feedback.decide(evaluator.baseline, best, result.last_eval, config.max_regression, evaluator.measure)
     candidate = best_dir if best and best["step"] > 0 else trainer.context.paths.last_dir
     if not (candidate / "config.json").is_file():
-        raise corrections.FeedbackError(f"the round's model could not be written to {candidate} (see {round_.folder}/train.log); "
-                            "the current voice is unchanged")
+        raise corrections.FeedbackError(
+            f"the round's model could not be written to {candidate} (see {round_.folder}/train.log); "
+            "the current voice is unchanged"
+        )
     listen = round_.folder / "listen"
     synthesis.speak_to_folder(synthesis.load_voice(candidate, round_.device), lines, listen, suffix="_2_after")
-    counts = {"corrections": len(data.corrections.examples), "originals": len(data.originals.examples),
-              "replay": len(data.replay)}
-    record = {"base_model": str(base), "accepted": decision.accepted, "reason": decision.reason,
-              "decided_by": decision.measure, "improvement": decision.improvement,
-              "before": decision.before, "after": decision.after, "candidate_step": decision.candidate_step,
-              "counts": counts, "voice": data.voice, "corrections_voice": config.corrections_voice,
-              "max_regression_pct": config.max_regression, "steps": result.state.step,
-              "stop_reason": result.stop_reason, "time_used_s": round(round_.budget.used_s(), 1)}
+    counts = {
+        "corrections": len(data.corrections.examples),
+        "originals": len(data.originals.examples),
+        "replay": len(data.replay),
+    }
+    record = {
+        "base_model": str(base),
+        "accepted": decision.accepted,
+        "reason": decision.reason,
+        "decided_by": decision.measure,
+        "improvement": decision.improvement,
+        "before": decision.before,
+        "after": decision.after,
+        "candidate_step": decision.candidate_step,
+        "counts": counts,
+        "voice": data.voice,
+        "corrections_voice": config.corrections_voice,
+        "max_regression_pct": config.max_regression,
+        "steps": result.state.step,
+        "stop_reason": result.stop_reason,
+        "time_used_s": round(round_.budget.used_s(), 1),
+    }
     version = versions.accept(candidate, round_.folder.name, record) if decision.accepted else None
     if not decision.accepted:
         versions.reject(round_.folder.name, record)
-    report = {"round": round_.folder.name, "version": version, **record, "listen_dir": str(listen),
-              "corrections_dropped": data.prepare_report["dropped"], "per_clip_before": evaluator.baseline.per_clip_dict(),
-              "per_clip_after": best["per_clip"] if best else None}
-    atomic.write_text_atomic(round_.folder / "feedback_report.json", json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    report = {
+        "round": round_.folder.name,
+        "version": version,
+        **record,
+        "listen_dir": str(listen),
+        "corrections_dropped": data.prepare_report["dropped"],
+        "per_clip_before": evaluator.baseline.per_clip_dict(),
+        "per_clip_after": best["per_clip"] if best else None,
+    }
+    atomic.write_text_atomic(
+        round_.folder / "feedback_report.json", json.dumps(report, indent=2, ensure_ascii=False) + "\n"
+    )
     default_voices = FeedbackConfig.output_dir
     undo = "" if config.output_dir == default_voices else f"--output_dir {shlex.quote(config.output_dir)}"
-    text = feedback.summary_text(round_.folder.name, decision, version, counts, config.max_regression, listen,
-                        data.prepare_report["dropped"], undo)
+    text = feedback.summary_text(
+        round_.folder.name,
+        decision,
+        version,
+        counts,
+        config.max_regression,
+        listen,
+        data.prepare_report["dropped"],
+        undo,
+    )
     atomic.write_text_atomic(round_.folder / "feedback_report.txt", text)
     round_.metrics.write("feedback", **{k: v for k, v in report.items() if not k.startswith("per_clip")})
     round_.logger.info("\n" + text.rstrip())

@@ -45,48 +45,88 @@ class TrainConfig(TrainingFlags):
 
     data_dir: str = flag("training", "prepared corpus: wavs/, metadata.csv, metadata_val.csv (prepare_data.py)")
     checkpoint_dir: str = flag("training/checkpoints", "run folder: checkpoints, best_model/, samples/, logs, metrics")
-    output_dir: str = flag("training/final_model", "the voice to load: a copy of best_model at the end (Hugging Face "
-                                                   "format + discriminator.pt); the last weights go to CHECKPOINT_DIR/last_model")
-    model_name: str = flag("facebook/mms-tts-kmr-script_latin",
-                           "starting model: hub id, local folder, or scratch[:tiny|small|mms] (new weights)")
+    output_dir: str = flag(
+        "training/final_model",
+        "the voice to load: a copy of best_model at the end (Hugging Face "
+        "format + discriminator.pt); the last weights go to CHECKPOINT_DIR/last_model",
+    )
+    model_name: str = flag(
+        "facebook/mms-tts-kmr-script_latin",
+        "starting model: hub id, local folder, or scratch[:tiny|small|mms] (new weights)",
+    )
     target_hours: float = flag(9.5, "time budget for the whole run, start-up and final save included (hours)")
     max_samples: int = flag(0, "train on the first N clips of metadata.csv only (0: all)")
-    resume: str = flag("none", "auto: newest checkpoint in --checkpoint_dir if any; none: a new run; or a checkpoint path")
+    resume: str = flag(
+        "none", "auto: newest checkpoint in --checkpoint_dir if any; none: a new run; or a checkpoint path"
+    )
     num_workers: int = flag(-1, "DataLoader worker processes (-1: 2 with CUDA, 0 on CPU)")
-    precompute_mels: bool | None = flag(None, "precompute spectrograms into RAM (default: on CPU yes, with CUDA no; "
-                                              "falls back when RAM is short)")
+    precompute_mels: bool | None = flag(
+        None, "precompute spectrograms into RAM (default: on CPU yes, with CUDA no; falls back when RAM is short)"
+    )
     early_stopping_patience: int = flag(0, "stop after N evaluations without a better score (0: never)")
-    discriminator: str | None = flag(None, "discriminator to start from: this tool's discriminator.pt or an original VITS D_*.pth")
+    discriminator: str | None = flag(
+        None, "discriminator to start from: this tool's discriminator.pt or an original VITS D_*.pth"
+    )
     discriminator_periods: list[int] = flag([2, 3, 5, 7, 11], "periods of a new discriminator's period discriminators")
-    discriminator_scales: int = flag(1, "scale discriminators of a new discriminator (1: standard VITS; 0: the period "
-                                        "ones alone)")
+    discriminator_scales: int = flag(
+        1, "scale discriminators of a new discriminator (1: standard VITS; 0: the period ones alone)"
+    )
     keep_checkpoints: int = flag(3, "checkpoints kept in --checkpoint_dir (older ones are deleted)")
     checkpoint_every_minutes: float = flag(30.0, "also checkpoint this often inside an epoch (minutes)")
-    test_sentences: str | None = flag(None, "text file, one sentence a line, synthesised at each evaluation "
-                                            "(default: three built-in Kurmanji sentences)")
-    report_to: list[str] = flag(["auto"], "trackers besides train.log and metrics.jsonl: auto (TensorBoard when "
-                                          "installed), tensorboard, wandb, none")
-    naturalness: bool | None = flag(None, "score held-out speech with DNSMOS (reported, not part of choosing best_model; "
-                                          "default: on with CUDA when requirements-naturalness.txt is installed, off on CPU)")
-    push_to_hub: str | None = flag(None, "after the final save, upload --output_dir to this Hugging Face repository "
-                                         "(needs a token: hf auth login); checked before training starts")
-    target_speaker: str | None = flag(None, "a multi-speaker corpus: the voice to speak in, judge and export (default: "
-                                            "the speaker with the most hours; prepare_report.html lists them)")
-    speakers: str = flag("conditioned", "a multi-speaker corpus: conditioned (every clip, each speaker its own "
-                                        "embedding; the target exported alone), pooled (every clip as one voice) or "
-                                        "target_only (the target's clips only)")
-    target_share: float = flag(0.5, "--speakers conditioned: the target's clips are repeated until they are this "
-                                     "share of each epoch's draws (0: as many as it has)")
+    test_sentences: str | None = flag(
+        None,
+        "text file, one sentence a line, synthesised at each evaluation (default: three built-in Kurmanji sentences)",
+    )
+    report_to: list[str] = flag(
+        ["auto"],
+        "trackers besides train.log and metrics.jsonl: auto (TensorBoard when installed), tensorboard, wandb, none",
+    )
+    naturalness: bool | None = flag(
+        None,
+        "score held-out speech with DNSMOS (reported, not part of choosing best_model; "
+        "default: on with CUDA when requirements-naturalness.txt is installed, off on CPU)",
+    )
+    push_to_hub: str | None = flag(
+        None,
+        "after the final save, upload --output_dir to this Hugging Face repository "
+        "(needs a token: hf auth login); checked before training starts",
+    )
+    target_speaker: str | None = flag(
+        None,
+        "a multi-speaker corpus: the voice to speak in, judge and export (default: "
+        "the speaker with the most hours; prepare_report.html lists them)",
+    )
+    speakers: str = flag(
+        "conditioned",
+        "a multi-speaker corpus: conditioned (every clip, each speaker its own "
+        "embedding; the target exported alone), pooled (every clip as one voice) or "
+        "target_only (the target's clips only)",
+    )
+    target_share: float = flag(
+        0.5,
+        "--speakers conditioned: the target's clips are repeated until they are this "
+        "share of each epoch's draws (0: as many as it has)",
+    )
     hub_private: bool = flag(True, "create the --push_to_hub repository private (--no-hub_private: public)")
 
     def problems(self) -> list[str]:
         problems = super().problems()
-        problems += [f"--{k} {v}: must be positive" for k, v in
-                     {"target_hours": self.target_hours, "checkpoint_every_minutes": self.checkpoint_every_minutes}.items()
-                     if v <= 0]
-        problems += [f"--{k} {v}: must be 0 or more" for k, v in
-                     {"max_samples": self.max_samples, "early_stopping_patience": self.early_stopping_patience}.items()
-                     if v < 0]
+        problems += [
+            f"--{k} {v}: must be positive"
+            for k, v in {
+                "target_hours": self.target_hours,
+                "checkpoint_every_minutes": self.checkpoint_every_minutes,
+            }.items()
+            if v <= 0
+        ]
+        problems += [
+            f"--{k} {v}: must be 0 or more"
+            for k, v in {
+                "max_samples": self.max_samples,
+                "early_stopping_patience": self.early_stopping_patience,
+            }.items()
+            if v < 0
+        ]
         if self.keep_checkpoints < 1:
             problems.append(f"--keep_checkpoints {self.keep_checkpoints}: keep at least 1")
         if not 0 <= self.target_share < 1:
@@ -97,8 +137,10 @@ class TrainConfig(TrainingFlags):
 
         problems += check_trackers(self.report_to)
         if self.discriminator_scales < 0 or (self.discriminator_scales == 0 and not self.discriminator_periods):
-            problems.append(f"--discriminator_scales {self.discriminator_scales}: 0 or more, and 0 only with "
-                            "--discriminator_periods (a discriminator needs at least one part)")
+            problems.append(
+                f"--discriminator_scales {self.discriminator_scales}: 0 or more, and 0 only with "
+                "--discriminator_periods (a discriminator needs at least one part)"
+            )
         if self.discriminator and not Path(self.discriminator).is_file():
             problems.append(f"--discriminator {self.discriminator}: no such file")
         if self.test_sentences and not Path(self.test_sentences).is_file():
@@ -109,10 +151,29 @@ class TrainConfig(TrainingFlags):
 # A resumed run continues with its checkpoint's settings. These may be changed by giving them again
 # (budget, where it runs, what it writes and how often); the first group always comes from this command.
 RESUME_FROM_COMMAND_LINE = ("resume", "checkpoint_dir", "discriminator")
-RESUME_MAY_CHANGE = ("target_hours", "data_dir", "output_dir", "device", "fp16", "bf16", "num_workers", "benchmark_samples",
-                     "report_to", "profile", "fit_batch", "naturalness", "push_to_hub", "hub_private", "precompute_mels",
-                     "early_stopping_patience", "max_epochs", "keep_checkpoints",
-                     "checkpoint_every_minutes", "log_every_seconds", "test_sentences")
+RESUME_MAY_CHANGE = (
+    "target_hours",
+    "data_dir",
+    "output_dir",
+    "device",
+    "fp16",
+    "bf16",
+    "num_workers",
+    "benchmark_samples",
+    "report_to",
+    "profile",
+    "fit_batch",
+    "naturalness",
+    "push_to_hub",
+    "hub_private",
+    "precompute_mels",
+    "early_stopping_patience",
+    "max_epochs",
+    "keep_checkpoints",
+    "checkpoint_every_minutes",
+    "log_every_seconds",
+    "test_sentences",
+)
 
 
 def main(argv: list[str] | None = None, clock=None, step_callback=None) -> int:
@@ -125,8 +186,11 @@ def main(argv: list[str] | None = None, clock=None, step_callback=None) -> int:
                 return train(config, given_flags(TrainConfig, argv), clock or budgeting.Clock(), step_callback, stop)
             except interrupt.StopRequested as request:
                 resumed = "the checkpoints in --checkpoint_dir are as they were; " if config.resume != "none" else ""
-                print(f"interrupted ({request.signal_name}) before training started: nothing was trained; {resumed}"
-                      "run the command again to start", file=sys.stderr)
+                print(
+                    f"interrupted ({request.signal_name}) before training started: nothing was trained; {resumed}"
+                    "run the command again to start",
+                    file=sys.stderr,
+                )
                 return stop.exit_status
     finally:
         if lock is not None:
@@ -178,14 +242,25 @@ def open_run(config: TrainConfig, given: set[str], clock, stop) -> tuple[recipe.
     tidy(folder, None, dist, logger)
     resume_path, payload = checkpoints.resolve_resume(config.resume, folder, warn=logger.warning)
     if resume_path is None and checkpoints.list_checkpoints(folder):
-        raise ConfigError([f"{folder} holds checkpoints of an earlier run: continue it with --resume auto, or start "
-                           "a new run with another --checkpoint_dir (or delete those checkpoints)"])
+        raise ConfigError(
+            [
+                f"{folder} holds checkpoints of an earlier run: continue it with --resume auto, or start "
+                "a new run with another --checkpoint_dir (or delete those checkpoints)"
+            ]
+        )
     if payload:
-        settings, changed = checkpoints.resumed_settings(payload["config"], config_to_dict(config), given,
-                                                         RESUME_MAY_CHANGE, RESUME_FROM_COMMAND_LINE)
+        settings, changed = checkpoints.resumed_settings(
+            payload["config"], config_to_dict(config), given, RESUME_MAY_CHANGE, RESUME_FROM_COMMAND_LINE
+        )
         config = TrainConfig(**settings)
-        logger.info("resuming with the checkpoint's settings" + ("; changed on this command line: "
-                    + ", ".join(f"--{k} {settings[k]}" for k in changed) if changed else ""))
+        logger.info(
+            "resuming with the checkpoint's settings"
+            + (
+                "; changed on this command line: " + ", ".join(f"--{k} {settings[k]}" for k in changed)
+                if changed
+                else ""
+            )
+        )
     # The output folder (the resumed run's own) is this run's too: another run publishing there is refused.
     output = Path(config.output_dir)
     output_lock = distributed.lock_run_folder(output, dist, output=True)
@@ -193,12 +268,16 @@ def open_run(config: TrainConfig, given: set[str], clock, stop) -> tuple[recipe.
     used_before = payload["state"]["time_used_s"] if payload else 0.0
     target_s = config.target_hours * 3600
     budget = budgeting.Budget(target_s, clock, used_before_s=used_before, safety_s=budgeting.safety_margin_s(target_s))
-    logger.info(f"train_vits: budget {config.target_hours} h ({target_s:.0f}s), {budget.used_s():.1f}s used "
-                f"({used_before:.1f}s by earlier processes of this run)" + (f"; resuming {resume_path}" if payload else ""))
+    logger.info(
+        f"train_vits: budget {config.target_hours} h ({target_s:.0f}s), {budget.used_s():.1f}s used "
+        f"({used_before:.1f}s by earlier processes of this run)" + (f"; resuming {resume_path}" if payload else "")
+    )
     run = recipe.open_run(folder, logger, config, budget, dist, stop, payload, resume_path)
     run.held = [output_lock] if output_lock is not None else []
     if dist.active:
-        logger.info(f"data parallel: {dist.world_size} processes ({dist.backend}); this is rank {dist.rank} on {run.device}")
+        logger.info(
+            f"data parallel: {dist.world_size} processes ({dist.backend}); this is rank {dist.rank} on {run.device}"
+        )
     return run, config
 
 
@@ -227,8 +306,13 @@ def build_model(config: TrainConfig, run: recipe.Run) -> Model:
     run.stop.check()  # loading a model takes seconds: a stop asked for meanwhile is honoured before the data
     session.check_vocabulary(loaded.tokenizer, texts)
     saved_names = getattr(loaded.model.config, "speaker_names", None) if run.payload else None
-    found = speakers.find_speakers(Path(config.data_dir), config.target_speaker, config.speakers,
-                                   int(loaded.model.config.sampling_rate), saved_names)
+    found = speakers.find_speakers(
+        Path(config.data_dir),
+        config.target_speaker,
+        config.speakers,
+        int(loaded.model.config.sampling_rate),
+        saved_names,
+    )
     if found is not None:
         run.logger.info(found.describe())
     if found is not None and found.conditioned and not run.payload:  # a resumed run's model has them already
@@ -236,8 +320,10 @@ def build_model(config: TrainConfig, run: recipe.Run) -> Model:
         loaded.model.config.speaker_names = list(found.names)
     frozen_parts = generator.freeze(loaded.model, config.freeze)
     features = recipe.features_for(loaded.model, run.device)
-    run.logger.info(f"generator: {loaded.description}; device {run.device}, {run.precision.name}"
-                    + (f"; frozen: {', '.join(frozen_parts)}" if frozen_parts else ""))
+    run.logger.info(
+        f"generator: {loaded.description}; device {run.device}, {run.precision.name}"
+        + (f"; frozen: {', '.join(frozen_parts)}" if frozen_parts else "")
+    )
     return Model(loaded, frozen_parts, features, found)
 
 
@@ -260,10 +346,25 @@ def load_data(config: TrainConfig, run: recipe.Run, model: Model) -> Data:
     run.logger.info(memory_note)
     indices = model.speakers.indices() if model.speakers else None  # the speakers trained on, and as whom
     judged = {model.speakers.target: indices[model.speakers.target]} if model.speakers else None  # the target's clips
-    train = corpus.load_corpus(data_dir, "metadata.csv", tokenizer, features, rate, config.max_samples, precompute,
-                               run.device, stop, speakers=indices)
-    val = corpus.load_corpus(data_dir, "metadata_val.csv", tokenizer, features, rate, 0, False, run.device, stop,
-                             speakers=judged) if (data_dir / "metadata_val.csv").is_file() else None
+    train = corpus.load_corpus(
+        data_dir,
+        "metadata.csv",
+        tokenizer,
+        features,
+        rate,
+        config.max_samples,
+        precompute,
+        run.device,
+        stop,
+        speakers=indices,
+    )
+    val = (
+        corpus.load_corpus(
+            data_dir, "metadata_val.csv", tokenizer, features, rate, 0, False, run.device, stop, speakers=judged
+        )
+        if (data_dir / "metadata_val.csv").is_file()
+        else None
+    )
     if not train.examples:
         raise ConfigError([f"no usable training clips in {data_dir}/metadata.csv ({dict(train.report.skipped)})"])
     if model.speakers and model.speakers.conditioned and config.target_share > 0:
@@ -272,16 +373,29 @@ def load_data(config: TrainConfig, run: recipe.Run, model: Model) -> Data:
     for name, part in (("metadata.csv", train), ("metadata_val.csv", val)):
         if part is not None and part.report.skipped:  # each clip left out named, with its reason
             run.logger.warning("warning: " + part.report.describe(f"{data_dir / name}"))
-    buckets = sampler.BucketSampler(train.lengths(hop), config.batch_size, config.seed, run.dist.rank, run.dist.world_size)
+    buckets = sampler.BucketSampler(
+        train.lengths(hop), config.batch_size, config.seed, run.dist.rank, run.dist.world_size
+    )
     padding = sampler.padding_fraction(buckets.epoch_batches(0), train.lengths(hop))
     skipped = dict(train.report.skipped)
-    run.logger.info(f"data: {len(train.examples)} clips, {train.hours(rate):.2f} h, loaded in {train.load_s:.1f}s, "
-                    f"{train.ram_bytes / 2**30:.2f} GiB in RAM; {buckets.batches_per_epoch} batches an epoch, padding "
-                    f"{100 * padding:.1f}% of frames" + (f"; skipped {skipped}" if skipped else ""))
-    run.metrics.write("data", clips=len(train.examples), hours=round(train.hours(rate), 4), load_s=round(train.load_s, 3),
-                      ram_bytes=train.ram_bytes, precomputed=precompute, padding_fraction=round(padding, 4), skipped=skipped,
-                      skipped_clips=train.report.examples_skipped, val_skipped=dict(val.report.skipped) if val else {},
-                      val_skipped_clips=val.report.examples_skipped if val else [])
+    run.logger.info(
+        f"data: {len(train.examples)} clips, {train.hours(rate):.2f} h, loaded in {train.load_s:.1f}s, "
+        f"{train.ram_bytes / 2**30:.2f} GiB in RAM; {buckets.batches_per_epoch} batches an epoch, padding "
+        f"{100 * padding:.1f}% of frames" + (f"; skipped {skipped}" if skipped else "")
+    )
+    run.metrics.write(
+        "data",
+        clips=len(train.examples),
+        hours=round(train.hours(rate), 4),
+        load_s=round(train.load_s, 3),
+        ram_bytes=train.ram_bytes,
+        precomputed=precompute,
+        padding_fraction=round(padding, 4),
+        skipped=skipped,
+        skipped_clips=train.report.examples_skipped,
+        val_skipped=dict(val.report.skipped) if val else {},
+        val_skipped_clips=val.report.examples_skipped if val else [],
+    )
     return Data(train, val, buckets, precompute)
 
 
@@ -298,15 +412,34 @@ def other_speakers(config: TrainConfig, run: recipe.Run, model: Model) -> dict:
     chosen = [(name, index) for index, name in enumerate(model.speakers.names) if index and name in held]
     chosen = dict(chosen[:OTHER_SPEAKERS])  # the names come by hours: the first with held-out clips
     features = model.features
-    clips = corpus.load_corpus(data_dir, "metadata_val.csv", model.loaded.tokenizer, features,
-                               features.config.sample_rate, 0, False, run.device, run.stop, speakers=chosen).examples
+    clips = corpus.load_corpus(
+        data_dir,
+        "metadata_val.csv",
+        model.loaded.tokenizer,
+        features,
+        features.config.sample_rate,
+        0,
+        False,
+        run.device,
+        run.stop,
+        speakers=chosen,
+    ).examples
     found = {}
     for name, index in chosen.items():
         mine = [e for e in clips if e.speaker == index][:OTHER_CLIPS]
         if mine:
-            found[name] = evaluation.Evaluator(mine, features, run.device, features.config.sample_rate, None, [],
-                                               seed=config.seed, batch_size=session.eval_batch_size(run.device),
-                                               rule=measures.TimingRule(config.max_length_ratio), speaker=index)
+            found[name] = evaluation.Evaluator(
+                mine,
+                features,
+                run.device,
+                features.config.sample_rate,
+                None,
+                [],
+                seed=config.seed,
+                batch_size=session.eval_batch_size(run.device),
+                rule=measures.TimingRule(config.max_length_ratio),
+                speaker=index,
+            )
     return found
 
 
@@ -314,21 +447,37 @@ def build_loop(config: TrainConfig, run: recipe.Run, model: Model, data: Data, s
     """What is particular to this recipe: its discriminator (the checkpoint's, a given one, or new), its
     held-out evaluation, its checkpoints and trackers, what its saves carry; recipe.build_loop does the rest."""
     loaded, features = model.loaded, model.features
-    choice = session.build_discriminator(config.discriminator, config.discriminator_width, config.discriminator_periods,
-                                         config.discriminator_scales,
-                                         run.payload, loaded.pretrained, config.discriminator_warmup_steps)
+    choice = session.build_discriminator(
+        config.discriminator,
+        config.discriminator_width,
+        config.discriminator_periods,
+        config.discriminator_scales,
+        run.payload,
+        loaded.pretrained,
+        config.discriminator_warmup_steps,
+    )
     run.logger.info(choice.description)
     evaluator = evaluation.Evaluator(
-        session.evaluation_clips(data.val, data.train, config.val_samples, run.logger), features, run.device,
-        features.config.sample_rate, run.folder / "samples",
-        session.test_sentences(config.test_sentences, loaded.tokenizer, run.logger), seed=config.seed,
-        batch_size=session.eval_batch_size(run.device), rule=measures.TimingRule(config.max_length_ratio),
+        session.evaluation_clips(data.val, data.train, config.val_samples, run.logger),
+        features,
+        run.device,
+        features.config.sample_rate,
+        run.folder / "samples",
+        session.test_sentences(config.test_sentences, loaded.tokenizer, run.logger),
+        seed=config.seed,
+        batch_size=session.eval_batch_size(run.device),
+        rule=measures.TimingRule(config.max_length_ratio),
         naturalness=naturalness_for(config.naturalness, run.device, run.logger) if run.dist.is_main else None,
-        speaker=speakers.TARGET_SPEAKER if model.speakers and model.speakers.conditioned else None, others=other_speakers(config, run, model))
+        speaker=speakers.TARGET_SPEAKER if model.speakers and model.speakers.conditioned else None,
+        others=other_speakers(config, run, model),
+    )
     held = len(data.val.examples) if data.val else 0
-    warning = measures.few_held_out(len(evaluator.examples), f"raise --val_samples ({held} are held out)"
-                                    if held > len(evaluator.examples) else
-                                    "prepare the corpus with a larger --val_fraction (prepare_data.py)")
+    warning = measures.few_held_out(
+        len(evaluator.examples),
+        f"raise --val_samples ({held} are held out)"
+        if held > len(evaluator.examples)
+        else "prepare the corpus with a larger --val_fraction (prepare_data.py)",
+    )
     if warning:
         run.logger.warning(warning)
     fingerprint = checkpoints.data_fingerprint([e.item_id for e in data.train.examples])
@@ -339,16 +488,35 @@ def build_loop(config: TrainConfig, run: recipe.Run, model: Model, data: Data, s
     if tracker.sinks:
         run.logger.info(f"tracking: {', '.join(tracker.names)} in {run.folder}")
     choices = recipe.RunChoices(
-        title=f"train_vits: {run.folder}", paths=context.RunPaths(run_dir=run.folder, output_dir=Path(config.output_dir)),
+        title=f"train_vits: {run.folder}",
+        paths=context.RunPaths(run_dir=run.folder, output_dir=Path(config.output_dir)),
         checkpoints=run_settings.CheckpointSettings(True, config.keep_checkpoints, config.checkpoint_every_minutes),
-        num_workers=workers(config, run), early_stopping_patience=config.early_stopping_patience, tracker=tracker)
+        num_workers=workers(config, run),
+        early_stopping_patience=config.early_stopping_patience,
+        tracker=tracker,
+    )
     saves = loop.SaveExtras(
-        checkpoint={"config": resolved, "model_config": loaded.model.config.to_dict(),
-                    "tokenizer_files": session.tokenizer_files(loaded.tokenizer), "data_fingerprint": fingerprint},
-        card=model_card.card_facts(config.model_name, data.train.hours(features.config.sample_rate), len(data.train.examples)))
+        checkpoint={
+            "config": resolved,
+            "model_config": loaded.model.config.to_dict(),
+            "tokenizer_files": session.tokenizer_files(loaded.tokenizer),
+            "data_fingerprint": fingerprint,
+        },
+        card=model_card.card_facts(
+            config.model_name, data.train.hours(features.config.sample_rate), len(data.train.examples)
+        ),
+    )
     start = recipe.StartingPoint(loaded.model, loaded.tokenizer, model.frozen_parts, features, choice)
-    return recipe.build_loop(config, run, start, recipe.TrainingData(data.train.examples, data.sampler), evaluator,
-                             choices, saves, step_callback)
+    return recipe.build_loop(
+        config,
+        run,
+        start,
+        recipe.TrainingData(data.train.examples, data.sampler),
+        evaluator,
+        choices,
+        saves,
+        step_callback,
+    )
 
 
 def naturalness_for(wanted: bool | None, device, logger):
@@ -382,20 +550,29 @@ def ready_to_train(config: TrainConfig, run: recipe.Run, model: Model, data: Dat
     elif run.dist.active:
         torch.manual_seed(config.seed + 7919 * run.dist.rank)  # each process its own segments and noise
     if run.budget.left_s() <= 2 * run.budget.safety_s:
-        run.logger.error(f"error: the budget of {run.budget.target_s:.0f}s is spent ({run.budget.used_s():.0f}s used by "
-                         "start-up, loading and earlier processes) before training could start: raise --target_hours")
+        run.logger.error(
+            f"error: the budget of {run.budget.target_s:.0f}s is spent ({run.budget.used_s():.0f}s used by "
+            "start-up, loading and earlier processes) before training could start: raise --target_hours"
+        )
         return False
     return True
 
 
 def write_args(run: recipe.Run, config: TrainConfig, precomputed: bool) -> None:
     """training_args.json: the resolved flags, and what was decided from them on this machine."""
-    resolved = {"device": str(run.device), "precision": run.precision.name, "precompute_mels": precomputed,
-                "num_workers": workers(config, run), "resumed_from": str(run.resume_path) if run.resume_path else None,
-                "processes": run.dist.world_size}
+    resolved = {
+        "device": str(run.device),
+        "precision": run.precision.name,
+        "precompute_mels": precomputed,
+        "num_workers": workers(config, run),
+        "resumed_from": str(run.resume_path) if run.resume_path else None,
+        "processes": run.dist.world_size,
+    }
     try:
-        atomic.write_text_atomic(run.folder / "training_args.json",
-                                 json.dumps({**config_to_dict(config), "resolved": resolved}, indent=2) + "\n")
+        atomic.write_text_atomic(
+            run.folder / "training_args.json",
+            json.dumps({**config_to_dict(config), "resolved": resolved}, indent=2) + "\n",
+        )
     except OSError as error:  # a full disk: the exported models carry these settings too
         from finetune.system.disk import OPTIONAL
 
@@ -405,25 +582,36 @@ def write_args(run: recipe.Run, config: TrainConfig, precomputed: bool) -> None:
 def report_end(config: TrainConfig, run: recipe.Run, trainer, result) -> int:
     """The closing lines and the exit status: 0 finished, 1 stopped by a failure, 130/143 interrupted."""
     summary = trainer.summary(result.stop_reason)
-    summary.update(data_wait_share=round(result.data_wait_s / max(result.train_s, 1e-9), 4),
-                   train_s=round(result.train_s, 3))
+    summary.update(
+        data_wait_share=round(result.data_wait_s / max(result.train_s, 1e-9), 4), train_s=round(result.train_s, 3)
+    )
     summary = trainer.context.run_log.end(summary)
     state = result.state
     if result.stop_reason == "interrupted":
-        saved = (f"saved {result.checkpoint}; continue with the same command and --resume auto" if result.checkpoint
-                 else "no checkpoint could be written (see the errors above)")
-        published = (f"; the final model was written to {config.output_dir} first (the stop came during the final "
-                     "evaluation)" if result.final_saved else "")
+        saved = (
+            f"saved {result.checkpoint}; continue with the same command and --resume auto"
+            if result.checkpoint
+            else "no checkpoint could be written (see the errors above)"
+        )
+        published = (
+            f"; the final model was written to {config.output_dir} first (the stop came during the final evaluation)"
+            if result.final_saved
+            else ""
+        )
         run.logger.info(f"interrupted ({trainer.stop.signal_name}) at step {state.step}: {saved}{published}")
         return trainer.stop.exit_status
-    run.logger.info(f"done ({result.stop_reason}) after {state.step} steps, {state.epoch} epochs, "
-                    f"{run.budget.used_s():.1f}s of {run.budget.target_s:.0f}s; last learning rate {result.last_lr:.3e}; "
-                    f"{describe_best(state, trainer.parts.evaluator.rule.describe(), run.folder / 'best_model')}; "
-                    f"{describe_final(config.output_dir, trainer.final_source, run.folder)}; "
-                    f"report -> {run.folder / 'report.html'}")
-    run.logger.info(f"time: steps {result.train_s:.0f}s ({trainer.context.run_log.profile.describe()}), evaluations "
-                    f"{summary['evaluation_s']:.0f}s, checkpoints {summary['checkpoint_s']:.0f}s, exports "
-                    f"{summary['export_s']:.0f}s; data wait {100 * summary['data_wait_share']:.2f}% of step time")
+    run.logger.info(
+        f"done ({result.stop_reason}) after {state.step} steps, {state.epoch} epochs, "
+        f"{run.budget.used_s():.1f}s of {run.budget.target_s:.0f}s; last learning rate {result.last_lr:.3e}; "
+        f"{describe_best(state, trainer.parts.evaluator.rule.describe(), run.folder / 'best_model')}; "
+        f"{describe_final(config.output_dir, trainer.final_source, run.folder)}; "
+        f"report -> {run.folder / 'report.html'}"
+    )
+    run.logger.info(
+        f"time: steps {result.train_s:.0f}s ({trainer.context.run_log.profile.describe()}), evaluations "
+        f"{summary['evaluation_s']:.0f}s, checkpoints {summary['checkpoint_s']:.0f}s, exports "
+        f"{summary['export_s']:.0f}s; data wait {100 * summary['data_wait_share']:.2f}% of step time"
+    )
     if result.save_failures:
         run.logger.error(f"error: {result.save_failures} save(s) could not be written (see above)")
     if result.stop_reason == "out_of_memory" and not result.final_saved:
@@ -442,8 +630,10 @@ def describe_best(state, band: str, best_dir: Path) -> str:
     kept = f"best MCD {best.score:.3f} dB at step {best.step} -> {best_dir}"
     if best.eligible:
         return kept
-    return (f"{kept} (a fallback: no evaluation met the timing rule {band}; this is the one nearest to it, see "
-            "eval.json there)")
+    return (
+        f"{kept} (a fallback: no evaluation met the timing rule {band}; this is the one nearest to it, see "
+        "eval.json there)"
+    )
 
 
 def describe_final(output_dir: str, source: str, run_dir: Path) -> str:

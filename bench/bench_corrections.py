@@ -57,9 +57,25 @@ def prepare_all(work: Path, max_samples: int) -> Path:
     """The demo corpus prepared once (16 kHz WAVs, every clip in metadata.csv)."""
     data = work / "prepared"
     if not (data / "metadata.csv").is_file():
-        run("prepare_data.py", ["--input_dir", REPO / "demo" / "corpus", "--data_dir", data, "--model_name",
-                                "scratch:tiny", "--val_fraction", "0", "--num_workers", "1",
-                                "--max_samples", max_samples], work / "prepare.log", "preparing the demo corpus")
+        run(
+            "prepare_data.py",
+            [
+                "--input_dir",
+                REPO / "demo" / "corpus",
+                "--data_dir",
+                data,
+                "--model_name",
+                "scratch:tiny",
+                "--val_fraction",
+                "0",
+                "--num_workers",
+                "1",
+                "--max_samples",
+                max_samples,
+            ],
+            work / "prepare.log",
+            "preparing the demo corpus",
+        )
     return data
 
 
@@ -87,9 +103,17 @@ def split(prepared: Path, work: Path, letter: str, stretch: float) -> dict:
         (judge / "wavs" / f"{item}.wav").symlink_to(prepared / "wavs" / f"{item}.wav")
     write_rows(judge / "with_letter.csv", unseen)
     write_rows(judge / "voice_held_out.csv", held)
-    return {"voice": voice, "corrections": work / "corrections", "judge": judge,
-            "counts": {"voice_train": len(without) - len(held), "voice_held_out": len(held),
-                       "corrections": len(corrections), "unseen_with_letter": len(unseen)}}
+    return {
+        "voice": voice,
+        "corrections": work / "corrections",
+        "judge": judge,
+        "counts": {
+            "voice_train": len(without) - len(held),
+            "voice_held_out": len(held),
+            "corrections": len(corrections),
+            "unseen_with_letter": len(unseen),
+        },
+    }
 
 
 def write_rows(path: Path, rows: list[tuple[str, str]]) -> None:
@@ -122,11 +146,32 @@ def pretrain(data: Path, work: Path, hours: float, smoke: bool) -> Path:
         return best
     shutil.rmtree(run_dir, ignore_errors=True)
     extra = ["--max_epochs", "2", "--val_samples", "2", "--discriminator_warmup_steps", "0"] if smoke else []
-    run("train_vits.py", ["--data_dir", data, "--checkpoint_dir", run_dir / "checkpoints", "--output_dir",
-                          run_dir / "final_model", "--model_name", "scratch:tiny", "--target_hours", hours,
-                          "--discriminator_width", "0.0625", "--learning_rate", "2e-3",
-                          "--gradient_accumulation_steps", "1", "--log_every_seconds", "60", *extra],
-        run_dir.with_suffix(".log"), "pretraining the voice")
+    run(
+        "train_vits.py",
+        [
+            "--data_dir",
+            data,
+            "--checkpoint_dir",
+            run_dir / "checkpoints",
+            "--output_dir",
+            run_dir / "final_model",
+            "--model_name",
+            "scratch:tiny",
+            "--target_hours",
+            hours,
+            "--discriminator_width",
+            "0.0625",
+            "--learning_rate",
+            "2e-3",
+            "--gradient_accumulation_steps",
+            "1",
+            "--log_every_seconds",
+            "60",
+            *extra,
+        ],
+        run_dir.with_suffix(".log"),
+        "pretraining the voice",
+    )
     return best if (best / "config.json").is_file() else run_dir / "final_model"
 
 
@@ -191,7 +236,9 @@ def judge(model_dir: Path, judge_dir: Path, listing: str, letter: str, seeds: in
                 a, b = mel_cepstrum(synthesised), mel_cepstrum(real)
                 _, path = librosa.sequence.dtw(X=a, Y=b, metric="euclidean")
                 pairs = path[frames[path[:, 0]]]
-                letter_scores.append(float(MCD_SCALE * np.linalg.norm(a[:, pairs[:, 0]] - b[:, pairs[:, 1]], axis=0).mean()))
+                letter_scores.append(
+                    float(MCD_SCALE * np.linalg.norm(a[:, pairs[:, 0]] - b[:, pairs[:, 1]], axis=0).mean())
+                )
         sentence[example.item_id] = float(np.mean(scores))
         if letter_scores:
             region[example.item_id] = float(np.mean(letter_scores))
@@ -228,23 +275,48 @@ def paired(before: dict, after: dict) -> dict:
 
     comparison = paired_comparison(before, after)
     shared = [k for k in after if k in before]
-    return {"before": float(np.mean([before[k] for k in shared])) if shared else math.nan,
-            "after": float(np.mean([after[k] for k in shared])) if shared else math.nan,
-            "change_db": -comparison.advantage_db, "noise_bound_db": comparison.bound_db, "clips": comparison.clips,
-            "improved_beyond_noise": comparison.beyond_noise}
+    return {
+        "before": float(np.mean([before[k] for k in shared])) if shared else math.nan,
+        "after": float(np.mean([after[k] for k in shared])) if shared else math.nan,
+        "change_db": -comparison.advantage_db,
+        "noise_bound_db": comparison.bound_db,
+        "clips": comparison.clips,
+        "improved_beyond_noise": comparison.beyond_noise,
+    }
 
 
 # ---------------------------------------------------------------- the round
 
 
-def feedback_round(base: Path, data: Path, corrections: Path, work: Path, minutes: float, lr: float,
-                   smoke: bool, flags: list[str]) -> dict:
+def feedback_round(
+    base: Path, data: Path, corrections: Path, work: Path, minutes: float, lr: float, smoke: bool, flags: list[str]
+) -> dict:
     voices = work / "voices"
     shutil.rmtree(voices, ignore_errors=True)
     extra = ["--max_epochs", "1", "--val_samples", "2", "--benchmark_samples", "4"] if smoke else []
-    run("train_feedback.py", ["--base_model", base, "--data_dir", data, "--feedback_dir", corrections,
-                              "--output_dir", voices, "--target_minutes", minutes, "--learning_rate", lr,
-                              "--log_every_seconds", "60", *extra, *flags], work / "round.log", "the feedback round")
+    run(
+        "train_feedback.py",
+        [
+            "--base_model",
+            base,
+            "--data_dir",
+            data,
+            "--feedback_dir",
+            corrections,
+            "--output_dir",
+            voices,
+            "--target_minutes",
+            minutes,
+            "--learning_rate",
+            lr,
+            "--log_every_seconds",
+            "60",
+            *extra,
+            *flags,
+        ],
+        work / "round.log",
+        "the feedback round",
+    )
     round_dir = voices / "rounds" / "round_001"
     report = json.loads((round_dir / "feedback_report.json").read_text(encoding="utf-8"))
     best = round_dir / "checkpoints" / "best_model"
@@ -256,21 +328,36 @@ def feedback_round(base: Path, data: Path, corrections: Path, work: Path, minute
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--work_dir", default=None, help="keep everything here (default: a temporary folder); a voice "
-                        "already pretrained there is reused")
+    parser.add_argument(
+        "--work_dir",
+        default=None,
+        help="keep everything here (default: a temporary folder); a voice already pretrained there is reused",
+    )
     parser.add_argument("--letter", default="x", help="the letter the voice says wrong")
     parser.add_argument("--spoken_as", default="k", help="what it says instead")
-    parser.add_argument("--stretch", type=float, default=1.4, help="the correctors read this many times slower "
-                        "(every other one: faster)")
+    parser.add_argument(
+        "--stretch",
+        type=float,
+        default=1.4,
+        help="the correctors read this many times slower (every other one: faster)",
+    )
     parser.add_argument("--pretrain_hours", type=float, default=0.17)
     parser.add_argument("--round_minutes", type=float, default=6.0)
-    parser.add_argument("--round_lr", type=float, default=5e-4, help="the round's learning rate (the demo voice's: "
-                        "make demo-feedback uses 5e-4)")
-    parser.add_argument("--round_flags", default="", help="more train_feedback.py flags for the round, one string "
-                        "(--round_flags=\"--acoustics trained\")")
+    parser.add_argument(
+        "--round_lr",
+        type=float,
+        default=5e-4,
+        help="the round's learning rate (the demo voice's: make demo-feedback uses 5e-4)",
+    )
+    parser.add_argument(
+        "--round_flags",
+        default="",
+        help='more train_feedback.py flags for the round, one string (--round_flags="--acoustics trained")',
+    )
     parser.add_argument("--judge_seeds", type=int, default=3)
-    parser.add_argument("--smoke", action="store_true", help="the pipeline on 64 clips with tiny budgets (figures "
-                        "mean nothing)")
+    parser.add_argument(
+        "--smoke", action="store_true", help="the pipeline on 64 clips with tiny budgets (figures mean nothing)"
+    )
     args = parser.parse_args()
     print(f"machine: {describe()}", flush=True)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_corrections_"))
@@ -282,22 +369,39 @@ def main() -> None:
     voice = pretrain(parts["voice"], work, 0.1 if args.smoke else args.pretrain_hours, args.smoke)
     planted = plant(voice, work / "planted", args.letter, args.spoken_as)
     print(f"planted: {args.letter!r} is said as {args.spoken_as!r} by {planted}", flush=True)
-    report = feedback_round(planted, parts["voice"], parts["corrections"], work, 1.0 if args.smoke else args.round_minutes,
-                            args.round_lr, args.smoke, shlex.split(args.round_flags))
-    print(f"round: {'ACCEPTED' if report['accepted'] else 'REJECTED'} ({report['reason']})\n  decided by "
-          f"{report['decided_by']}\n  the voice's length on the corrections (other readers' tempo): "
-          f"x{report['before']['corrections_length_ratio']:.2f} before, x{report['after']['corrections_length_ratio']:.2f} "
-          f"after (the old rule held these against 0.80-1.25)", flush=True)
+    report = feedback_round(
+        planted,
+        parts["voice"],
+        parts["corrections"],
+        work,
+        1.0 if args.smoke else args.round_minutes,
+        args.round_lr,
+        args.smoke,
+        shlex.split(args.round_flags),
+    )
+    print(
+        f"round: {'ACCEPTED' if report['accepted'] else 'REJECTED'} ({report['reason']})\n  decided by "
+        f"{report['decided_by']}\n  the voice's length on the corrections (other readers' tempo): "
+        f"x{report['before']['corrections_length_ratio']:.2f} before, x{report['after']['corrections_length_ratio']:.2f} "
+        f"after (the old rule held these against 0.80-1.25)",
+        flush=True,
+    )
     seeds = 1 if args.smoke else args.judge_seeds
-    results = {"counts": parts["counts"], "round": {k: report[k] for k in ("accepted", "reason", "decided_by",
-                                                                            "improvement", "before", "after")}}
-    for name, listing in (("unseen sentences with the letter", "with_letter.csv"),
-                          ("the voice's own held-out clips", "voice_held_out.csv")):
+    results = {
+        "counts": parts["counts"],
+        "round": {k: report[k] for k in ("accepted", "reason", "decided_by", "improvement", "before", "after")},
+    }
+    for name, listing in (
+        ("unseen sentences with the letter", "with_letter.csv"),
+        ("the voice's own held-out clips", "voice_held_out.csv"),
+    ):
         before = judge(planted, parts["judge"], listing, args.letter, seeds)
         after = judge(Path(report["candidate_dir"]), parts["judge"], listing, args.letter, seeds)
-        results[name] = {"sentence": paired(before["sentence"], after["sentence"]),
-                         "letter_frames": paired(before["letter"], after["letter"]),
-                         "length_ratio": [before["length_ratio"], after["length_ratio"]]}
+        results[name] = {
+            "sentence": paired(before["sentence"], after["sentence"]),
+            "letter_frames": paired(before["letter"], after["letter"]),
+            "length_ratio": [before["length_ratio"], after["length_ratio"]],
+        }
     print_table(results)
     (work / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False), encoding="utf-8")
 
@@ -310,8 +414,10 @@ def print_table(results: dict) -> None:
             r = results[name][measure]
             if not r["clips"]:
                 continue
-            print(f"| {name} | {measure.replace('_', ' ')} MCD | {r['before']:.3f} | {r['after']:.3f} | "
-                  f"{r['change_db']:+.3f} | {r['noise_bound_db']:.3f} | {r['clips']} |")
+            print(
+                f"| {name} | {measure.replace('_', ' ')} MCD | {r['before']:.3f} | {r['after']:.3f} | "
+                f"{r['change_db']:+.3f} | {r['noise_bound_db']:.3f} | {r['clips']} |"
+            )
         lengths = results[name]["length_ratio"]
         print(f"| {name} | median length vs recordings | x{lengths[0]:.3f} | x{lengths[1]:.3f} | | | |", flush=True)
 

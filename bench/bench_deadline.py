@@ -58,17 +58,45 @@ STEPS = {  # train_vits.py flags of each step size
 
 
 def prepare(data_dir: Path, max_samples: int) -> None:
-    command = [sys.executable, str(REPO / "prepare_data.py"), "--input_dir", str(REPO / "demo" / "corpus"),
-               "--data_dir", str(data_dir), "--model_name", "scratch:tiny", "--val_fraction", "0.05"]
+    command = [
+        sys.executable,
+        str(REPO / "prepare_data.py"),
+        "--input_dir",
+        str(REPO / "demo" / "corpus"),
+        "--data_dir",
+        str(data_dir),
+        "--model_name",
+        "scratch:tiny",
+        "--val_fraction",
+        "0.05",
+    ]
     if max_samples:
         command += ["--max_samples", str(max_samples)]
     subprocess.run(command, check=True, capture_output=True)
 
 
-def train_command(data_dir: Path, work: Path, settings: Settings, slow_clip_s: float = 0.0, steps: str = "fine") -> list[str]:
-    flags = ["--data_dir", str(data_dir), "--checkpoint_dir", str(work / "checkpoints"), "--output_dir",
-             str(work / "final_model"), "--model_name", "scratch:tiny", *STEPS[steps], "--target_hours", str(settings.target_hours),
-             "--val_samples", str(settings.val_samples), "--log_every_seconds", "10", "--batch_size", str(settings.batch_size)]
+def train_command(
+    data_dir: Path, work: Path, settings: Settings, slow_clip_s: float = 0.0, steps: str = "fine"
+) -> list[str]:
+    flags = [
+        "--data_dir",
+        str(data_dir),
+        "--checkpoint_dir",
+        str(work / "checkpoints"),
+        "--output_dir",
+        str(work / "final_model"),
+        "--model_name",
+        "scratch:tiny",
+        *STEPS[steps],
+        "--target_hours",
+        str(settings.target_hours),
+        "--val_samples",
+        str(settings.val_samples),
+        "--log_every_seconds",
+        "10",
+        "--batch_size",
+        str(settings.batch_size),
+    ]
     if settings.max_epochs:
         flags += ["--max_epochs", str(settings.max_epochs)]
     if slow_clip_s:  # this script as the launcher: it slows the final evaluation down, then runs train_vits
@@ -95,26 +123,40 @@ def run_end(work: Path) -> dict:
     end = next((r for r in reversed(records) if r["kind"] == "end"), None)
     if end is None:  # it stopped before training (a budget too small for this machine): see run.log
         log = (work / "checkpoints" / "train.log").read_text().strip().splitlines()
-        return {"stop": f"no training ({log[-1] if log else 'no log'})", "steps": 0, "time_used_s": float("nan"),
-                "final_eval": "none", "eval_s": []}
+        return {
+            "stop": f"no training ({log[-1] if log else 'no log'})",
+            "steps": 0,
+            "time_used_s": float("nan"),
+            "final_eval": "none",
+            "eval_s": [],
+        }
     evals = [r for r in records if r["kind"] == "eval"]
     skipped = [r for r in records if r["kind"] == "eval_skipped"]
     final = evals[-1] if evals else {}
     plan = next((r for r in reversed(records) if r["kind"] == "plan"), {})
     log = (work / "checkpoints" / "train.log").read_text()
     cut = next((line.split(": ", 1)[1] for line in log.splitlines() if "its last micro-batch cut to" in line), "")
-    return {"stop": end["stop_reason"], "steps": end["steps"], "time_used_s": end["time_used_s"],
-            "step_s": plan.get("step_s", float("nan")), "last_step": cut.split(",")[0] if cut else "whole",
-            "final_eval": ("skipped" if skipped and skipped[-1].get("final") else
-                           f"{final.get('clips_scored')}/{final.get('clips_planned')} clips"
-                           + (", cut short" if final.get("cut_short") else "")),
-            "eval_s": [round(r["seconds"], 1) for r in evals]}
+    return {
+        "stop": end["stop_reason"],
+        "steps": end["steps"],
+        "time_used_s": end["time_used_s"],
+        "step_s": plan.get("step_s", float("nan")),
+        "last_step": cut.split(",")[0] if cut else "whole",
+        "final_eval": (
+            "skipped"
+            if skipped and skipped[-1].get("final")
+            else f"{final.get('clips_scored')}/{final.get('clips_planned')} clips"
+            + (", cut short" if final.get("cut_short") else "")
+        ),
+        "eval_s": [round(r["seconds"], 1) for r in evals],
+    }
 
 
 def case_resumed(data_dir: Path, work: Path, settings: Settings) -> dict:
     command = train_command(data_dir, work, settings)
-    first = launch_until_exit(command, work / "run.log", lambda p: p.send_signal(signal.SIGINT),
-                              settings.target_hours * 1800)
+    first = launch_until_exit(
+        command, work / "run.log", lambda p: p.send_signal(signal.SIGINT), settings.target_hours * 1800
+    )
     second = launch_until_exit(command + ["--resume", "auto"], work / "run.log")
     return {"wall_s": first + second, "first_s": first, **run_end(work)}
 
@@ -126,8 +168,12 @@ def case_busy(data_dir: Path, work: Path, settings: Settings, steps: str = "fine
         busy.extend(subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(2))
 
     try:
-        wall = launch_until_exit(train_command(data_dir, work, settings, steps=steps), work / "run.log", load_up,
-                                 settings.target_hours * 1800)
+        wall = launch_until_exit(
+            train_command(data_dir, work, settings, steps=steps),
+            work / "run.log",
+            load_up,
+            settings.target_hours * 1800,
+        )
     finally:
         for process in busy:
             process.kill()
@@ -175,23 +221,35 @@ def describe_case(case: str, result: dict, target_s: float) -> str:
     line = f"{case:11s} budget {target_s:.1f}s: launch to exit {result['wall_s']:.1f}s ({over:+.2f}%, {verdict})"
     if not result["steps"]:
         return f"{line}; {result['stop']}"
-    line += (f"; run's own account {result['time_used_s']:.1f}s; {result['steps']} steps of {result['step_s']:.2f}s "
-             f"({100 * result['step_s'] / target_s:.1f}% of the budget), the last {result['last_step']}; stop "
-             f"{result['stop']}; final evaluation {result['final_eval']}; evaluations took {result['eval_s']} s")
+    line += (
+        f"; run's own account {result['time_used_s']:.1f}s; {result['steps']} steps of {result['step_s']:.2f}s "
+        f"({100 * result['step_s'] / target_s:.1f}% of the budget), the last {result['last_step']}; stop "
+        f"{result['stop']}; final evaluation {result['final_eval']}; evaluations took {result['eval_s']} s"
+    )
     return line + (f"; first process {result['first_s']:.1f}s" if "first_s" in result else "")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target_hours", type=float, default=0.05)
-    parser.add_argument("--cases", nargs="*", default=["fine", "coarse", "fine-busy", "coarse-busy"],
-                        choices=["fine", "coarse", "fine-busy", "coarse-busy", "resumed", "slow-eval"])
+    parser.add_argument(
+        "--cases",
+        nargs="*",
+        default=["fine", "coarse", "fine-busy", "coarse-busy"],
+        choices=["fine", "coarse", "fine-busy", "coarse-busy", "resumed", "slow-eval"],
+    )
     parser.add_argument("--val_samples", type=int, default=16)
     parser.add_argument("--slow_clip_s", type=float, default=1.0, help="extra seconds a clip in the final evaluation")
     parser.add_argument("--max_samples", type=int, default=0, help="prepare only the first N demo clips (0: all)")
-    parser.add_argument("--smoke", action="store_true", help="the slow-eval case's code path: 40 clips, 2 epochs "
-                        "inside a budget that leaves room for any machine (it measures nothing)")
-    parser.add_argument("--data_dir", default=None, help="an already prepared corpus (default: the demo, prepared here)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the slow-eval case's code path: 40 clips, 2 epochs "
+        "inside a budget that leaves room for any machine (it measures nothing)",
+    )
+    parser.add_argument(
+        "--data_dir", default=None, help="an already prepared corpus (default: the demo, prepared here)"
+    )
     parser.add_argument("--batch_size", type=int, default=8, help="clips per micro-batch (train_vits.py's default: 8)")
     parser.add_argument("--work_dir", default=None)
     parser.add_argument("--child_slow_clip_s", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -213,8 +271,14 @@ def main() -> None:
     for case in options.cases:
         folder = work / case
         folder.mkdir(parents=True, exist_ok=True)
-        cases = {"fine": case_idle, "fine-busy": case_busy, "resumed": case_resumed, "slow-eval": case_slow_eval,
-                 "coarse": lambda *a: case_idle(*a, steps="coarse"), "coarse-busy": lambda *a: case_busy(*a, steps="coarse")}
+        cases = {
+            "fine": case_idle,
+            "fine-busy": case_busy,
+            "resumed": case_resumed,
+            "slow-eval": case_slow_eval,
+            "coarse": lambda *a: case_idle(*a, steps="coarse"),
+            "coarse-busy": lambda *a: case_busy(*a, steps="coarse"),
+        }
         result = cases[case](data_dir, folder, settings)
         print(describe_case(case, result, target_s), flush=True)
         if options.smoke and not result["steps"]:

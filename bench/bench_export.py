@@ -25,9 +25,13 @@ from bench.machine import describe
 
 REPO = Path(__file__).resolve().parent.parent
 
-SENTENCES = ["rojbaş tu çawa yî", "ez ji te hez dikim û ez ê her tim li vir bim",
-             "sibê em ê zû rabin ji ber ku rêwîtiyek dirêj li pêşiya me ye",
-             "av ewqas zelal bû ku me kevirên binî didîtin", "her kes dikare tiştekî nû fêr bibe"]
+SENTENCES = [
+    "rojbaş tu çawa yî",
+    "ez ji te hez dikim û ez ê her tim li vir bim",
+    "sibê em ê zû rabin ji ber ku rêwîtiyek dirêj li pêşiya me ye",
+    "av ewqas zelal bû ku me kevirên binî didîtin",
+    "her kes dikare tiştekî nû fêr bibe",
+]
 
 
 def build(args):
@@ -73,14 +77,24 @@ def main() -> None:
     ids = [np.asarray(tokenizer(s).input_ids, dtype=np.int64) for s in SENTENCES]
     if not length_scale:  # random weights: scale the durations to about 12 frames a token
         with torch.no_grad():
-            natural = synthesise_graph(model, torch.from_numpy(ids[2]).unsqueeze(0), torch.tensor([0.0]),
-                                       torch.tensor([1.0]), torch.tensor([0.0])).shape[-1] / 256
+            natural = (
+                synthesise_graph(
+                    model,
+                    torch.from_numpy(ids[2]).unsqueeze(0),
+                    torch.tensor([0.0]),
+                    torch.tensor([1.0]),
+                    torch.tensor([0.0]),
+                ).shape[-1]
+                / 256
+            )
         length_scale = 12 * len(ids[2]) / max(natural, 1.0)
     model.speaking_rate = 1.0 / length_scale
     rate = int(model.config.sampling_rate)
     print(f"machine: {describe()}; {args.threads} threads")
-    print(f"model: {args.model_dir or f'scratch:{args.size} (random weights)'}, "
-          f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, length scale {length_scale:.2f}")
+    print(
+        f"model: {args.model_dir or f'scratch:{args.size} (random weights)'}, "
+        f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, length scale {length_scale:.2f}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         out = export_voice(model, tokenizer, Path(tmp) / "voice", "kmr")
         options = onnxruntime.SessionOptions()
@@ -97,10 +111,16 @@ def main() -> None:
         def onnx() -> float:
             total = 0
             for one in ids:
-                y = session.run(None, {"x": one[None], "x_length": np.array([len(one)]),
-                                       "noise_scale": np.array([0.667], np.float32),
-                                       "length_scale": np.array([length_scale], np.float32),
-                                       "noise_scale_w": np.array([0.8], np.float32)})[0]
+                y = session.run(
+                    None,
+                    {
+                        "x": one[None],
+                        "x_length": np.array([len(one)]),
+                        "noise_scale": np.array([0.667], np.float32),
+                        "length_scale": np.array([length_scale], np.float32),
+                        "noise_scale_w": np.array([0.8], np.float32),
+                    },
+                )[0]
                 total += y.shape[-1]
             return total / rate
 
@@ -108,11 +128,18 @@ def main() -> None:
         try:
             import sherpa_onnx
 
-            vits = sherpa_onnx.OfflineTtsVitsModelConfig(model=str(out / "model.onnx"), lexicon="",
-                                                         tokens=str(out / "tokens.txt"), data_dir="",
-                                                         length_scale=length_scale)
-            tts = sherpa_onnx.OfflineTts(sherpa_onnx.OfflineTtsConfig(model=sherpa_onnx.OfflineTtsModelConfig(
-                vits=vits, num_threads=args.threads, provider="cpu")))
+            vits = sherpa_onnx.OfflineTtsVitsModelConfig(
+                model=str(out / "model.onnx"),
+                lexicon="",
+                tokens=str(out / "tokens.txt"),
+                data_dir="",
+                length_scale=length_scale,
+            )
+            tts = sherpa_onnx.OfflineTts(
+                sherpa_onnx.OfflineTtsConfig(
+                    model=sherpa_onnx.OfflineTtsModelConfig(vits=vits, num_threads=args.threads, provider="cpu")
+                )
+            )
             generation = sherpa_onnx.GenerationConfig()
             generation.sid, generation.speed, generation.silence_scale = 0, 1.0 / length_scale, 1.0
 

@@ -46,8 +46,7 @@ from bench.machine import describe
 REPO = Path(__file__).resolve().parent.parent
 
 OLD_LOSS_PATCH = (  # transformers' own training path for the stochastic duration predictor
-    "import finetune.vits.objective as o;"
-    "o.stochastic_duration_nll = lambda p, h, m, d: p(h, m, durations=d);"
+    "import finetune.vits.objective as o;o.stochastic_duration_nll = lambda p, h, m, d: p(h, m, durations=d);"
 )
 
 
@@ -66,16 +65,38 @@ def run(command: list[str], label: str, log: Path) -> float:
     return time.perf_counter() - started
 
 
-def train(data_dir: Path, run_dir: Path, model: str, hours: float, lr: float, old_loss: bool = False,
-          extra: list[str] = ()) -> float:
-    argv = ["--data_dir", str(data_dir), "--checkpoint_dir", str(run_dir / "checkpoints"), "--output_dir",
-            str(run_dir / "final_model"), "--model_name", model, "--target_hours", str(hours),
-            "--discriminator_width", "0.0625", "--learning_rate", str(lr), "--gradient_accumulation_steps", "1",
-            "--log_every_seconds", "60", "--val_samples", "16", *extra]
+def train(
+    data_dir: Path, run_dir: Path, model: str, hours: float, lr: float, old_loss: bool = False, extra: list[str] = ()
+) -> float:
+    argv = [
+        "--data_dir",
+        str(data_dir),
+        "--checkpoint_dir",
+        str(run_dir / "checkpoints"),
+        "--output_dir",
+        str(run_dir / "final_model"),
+        "--model_name",
+        model,
+        "--target_hours",
+        str(hours),
+        "--discriminator_width",
+        "0.0625",
+        "--learning_rate",
+        str(lr),
+        "--gradient_accumulation_steps",
+        "1",
+        "--log_every_seconds",
+        "60",
+        "--val_samples",
+        "16",
+        *extra,
+    ]
     if old_loss:  # transformers' duration loss patched in: a new interpreter, the patch in its code
         code = OLD_LOSS_PATCH + "import sys, train_vits; sys.exit(train_vits.main(sys.argv[1:]))"
         return run([sys.executable, "-c", code, *argv], f"training {run_dir.name}", run_dir.with_suffix(".log"))
-    return run([sys.executable, str(REPO / "train_vits.py"), *argv], f"training {run_dir.name}", run_dir.with_suffix(".log"))
+    return run(
+        [sys.executable, str(REPO / "train_vits.py"), *argv], f"training {run_dir.name}", run_dir.with_suffix(".log")
+    )
 
 
 def make_voice_b(source: Path, out: Path, stretch: float, semitones: float) -> None:
@@ -98,19 +119,47 @@ def make_voice_b(source: Path, out: Path, stretch: float, semitones: float) -> N
 
 
 def prepare(source: Path, data_dir: Path, model: str, max_samples: int = 0, val_fraction: float = 0.05) -> None:
-    run([sys.executable, str(REPO / "prepare_data.py"), "--input_dir", str(source), "--data_dir", str(data_dir),
-         "--model_name", model, "--val_fraction", str(val_fraction), "--num_workers", "1" if max_samples else "2",
-         "--max_samples", str(max_samples)],
-        f"preparing {data_dir.name}", data_dir.with_suffix(".log"))
+    run(
+        [
+            sys.executable,
+            str(REPO / "prepare_data.py"),
+            "--input_dir",
+            str(source),
+            "--data_dir",
+            str(data_dir),
+            "--model_name",
+            model,
+            "--val_fraction",
+            str(val_fraction),
+            "--num_workers",
+            "1" if max_samples else "2",
+            "--max_samples",
+            str(max_samples),
+        ],
+        f"preparing {data_dir.name}",
+        data_dir.with_suffix(".log"),
+    )
 
 
 def fine_tune_flags(args, precision: str) -> list[str]:
     """train_vits.py flags every fine-tune shares (step caps, subset), plus the precision's own."""
-    flags = ["--max_epochs", str(args.max_epochs), "--max_samples", str(args.max_samples),
-             "--val_samples", str(args.val_samples), "--device", "cpu"]
+    flags = [
+        "--max_epochs",
+        str(args.max_epochs),
+        "--max_samples",
+        str(args.max_samples),
+        "--val_samples",
+        str(args.val_samples),
+        "--device",
+        "cpu",
+    ]
     if args.discriminator_warmup_steps:  # an unreachable margin: every run's warm-up ends by the same cap
-        flags += ["--discriminator_warmup_steps", str(args.discriminator_warmup_steps),
-                  "--discriminator_warmup_margin", "1e9"]
+        flags += [
+            "--discriminator_warmup_steps",
+            str(args.discriminator_warmup_steps),
+            "--discriminator_warmup_margin",
+            "1e9",
+        ]
     if args.val_every:
         flags += ["--val_every", str(args.val_every)]
     return flags + {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"]}[precision]
@@ -122,10 +171,16 @@ def run_figures(run_dir: Path) -> dict:
     records = [json.loads(line) for line in (run_dir / "checkpoints" / "metrics.jsonl").read_text().splitlines()]
     end = next(r for r in reversed(records) if r.get("kind") == "end")
     steps = int(end["steps"])
-    return {"steps": steps, "warmup_steps": end.get("discriminator_warmup_steps", 0),
-            "skipped_fp16": end.get("fp16_overflow_skips", 0), "nonfinite_skips": end.get("nonfinite_skips", 0),
-            "step_s": sum(end.get("profile_s", {}).values()) / max(1, steps), "time_used_s": end["time_used_s"],
-            "budget_s": end["budget_s"], "loss_scale": end.get("loss_scale_generator")}
+    return {
+        "steps": steps,
+        "warmup_steps": end.get("discriminator_warmup_steps", 0),
+        "skipped_fp16": end.get("fp16_overflow_skips", 0),
+        "nonfinite_skips": end.get("nonfinite_skips", 0),
+        "step_s": sum(end.get("profile_s", {}).values()) / max(1, steps),
+        "time_used_s": end["time_used_s"],
+        "budget_s": end["budget_s"],
+        "loss_scale": end.get("loss_scale_generator"),
+    }
 
 
 def score(model_dir: Path, data_dir: Path, metadata: str = "metadata_val.csv") -> dict:
@@ -143,16 +198,21 @@ def score(model_dir: Path, data_dir: Path, metadata: str = "metadata_val.csv") -
     model = VitsModel.from_pretrained(str(model_dir)).eval()
     tokenizer = VitsTokenizer.from_pretrained(str(model_dir))
     examples, _ = load_examples(data_dir, metadata, tokenizer, 256, 16000)
-    result = Evaluator(examples, Features(FeatureConfig()), torch.device("cpu"), 16000, None, [], seed=0,
-                       batch_size=1).evaluate(model, 0)
+    result = Evaluator(
+        examples, Features(FeatureConfig()), torch.device("cpu"), 16000, None, [], seed=0, batch_size=1
+    ).evaluate(model, 0)
     ratios = []
     for index, example in enumerate(examples):
         torch.manual_seed(index)
         with torch.no_grad():
             out = model(input_ids=torch.from_numpy(example.token_ids.astype(np.int64)).unsqueeze(0))
         ratios.append(int(out.sequence_lengths[0]) / len(example.audio))
-    return {"mcd_db": result.mcd_db, "stock_length_ratio": float(np.median(ratios)),
-            "duration_error": result.duration_error, "clips": len(examples)}
+    return {
+        "mcd_db": result.mcd_db,
+        "stock_length_ratio": float(np.median(ratios)),
+        "duration_error": result.duration_error,
+        "clips": len(examples),
+    }
 
 
 def main() -> None:
@@ -165,19 +225,38 @@ def main() -> None:
     parser.add_argument("--semitones", type=float, default=0.0, help="B's pitch shift beyond what slowing down gives")
     parser.add_argument("--compare_old_loss", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--work_dir", default=None, help="keep everything here (default: a temporary folder)")
-    parser.add_argument("--reuse", action="store_true", help="with --work_dir: keep voice A and B's data from an "
-                                                             "earlier run there and redo only the fine-tunes")
-    parser.add_argument("--precision", nargs="*", default=[], choices=["fp16", "bf16"],
-                        help="also fine-tune under these (CPU autocast); fp32 is always the reference")
-    parser.add_argument("--max_epochs", type=int, default=0, help="fine-tunes stop after N epochs (warm-up "
-                        "included): the same steps for every precision (0: budget-driven)")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="with --work_dir: keep voice A and B's data from an earlier run there and redo only the fine-tunes",
+    )
+    parser.add_argument(
+        "--precision",
+        nargs="*",
+        default=[],
+        choices=["fp16", "bf16"],
+        help="also fine-tune under these (CPU autocast); fp32 is always the reference",
+    )
+    parser.add_argument(
+        "--max_epochs",
+        type=int,
+        default=0,
+        help="fine-tunes stop after N epochs (warm-up included): the same steps for every precision (0: budget-driven)",
+    )
     parser.add_argument("--max_samples", type=int, default=0, help="fine-tune on the first N clips of B (0: all)")
-    parser.add_argument("--discriminator_warmup_steps", type=int, default=0,
-                        help="end every fine-tune's warm-up after exactly N steps (0: by its margin, as users run)")
+    parser.add_argument(
+        "--discriminator_warmup_steps",
+        type=int,
+        default=0,
+        help="end every fine-tune's warm-up after exactly N steps (0: by its margin, as users run)",
+    )
     parser.add_argument("--val_samples", type=int, default=16, help="held-out clips per in-run evaluation")
     parser.add_argument("--val_every", type=int, default=0, help="in-run evaluations every N steps (0: planned)")
-    parser.add_argument("--smoke", action="store_true", help="the whole pipeline on 24 clips with tiny budgets "
-                                                             "(seconds of training: figures mean nothing)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the whole pipeline on 24 clips with tiny budgets (seconds of training: figures mean nothing)",
+    )
     args = parser.parse_args()
     if args.smoke:
         smoke(args)
@@ -190,8 +269,15 @@ def main() -> None:
     for label, run_dir, old, precision in fine_tunes(args):
         run_dir = work / run_dir
         shutil.rmtree(run_dir, ignore_errors=True)
-        seconds = train(work / "data_b", run_dir, str(voice_a), args.finetune_hours, args.finetune_lr, old,
-                        fine_tune_flags(args, precision))
+        seconds = train(
+            work / "data_b",
+            run_dir,
+            str(voice_a),
+            args.finetune_hours,
+            args.finetune_lr,
+            old,
+            fine_tune_flags(args, precision),
+        )
         best = run_dir / "checkpoints" / "best_model"
         rows[f"{label}: best_model"] = best if (best / "config.json").is_file() else None
         rows[f"{label}: final_model"] = run_dir / "final_model"
@@ -232,8 +318,9 @@ def pretrain_voice_a(args, work: Path) -> Path:
     else:
         prepare(REPO / "demo" / "corpus", work / "data_a", "scratch:tiny", samples)
         extra = ["--max_epochs", "2", "--val_samples", "2", "--discriminator_warmup_steps", "0"] if samples else []
-        seconds = train(work / "data_a", work / "voice_a", "scratch:tiny", args.pretrain_hours, args.pretrain_lr,
-                        extra=extra)
+        seconds = train(
+            work / "data_a", work / "voice_a", "scratch:tiny", args.pretrain_hours, args.pretrain_lr, extra=extra
+        )
         print(f"voice A pretrained in {seconds:.0f}s", flush=True)
     if not (voice_a / "config.json").is_file():  # no evaluation was within the timing rule: the last weights
         voice_a = work / "voice_a" / "final_model"
@@ -262,8 +349,11 @@ def score_all(args, work: Path, rows: dict) -> dict:
             continue
         on_b, on_a = score(folder, work / "data_b"), score(folder, work / "data_a")
         results[label] = {"b": on_b, "a": on_a}
-        print(f"| {label} | {on_b['mcd_db']:.2f} | {on_b['stock_length_ratio']:.2f} | {on_b['duration_error']:.2f} | "
-              f"{on_a['mcd_db']:.2f} | {on_a['stock_length_ratio']:.2f} |", flush=True)
+        print(
+            f"| {label} | {on_b['mcd_db']:.2f} | {on_b['stock_length_ratio']:.2f} | {on_b['duration_error']:.2f} | "
+            f"{on_a['mcd_db']:.2f} | {on_a['stock_length_ratio']:.2f} |",
+            flush=True,
+        )
     return results
 
 
@@ -272,18 +362,23 @@ def print_precision_table(results: dict, figures: dict) -> None:
     reference = results.get("fine-tuned on B: final_model")
     if not reference or len(figures) < 2:
         return
-    print("\n| fine-tune (final_model) | steps (+ warm-up) | MCD vs B (dB) | vs fp32 | length vs B | vs fp32 | "
-          "fp16 skipped steps | s / step | time used / budget (s) |")
+    print(
+        "\n| fine-tune (final_model) | steps (+ warm-up) | MCD vs B (dB) | vs fp32 | length vs B | vs fp32 | "
+        "fp16 skipped steps | s / step | time used / budget (s) |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for label, run in figures.items():
         scores = results.get(f"{label}: final_model")
         if scores is None or run["precision"] == "fp32" and label != "fine-tuned on B":
             continue
         mcd, ratio = scores["b"]["mcd_db"], scores["b"]["stock_length_ratio"]
-        print(f"| {label} ({run['precision']}) | {run['steps']} (+{run['warmup_steps']}) | {mcd:.2f} | "
-              f"{100 * (mcd / reference['b']['mcd_db'] - 1):+.1f}% | {ratio:.3f} | "
-              f"{ratio - reference['b']['stock_length_ratio']:+.3f} | {run['skipped_fp16']} | {run['step_s']:.2f} | "
-              f"{run['time_used_s']:.0f} / {run['budget_s']:.0f} |", flush=True)
+        print(
+            f"| {label} ({run['precision']}) | {run['steps']} (+{run['warmup_steps']}) | {mcd:.2f} | "
+            f"{100 * (mcd / reference['b']['mcd_db'] - 1):+.1f}% | {ratio:.3f} | "
+            f"{ratio - reference['b']['stock_length_ratio']:+.3f} | {run['skipped_fp16']} | {run['step_s']:.2f} | "
+            f"{run['time_used_s']:.0f} / {run['budget_s']:.0f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

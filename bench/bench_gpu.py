@@ -119,8 +119,15 @@ def build_step(setup: Setup, precision: str):
     discriminator = Discriminator(DiscriminatorConfig(width=setup.discriminator_width)).to(setup.device)
     hop = hop_length(model.config)
     features = Features(FeatureConfig(sample_rate=SAMPLE_RATE, hop_length=hop)).to(setup.device)
-    step = TrainStep(model, discriminator, features, LossWeights(), StepSettings(),
-                     Precision(precision, PRECISIONS[precision]), setup.device)
+    step = TrainStep(
+        model,
+        discriminator,
+        features,
+        LossWeights(),
+        StepSettings(),
+        Precision(precision, PRECISIONS[precision]),
+        setup.device,
+    )
     return step, hop
 
 
@@ -190,9 +197,12 @@ def part_step(setup: Setup) -> list[dict]:
             try:
                 step_s = timed_steps(step, host_batches(examples, micro_batch, hop, setup.device), setup)
                 allocated, reserved = peak_gib()
-                row.update(step_s=round(step_s, 4), clips_per_s=round(micro_batch / step_s, 2),
-                           peak_allocated_gib=allocated and round(allocated, 2),
-                           peak_reserved_gib=reserved and round(reserved, 2))
+                row.update(
+                    step_s=round(step_s, 4),
+                    clips_per_s=round(micro_batch / step_s, 2),
+                    peak_allocated_gib=allocated and round(allocated, 2),
+                    peak_reserved_gib=reserved and round(reserved, 2),
+                )
                 peak = card_peak(setup.device)
                 if peak and setup.flops_per_clip and precision != "fp32":
                     row["of_tensor_peak"] = round(micro_batch / step_s * setup.flops_per_clip / (peak[1] * 1e12), 4)
@@ -223,9 +233,16 @@ def part_fit(setup: Setup) -> list[dict]:
                 if error:
                     break
                 largest, peak = micro_batch, peak_gib()[1]
-            rows.append({"precision": precision, "memory_limit_gib": setup.memory_limit_gib if capped else None,
-                         "clip_s": setup.max_seconds, "largest_micro_batch": largest,
-                         "peak_reserved_gib": peak and round(peak, 2), "first_failure": error or None})
+            rows.append(
+                {
+                    "precision": precision,
+                    "memory_limit_gib": setup.memory_limit_gib if capped else None,
+                    "clip_s": setup.max_seconds,
+                    "largest_micro_batch": largest,
+                    "peak_reserved_gib": peak and round(peak, 2),
+                    "first_failure": error or None,
+                }
+            )
             print(f"  fit {rows[-1]}", flush=True)
             del step
             release()
@@ -256,9 +273,16 @@ def part_data(setup: Setup) -> list[dict]:
             if index >= setup.burn_in:
                 total_s += time.perf_counter() - started
         wait_s = feed.wait_s - wait_before
-        rows.append({"workers": workers, "pinned": setup.device.type == "cuda", "micro_batch": micro_batch,
-                     "precision": precision, "data_wait_share": round(wait_s / total_s, 4),
-                     "step_s": round(total_s / setup.steps, 4)})
+        rows.append(
+            {
+                "workers": workers,
+                "pinned": setup.device.type == "cuda",
+                "micro_batch": micro_batch,
+                "precision": precision,
+                "data_wait_share": round(wait_s / total_s, 4),
+                "step_s": round(total_s / setup.steps, 4),
+            }
+        )
         print(f"  data {rows[-1]}", flush=True)
         feed.restart()
     del step
@@ -277,16 +301,19 @@ def part_compile(setup: Setup) -> list[dict]:
         if compiled:
             step.discriminator_module = step.discriminator = torch.compile(step.discriminator)
             step.model.decoder = torch.compile(step.model.decoder)
-        batches = host_batches(synthetic_examples(2 * micro_batch, setup.clip_seconds, hop, seed=4), micro_batch, hop,
-                               setup.device)
+        batches = host_batches(
+            synthetic_examples(2 * micro_batch, setup.clip_seconds, hop, seed=4), micro_batch, hop, setup.device
+        )
         row = {"compile": compiled, "precision": precision, "micro_batch": micro_batch}
         try:
             started = time.perf_counter()
             for batch in batches[: setup.burn_in] or batches[:1]:
                 run_step(step, batch.to(setup.device))
             sync(setup.device)
-            row.update(first_steps_s=round(time.perf_counter() - started, 2),
-                       step_s=round(timed_steps(step, batches, setup), 4))
+            row.update(
+                first_steps_s=round(time.perf_counter() - started, 2),
+                step_s=round(timed_steps(step, batches, setup), 4),
+            )
         except DoesNotFit as error:
             row.update(out_of_memory=str(error))
         rows.append(row)
@@ -303,20 +330,65 @@ def part_torchrun(setup: Setup) -> list[dict]:
         return [{"processes": gpus, "skipped": "needs 2 or more GPUs"}]
     with tempfile.TemporaryDirectory() as tmp:
         data, run = Path(tmp) / "data", Path(tmp) / "run"
-        subprocess.run([sys.executable, "prepare_data.py", "--input_dir", "demo/corpus", "--data_dir", str(data),
-                        "--model_name", "scratch", "--num_workers", "4"], cwd=REPO, check=True, capture_output=True)
-        command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={gpus}", "train_vits.py",
-                   "--data_dir", str(data), "--checkpoint_dir", str(run / "checkpoints"), "--output_dir",
-                   str(run / "final_model"), "--model_name", "scratch:small", "--discriminator_width", "0.25",
-                   "--target_hours", str(setup.torchrun_target_hours), "--benchmark_samples", "64",
-                   "--val_samples", "4"]
+        subprocess.run(
+            [
+                sys.executable,
+                "prepare_data.py",
+                "--input_dir",
+                "demo/corpus",
+                "--data_dir",
+                str(data),
+                "--model_name",
+                "scratch",
+                "--num_workers",
+                "4",
+            ],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+        )
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc_per_node={gpus}",
+            "train_vits.py",
+            "--data_dir",
+            str(data),
+            "--checkpoint_dir",
+            str(run / "checkpoints"),
+            "--output_dir",
+            str(run / "final_model"),
+            "--model_name",
+            "scratch:small",
+            "--discriminator_width",
+            "0.25",
+            "--target_hours",
+            str(setup.torchrun_target_hours),
+            "--benchmark_samples",
+            "64",
+            "--val_samples",
+            "4",
+        ]
         started = time.perf_counter()
         done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
         wall_s = time.perf_counter() - started
-        end = [json.loads(line) for line in (run / "checkpoints" / "metrics.jsonl").read_text().splitlines()
-               if '"kind": "end"' in line] if (run / "checkpoints" / "metrics.jsonl").is_file() else []
-        row = {"processes": gpus, "backend": "nccl", "exit_status": done.returncode, "wall_s": round(wall_s, 1),
-               "budget_s": setup.torchrun_target_hours * 3600}
+        end = (
+            [
+                json.loads(line)
+                for line in (run / "checkpoints" / "metrics.jsonl").read_text().splitlines()
+                if '"kind": "end"' in line
+            ]
+            if (run / "checkpoints" / "metrics.jsonl").is_file()
+            else []
+        )
+        row = {
+            "processes": gpus,
+            "backend": "nccl",
+            "exit_status": done.returncode,
+            "wall_s": round(wall_s, 1),
+            "budget_s": setup.torchrun_target_hours * 3600,
+        }
         if end:
             row.update(steps=end[0]["steps"], stop_reason=end[0]["stop_reason"], time_used_s=end[0]["time_used_s"])
         if done.returncode:
@@ -339,8 +411,11 @@ def flops_per_clip(setup: Setup, clip_seconds: float) -> dict:
         run_step(step, batch)
     by_module = counter.get_flop_counts()  # keys: module paths, e.g. "GeneratorObjective.model.decoder"
     parts = {name for name, _ in step.model.named_children()}
-    generator = sum(sum(counts.values()) for key, counts in by_module.items()
-                    if key.split(".")[-1] in parts and key.split(".")[-2:-1] == ["model"])
+    generator = sum(
+        sum(counts.values())
+        for key, counts in by_module.items()
+        if key.split(".")[-1] in parts and key.split(".")[-2:-1] == ["model"]
+    )
     total = counter.get_total_flops()
     del step
     release()
@@ -362,17 +437,30 @@ def part_flops(setup: Setup) -> list[dict]:
     cards = {card: PEAK_TFLOPS[card] for card in ([here[0]] if here else []) + shown}
     rows = []
     for card, peak in cards.items():
-        rows.append({"card": card, "peak_tflops": peak, "clip_s": setup.clip_seconds,
-                     "gflops_per_clip": round(counted["total"] / 1e9, 1),
-                     "generator_gflops": round(counted["generator"] / 1e9, 1),  # its modules, forward and backward
-                     "discriminator_gflops": round(counted["discriminator"] / 1e9, 1),  # and the rest (mels)
-                     "clips_per_s_at_peak": round(peak * 1e12 / counted["total"], 1)})
+        rows.append(
+            {
+                "card": card,
+                "peak_tflops": peak,
+                "clip_s": setup.clip_seconds,
+                "gflops_per_clip": round(counted["total"] / 1e9, 1),
+                "generator_gflops": round(counted["generator"] / 1e9, 1),  # its modules, forward and backward
+                "discriminator_gflops": round(counted["discriminator"] / 1e9, 1),  # and the rest (mels)
+                "clips_per_s_at_peak": round(peak * 1e12 / counted["total"], 1),
+            }
+        )
         print(f"  flops {rows[-1]}", flush=True)
     setup.flops_per_clip = counted["total"]
     return rows
 
 
-PARTS = {"flops": part_flops, "step": part_step, "fit": part_fit, "data": part_data, "compile": part_compile, "torchrun": part_torchrun}
+PARTS = {
+    "flops": part_flops,
+    "step": part_step,
+    "fit": part_fit,
+    "data": part_data,
+    "compile": part_compile,
+    "torchrun": part_torchrun,
+}
 
 
 # ---------------------------------------------------------------- report
@@ -391,19 +479,49 @@ def table(rows: list[dict], columns: list[str]) -> str:
 
 
 def markdown(results: dict) -> str:
-    columns = {"flops": ["card", "peak_tflops", "clip_s", "gflops_per_clip", "generator_gflops",
-                         "discriminator_gflops", "clips_per_s_at_peak"],
-               "step": ["precision", "micro_batch", "clip_s", "step_s", "clips_per_s", "of_tensor_peak",
-                        "peak_allocated_gib", "peak_reserved_gib", "out_of_memory"],
-               "fit": ["precision", "memory_limit_gib", "clip_s", "largest_micro_batch", "peak_reserved_gib",
-                       "first_failure"],
-               "data": ["workers", "pinned", "micro_batch", "precision", "data_wait_share", "step_s"],
-               "compile": ["compile", "precision", "micro_batch", "first_steps_s", "step_s", "out_of_memory"],
-               "torchrun": ["processes", "backend", "exit_status", "steps", "stop_reason", "time_used_s", "budget_s",
-                            "wall_s", "skipped"]}
-    out = [f"Machine: {results['machine']}", f"Date: {results['date']}", f"Command: `{results['command']}`",
-           f"Generator scratch:{results['size']} ({results['generator_m']:.1f}M parameters), discriminator width "
-           f"{results['discriminator_width']} ({results['discriminator_m']:.1f}M)"]
+    columns = {
+        "flops": [
+            "card",
+            "peak_tflops",
+            "clip_s",
+            "gflops_per_clip",
+            "generator_gflops",
+            "discriminator_gflops",
+            "clips_per_s_at_peak",
+        ],
+        "step": [
+            "precision",
+            "micro_batch",
+            "clip_s",
+            "step_s",
+            "clips_per_s",
+            "of_tensor_peak",
+            "peak_allocated_gib",
+            "peak_reserved_gib",
+            "out_of_memory",
+        ],
+        "fit": ["precision", "memory_limit_gib", "clip_s", "largest_micro_batch", "peak_reserved_gib", "first_failure"],
+        "data": ["workers", "pinned", "micro_batch", "precision", "data_wait_share", "step_s"],
+        "compile": ["compile", "precision", "micro_batch", "first_steps_s", "step_s", "out_of_memory"],
+        "torchrun": [
+            "processes",
+            "backend",
+            "exit_status",
+            "steps",
+            "stop_reason",
+            "time_used_s",
+            "budget_s",
+            "wall_s",
+            "skipped",
+        ],
+    }
+    out = [
+        f"Machine: {results['machine']}",
+        f"Date: {results['date']}",
+        f"Command: `{results['command']}`",
+        f"Generator scratch:{results['size']} ({results['generator_m']:.1f}M parameters), discriminator width "
+        f"{results['discriminator_width']} ({results['discriminator_m']:.1f}M)",
+    ]
     for name in results["parts"]:
         rows = results.get(name, [])
         failed = [row["failed"] for row in rows if "failed" in row]
@@ -416,11 +534,19 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny model, one step a figure: the code path only")
     parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=list(PARTS))
     parser.add_argument("--clip_seconds", type=float, default=6.0, help="clip length of the step-time figures")
-    parser.add_argument("--max_seconds", type=float, default=15.0, help="clip length of the memory fit (prepare_data's "
-                                                                       "default --max_seconds: the longest clips)")
-    parser.add_argument("--memory_limit_gib", type=float, default=7.3,
-                        help="the memory cap of the fit: an 8 GB RTX 2070 has 7.79 GiB, less about 0.5 GiB that the "
-                             "CUDA context and cuDNN take outside PyTorch's allocator (0: no cap)")
+    parser.add_argument(
+        "--max_seconds",
+        type=float,
+        default=15.0,
+        help="clip length of the memory fit (prepare_data's default --max_seconds: the longest clips)",
+    )
+    parser.add_argument(
+        "--memory_limit_gib",
+        type=float,
+        default=7.3,
+        help="the memory cap of the fit: an 8 GB RTX 2070 has 7.79 GiB, less about 0.5 GiB that the "
+        "CUDA context and cuDNN take outside PyTorch's allocator (0: no cap)",
+    )
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--burn_in", type=int, default=3)
     parser.add_argument("--torchrun_target_hours", type=float, default=0.05)
@@ -430,17 +556,43 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def setup_for(args: argparse.Namespace) -> Setup:
     if args.smoke:
-        return Setup(device=torch.device("cpu"), size="tiny", discriminator_width=0.0625, micro_batches=[1, 2],
-                     precisions=["fp32", "bf16"], clip_seconds=1.0, max_seconds=1.5, steps=1, burn_in=0,
-                     fit_sizes=[1, 2], fit_precisions=["fp32"], memory_limit_gib=0.0, workers=[0, 2], compile=False,
-                     torchrun_target_hours=args.torchrun_target_hours,
-                     parts=[p for p in args.parts if p != "compile"])  # compiling on a CPU takes minutes
+        return Setup(
+            device=torch.device("cpu"),
+            size="tiny",
+            discriminator_width=0.0625,
+            micro_batches=[1, 2],
+            precisions=["fp32", "bf16"],
+            clip_seconds=1.0,
+            max_seconds=1.5,
+            steps=1,
+            burn_in=0,
+            fit_sizes=[1, 2],
+            fit_precisions=["fp32"],
+            memory_limit_gib=0.0,
+            workers=[0, 2],
+            compile=False,
+            torchrun_target_hours=args.torchrun_target_hours,
+            parts=[p for p in args.parts if p != "compile"],
+        )  # compiling on a CPU takes minutes
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    return Setup(device=device, size="mms", discriminator_width=1.0, micro_batches=[4, 8, 16],
-                 precisions=list(PRECISIONS), clip_seconds=args.clip_seconds, max_seconds=args.max_seconds,
-                 steps=args.steps, burn_in=args.burn_in, fit_sizes=[1, 2, 3, 4, 6, 8, 12, 16, 24, 32],
-                 fit_precisions=["fp16", "fp32"], memory_limit_gib=args.memory_limit_gib, workers=[0, 2, 4],
-                 compile=True, torchrun_target_hours=args.torchrun_target_hours, parts=list(args.parts))
+    return Setup(
+        device=device,
+        size="mms",
+        discriminator_width=1.0,
+        micro_batches=[4, 8, 16],
+        precisions=list(PRECISIONS),
+        clip_seconds=args.clip_seconds,
+        max_seconds=args.max_seconds,
+        steps=args.steps,
+        burn_in=args.burn_in,
+        fit_sizes=[1, 2, 3, 4, 6, 8, 12, 16, 24, 32],
+        fit_precisions=["fp16", "fp32"],
+        memory_limit_gib=args.memory_limit_gib,
+        workers=[0, 2, 4],
+        compile=True,
+        torchrun_target_hours=args.torchrun_target_hours,
+        parts=list(args.parts),
+    )
 
 
 def run_part(name: str, setup: Setup) -> list[dict]:
@@ -458,17 +610,24 @@ def run_part(name: str, setup: Setup) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if not args.smoke and not torch.cuda.is_available() and args.parts != ["flops"]:
-        print(f"bench_gpu.py: no CUDA device on this machine ({describe()}): nothing measured; run it where a GPU "
-              "is (--smoke runs its code path on the CPU)")
+        print(
+            f"bench_gpu.py: no CUDA device on this machine ({describe()}): nothing measured; run it where a GPU "
+            "is (--smoke runs its code path on the CPU)"
+        )
         return 0
     setup = setup_for(args)
     step, _ = build_step(setup, "fp32")
-    results = {"machine": describe(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-               "command": " ".join(["bench/bench_gpu.py", *(argv if argv is not None else sys.argv[1:])]),
-               "size": setup.size, "discriminator_width": setup.discriminator_width,
-               "generator_m": sum(p.numel() for p in step.model.parameters()) / 1e6,
-               "discriminator_m": parameter_count(step.discriminator) / 1e6, "parts": setup.parts,
-               "setup": {k: (str(v) if k == "device" else v) for k, v in asdict(setup).items()}}
+    results = {
+        "machine": describe(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": " ".join(["bench/bench_gpu.py", *(argv if argv is not None else sys.argv[1:])]),
+        "size": setup.size,
+        "discriminator_width": setup.discriminator_width,
+        "generator_m": sum(p.numel() for p in step.model.parameters()) / 1e6,
+        "discriminator_m": parameter_count(step.discriminator) / 1e6,
+        "parts": setup.parts,
+        "setup": {k: (str(v) if k == "device" else v) for k, v in asdict(setup).items()},
+    }
     del step
     release()
     print(f"machine: {results['machine']}", flush=True)

@@ -38,19 +38,26 @@ def measures(features: Features, synthesised: np.ndarray, real: np.ndarray) -> d
     mel_r = features.mel(torch.from_numpy(real / 32768.0).float().unsqueeze(0))[0].numpy()
     cep_s, cep_r = mel_cepstrum(mel_s), mel_cepstrum(mel_r)
     euclid = lambda x, y: np.linalg.norm(x - y, axis=0)  # noqa: E731
-    return {"MCD c1..24 path": MCD_SCALE * dtw_mean(cep_s[1:], cep_r[1:], euclid),
-            "MCD c0..24 path": MCD_SCALE * dtw_mean(cep_s, cep_r, euclid),
-            "MCD c0..24 per real frame (ours)": mcd_dtw(mel_s, mel_r),
-            "mel L1 DTW": dtw_mean(mel_s, mel_r, lambda x, y: np.abs(x - y).mean(axis=0)),
-            "length ratio": mel_s.shape[1] / mel_r.shape[1]}
+    return {
+        "MCD c1..24 path": MCD_SCALE * dtw_mean(cep_s[1:], cep_r[1:], euclid),
+        "MCD c0..24 path": MCD_SCALE * dtw_mean(cep_s, cep_r, euclid),
+        "MCD c0..24 per real frame (ours)": mcd_dtw(mel_s, mel_r),
+        "mel L1 DTW": dtw_mean(mel_s, mel_r, lambda x, y: np.abs(x - y).mean(axis=0)),
+        "length ratio": mel_s.shape[1] / mel_r.shape[1],
+    }
 
 
 def score(model, tokenizer, data_dir: Path, features: Features) -> dict[str, float]:
     examples, _ = load_examples(data_dir, "metadata_val.csv", tokenizer, 256, 16000)
     model.eval()
-    rows = [measures(features, speak(model, [e.token_ids], torch.device("cpu"), i,
-                                     [ceiling_for_text(len(e.token_ids))]).waveforms[0], e.audio)
-            for i, e in enumerate(examples)]
+    rows = [
+        measures(
+            features,
+            speak(model, [e.token_ids], torch.device("cpu"), i, [ceiling_for_text(len(e.token_ids))]).waveforms[0],
+            e.audio,
+        )
+        for i, e in enumerate(examples)
+    ]
     return {k: float(np.mean([r[k] for r in rows])) for k in rows[0]} | {"clips": len(rows)}
 
 
@@ -67,9 +74,14 @@ def main() -> None:
     print(f"machine: {describe()}")
     results = {"untrained scratch:tiny": score(fresh.model, fresh.tokenizer, data_dir, features)}
     for folder in args.models:
-        results[folder] = score(VitsModel.from_pretrained(folder), VitsTokenizer.from_pretrained(folder), data_dir, features)
+        results[folder] = score(
+            VitsModel.from_pretrained(folder), VitsTokenizer.from_pretrained(folder), data_dir, features
+        )
     for name, values in results.items():
-        print(f"{name:40s} " + "  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in values.items()))
+        print(
+            f"{name:40s} "
+            + "  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in values.items())
+        )
 
 
 if __name__ == "__main__":

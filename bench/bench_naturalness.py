@@ -97,8 +97,10 @@ class Scorer:
 def speak_clips(model, examples, length_scale: float) -> list[np.ndarray]:
     model.eval()
     model.speaking_rate = 1.0 / length_scale
-    waves = [speak(model, [e.token_ids], torch.device("cpu"), i, [3.0 * len(e.audio) / 16000]).waveforms[0]
-             for i, e in enumerate(examples)]
+    waves = [
+        speak(model, [e.token_ids], torch.device("cpu"), i, [3.0 * len(e.audio) / 16000]).waveforms[0]
+        for i, e in enumerate(examples)
+    ]
     model.speaking_rate = 1.0
     return waves
 
@@ -110,8 +112,10 @@ def mean_row(rows: list[dict[str, float]]) -> dict[str, float]:
 def table(results: dict[str, dict[str, float]]) -> str:
     columns = list(next(iter(results.values())).keys())
     lines = ["| model | " + " | ".join(columns) + " |", "| --- |" + " ---: |" * len(columns)]
-    lines += [f"| {name} | " + " | ".join(f"{row.get(c, float('nan')):.3f}" for c in columns) + " |"
-              for name, row in results.items()]
+    lines += [
+        f"| {name} | " + " | ".join(f"{row.get(c, float('nan')):.3f}" for c in columns) + " |"
+        for name, row in results.items()
+    ]
     return "\n".join(lines)
 
 
@@ -157,7 +161,9 @@ def smoke() -> None:
     for index, ((item, _), text) in enumerate(zip(rows, texts)):
         audio, rate = sf.read(str(corpus / "wavs" / f"{item}.mp3"), dtype="float32")
         real = librosa.resample(audio, orig_sr=rate, target_sr=16000)
-        wave = speak(voice.model.eval(), [tokenize(voice.tokenizer, text)], torch.device("cpu"), index, [10.0]).waveforms[0]
+        wave = speak(
+            voice.model.eval(), [tokenize(voice.tokenizer, text)], torch.device("cpu"), index, [10.0]
+        ).waveforms[0]
         results["untrained"].append(scorer.score(wave, real))
         results["recordings"].append(scorer.score(real, real))
     print(table({k: mean_row(v) for k, v in results.items()}))
@@ -166,7 +172,9 @@ def smoke() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data_dir", help="prepared corpus whose metadata_val.csv clips are spoken")
-    parser.add_argument("--model", action="append", default=[], help="LABEL=SPEC (folder, .pt, random:FOLDER); repeatable")
+    parser.add_argument(
+        "--model", action="append", default=[], help="LABEL=SPEC (folder, .pt, random:FOLDER); repeatable"
+    )
     parser.add_argument("--tempo", action="append", default=[], help="LABEL: also score it at length_scale 0.7 and 1.4")
     parser.add_argument("--clips", type=int, default=16, help="held-out clips spoken per model")
     parser.add_argument("--wav_dir", help="write the first 3 clips of each model here, for listening")

@@ -65,9 +65,21 @@ REPO = Path(__file__).resolve().parent.parent
 # these are the releases of its last commit's time (6f3f51f, 2024-02-12), which its code was written against
 # (datasets 2.x also decodes audio with soundfile, where 4.x needs torchcodec). PyTorch is the one on this
 # machine (2.13.0, CPU); numpy below 2, pyarrow and pandas of then, for the transformers and datasets of then.
-PEER_VERSIONS = ["transformers==4.37.2", "datasets[audio]==2.17.1", "accelerate==0.27.2", "numpy<2", "Cython",
-                 "pyarrow==15.0.0", "pandas==2.2.0",
-                 "matplotlib==3.8.2", "tensorboard", "soundfile", "librosa", "safetensors", "torch==2.13.0"]
+PEER_VERSIONS = [
+    "transformers==4.37.2",
+    "datasets[audio]==2.17.1",
+    "accelerate==0.27.2",
+    "numpy<2",
+    "Cython",
+    "pyarrow==15.0.0",
+    "pandas==2.2.0",
+    "matplotlib==3.8.2",
+    "tensorboard",
+    "soundfile",
+    "librosa",
+    "safetensors",
+    "torch==2.13.0",
+]
 
 # One recipe difference each (issue 35): this tool's flags that change it.
 LEVERS = {
@@ -83,8 +95,9 @@ LEVERS = {
 
 def run(command: list, log: Path, label: str, env: dict | None = None, cwd: Path | None = None) -> None:
     with open(log, "w") as out:
-        code = subprocess.run([str(c) for c in command], stdout=out, stderr=subprocess.STDOUT, env=env,
-                              cwd=cwd).returncode
+        code = subprocess.run(
+            [str(c) for c in command], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd
+        ).returncode
     if code != 0:
         raise SystemExit(f"{label} failed (exit {code}); see {log}")
 
@@ -105,24 +118,77 @@ def tiny_scenario(work: Path, pretrain_hours: float, max_samples: int) -> tuple[
 
     voice_a = work / "voice_a" / "checkpoints" / "best_model"
     if not (voice_a / "config.json").is_file():
-        recipe("prepare_data.py", ["--input_dir", REPO / "demo" / "corpus", "--data_dir", work / "data_a", "--model_name",
-                                   "scratch:tiny", "--val_fraction", "0.05", "--num_workers", "1", "--max_samples",
-                                   max_samples], work / "data_a.log", "preparing A")
+        recipe(
+            "prepare_data.py",
+            [
+                "--input_dir",
+                REPO / "demo" / "corpus",
+                "--data_dir",
+                work / "data_a",
+                "--model_name",
+                "scratch:tiny",
+                "--val_fraction",
+                "0.05",
+                "--num_workers",
+                "1",
+                "--max_samples",
+                max_samples,
+            ],
+            work / "data_a.log",
+            "preparing A",
+        )
         smoke = ["--max_epochs", "2", "--val_samples", "2"] if max_samples else []
-        recipe("train_vits.py", ["--data_dir", work / "data_a", "--checkpoint_dir", work / "voice_a" / "checkpoints",
-                                 "--output_dir", work / "voice_a" / "final_model", "--model_name", "scratch:tiny",
-                                 "--target_hours", pretrain_hours, "--discriminator_width", "0.0625",
-                                 "--discriminator_scales", "0", "--learning_rate", "2e-3",
-                                 "--gradient_accumulation_steps", "1", "--log_every_seconds", "60", *smoke],
-               work / "voice_a.log", "pretraining A")
+        recipe(
+            "train_vits.py",
+            [
+                "--data_dir",
+                work / "data_a",
+                "--checkpoint_dir",
+                work / "voice_a" / "checkpoints",
+                "--output_dir",
+                work / "voice_a" / "final_model",
+                "--model_name",
+                "scratch:tiny",
+                "--target_hours",
+                pretrain_hours,
+                "--discriminator_width",
+                "0.0625",
+                "--discriminator_scales",
+                "0",
+                "--learning_rate",
+                "2e-3",
+                "--gradient_accumulation_steps",
+                "1",
+                "--log_every_seconds",
+                "60",
+                *smoke,
+            ],
+            work / "voice_a.log",
+            "pretraining A",
+        )
     if not (voice_a / "config.json").is_file():
         voice_a = work / "voice_a" / "final_model"
     data_b = work / "data_b"
     if not (data_b / "metadata.csv").is_file():
         shutil.rmtree(work / "corpus_b", ignore_errors=True)
         make_voice_b(work / "data_a", work / "corpus_b", 1.25, 0.0)
-        recipe("prepare_data.py", ["--input_dir", work / "corpus_b", "--data_dir", data_b, "--model_name", voice_a,
-                                   "--val_fraction", "0.3", "--num_workers", "1"], work / "data_b.log", "preparing B")
+        recipe(
+            "prepare_data.py",
+            [
+                "--input_dir",
+                work / "corpus_b",
+                "--data_dir",
+                data_b,
+                "--model_name",
+                voice_a,
+                "--val_fraction",
+                "0.3",
+                "--num_workers",
+                "1",
+            ],
+            work / "data_b.log",
+            "preparing B",
+        )
     return voice_a, data_b
 
 
@@ -133,9 +199,11 @@ def split_held_out(data_dir: Path, work: Path, eval_clips: int) -> tuple[Path, l
 
     held = [(item, text) for item, _, text in read_rows(data_dir / "metadata_val.csv")]
     if len(held) < eval_clips + 4:
-        raise SystemExit(f"{data_dir}/metadata_val.csv holds {len(held)} clips: at least {eval_clips + 4} are needed "
-                         f"({eval_clips} for the runs' evaluations, the rest for the judge); prepare with a larger "
-                         "--val_fraction")
+        raise SystemExit(
+            f"{data_dir}/metadata_val.csv holds {len(held)} clips: at least {eval_clips + 4} are needed "
+            f"({eval_clips} for the runs' evaluations, the rest for the judge); prepare with a larger "
+            "--val_fraction"
+        )
     data = work / "data"
     shutil.rmtree(data, ignore_errors=True)
     data.mkdir(parents=True)
@@ -176,21 +244,47 @@ def child(record_dir: str, argv: list[str]) -> int:
 def run_ours(args, base: Path, data: Path, folder: Path, seed: int, extra: list[str]) -> dict:
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    flags = ["--data_dir", data, "--checkpoint_dir", folder / "checkpoints", "--output_dir", folder / "final_model",
-             "--model_name", base, "--target_hours", args.budget_s / 3600, "--seed", seed, "--val_samples", args.eval_clips,
-             "--log_every_seconds", "60", *(["--discriminator", base / "discriminator.pt"]
-                                            if (base / "discriminator.pt").is_file() else []),
-             *(["--learning_rate", args.learning_rate] if args.learning_rate else []), *extra, *args.ours_flags]
+    flags = [
+        "--data_dir",
+        data,
+        "--checkpoint_dir",
+        folder / "checkpoints",
+        "--output_dir",
+        folder / "final_model",
+        "--model_name",
+        base,
+        "--target_hours",
+        args.budget_s / 3600,
+        "--seed",
+        seed,
+        "--val_samples",
+        args.eval_clips,
+        "--log_every_seconds",
+        "60",
+        *(["--discriminator", base / "discriminator.pt"] if (base / "discriminator.pt").is_file() else []),
+        *(["--learning_rate", args.learning_rate] if args.learning_rate else []),
+        *extra,
+        *args.ours_flags,
+    ]
     started = time.perf_counter()
-    code = run_script(Path(__file__), ["--child_record", str(folder), "--", *[str(f) for f in flags]], folder / "run.log")
+    code = run_script(
+        Path(__file__), ["--child_record", str(folder), "--", *[str(f) for f in flags]], folder / "run.log"
+    )
     wall = time.perf_counter() - started
     if code != 0:
         raise SystemExit(f"ours failed (exit {code}); see {folder / 'run.log'}")
-    end = [json.loads(line) for line in (folder / "checkpoints" / "metrics.jsonl").read_text().splitlines()
-           if '"kind": "end"' in line][-1]
-    return {"wall_s": round(wall, 1), "steps": end["steps"], "samples_seen": end["samples_seen"],
-            "final_model": str(folder / "final_model"),
-            "curve": {float((p / "wall_s.txt").read_text()): str(p) for p in sorted((folder / "curve").glob("step_*"))}}
+    end = [
+        json.loads(line)
+        for line in (folder / "checkpoints" / "metrics.jsonl").read_text().splitlines()
+        if '"kind": "end"' in line
+    ][-1]
+    return {
+        "wall_s": round(wall, 1),
+        "steps": end["steps"],
+        "samples_seen": end["samples_seen"],
+        "final_model": str(folder / "final_model"),
+        "curve": {float((p / "wall_s.txt").read_text()): str(p) for p in sorted((folder / "curve").glob("step_*"))},
+    }
 
 
 # ---------------------------------------------------------------- finetune-hf-vits
@@ -209,15 +303,27 @@ def peer_venv(peer: Path, work: Path) -> Path:
     build = peer / "monotonic_align"
     if not list(build.glob("**/core*.so")):  # its README: cd monotonic_align; mkdir monotonic_align; build in place
         (build / "monotonic_align").mkdir(exist_ok=True)
-        run([python, "setup.py", "build_ext", "--inplace"], work / "fhv_build.log", "building its monotonic_align",
-            cwd=build)
+        run(
+            [python, "setup.py", "build_ext", "--inplace"],
+            work / "fhv_build.log",
+            "building its monotonic_align",
+            cwd=build,
+        )
     return python
 
 
 def peer_env() -> dict:
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-            "WANDB_DISABLED": "true", "WANDB_MODE": "disabled", "HF_HUB_DISABLE_TELEMETRY": "1",
-            "PYTHONPATH": "", "TOKENIZERS_PARALLELISM": "false"}
+    return {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "WANDB_DISABLED": "true",
+        "WANDB_MODE": "disabled",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "PYTHONPATH": "",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
 
 
 def peer_start(python: Path, peer: Path, base: Path, work: Path) -> Path:
@@ -242,18 +348,36 @@ def peer_start(python: Path, peer: Path, base: Path, work: Path) -> Path:
     shutil.rmtree(generator, ignore_errors=True)
     shutil.copytree(base, generator, ignore=shutil.ignore_patterns("discriminator.pt", "multi_speaker"))
     settings = json.loads((generator / "config.json").read_text())
-    settings.update(discriminator_periods=list(config.periods),
-                    discriminator_period_channels=[1] + [scaled(c, config.width) for c in PERIOD_CHANNELS[:4]],
-                    discriminator_scale_channels=(None if config.scales == 0 else
-                                                  [1] + [scaled(c, config.width) for c in SCALE_CHANNELS[:4]]))
+    settings.update(
+        discriminator_periods=list(config.periods),
+        discriminator_period_channels=[1] + [scaled(c, config.width) for c in PERIOD_CHANNELS[:4]],
+        discriminator_scale_channels=(
+            None if config.scales == 0 else [1] + [scaled(c, config.width) for c in SCALE_CHANNELS[:4]]
+        ),
+    )
     if config.scales > 1 or (config.scales == 1 and config.width != 1.0):
-        raise SystemExit("finetune-hf-vits holds the standard discriminator (width 1) or period discriminators alone "
-                         f"at any width; this start's is width {config.width} with {config.scales} scale discriminator(s)")
+        raise SystemExit(
+            "finetune-hf-vits holds the standard discriminator (width 1) or period discriminators alone "
+            f"at any width; this start's is width {config.width} with {config.scales} scale discriminator(s)"
+        )
     (generator / "config.json").write_text(json.dumps(settings, indent=2))
     torch.save({"model": to_original_layout(loaded), "iteration": 0}, work / "D_start.pth")
-    run([python, "convert_original_discriminator_checkpoint.py", "--checkpoint_path", work / "D_start.pth",
-         "--generator_checkpoint_path", generator, "--pytorch_dump_folder_path", start], work / "fhv_convert.log",
-        "the peer's conversion", env=peer_env(), cwd=peer)
+    run(
+        [
+            python,
+            "convert_original_discriminator_checkpoint.py",
+            "--checkpoint_path",
+            work / "D_start.pth",
+            "--generator_checkpoint_path",
+            generator,
+            "--pytorch_dump_folder_path",
+            start,
+        ],
+        work / "fhv_convert.log",
+        "the peer's conversion",
+        env=peer_env(),
+        cwd=peer,
+    )
     return start
 
 
@@ -279,34 +403,58 @@ def peer_data(data: Path, work: Path) -> Path:
     return folder
 
 
-def peer_config(peer: Path, start: Path, clips: Path, out: Path, seed: int, learning_rate: float | None,
-                save_steps: int) -> Path:
+def peer_config(
+    peer: Path, start: Path, clips: Path, out: Path, seed: int, learning_rate: float | None, save_steps: int
+) -> Path:
     """Its documented MMS config with our start, clips and folders, offline and on the CPU (no fp16, no
     hub, no wandb); the rest as documented."""
     config = json.loads((peer / "training_config_examples" / "finetune_mms.json").read_text())
-    for key in ("hub_model_id", "dataset_config_name", "speaker_id_column_name", "override_speaker_embeddings",
-                "filter_on_speaker_id"):
+    for key in (
+        "hub_model_id",
+        "dataset_config_name",
+        "speaker_id_column_name",
+        "override_speaker_embeddings",
+        "filter_on_speaker_id",
+    ):
         config.pop(key, None)
-    config.update(push_to_hub=False, report_to=["tensorboard"], output_dir=str(out), project_name="bench_peers",
-                  dataset_name=str(clips), model_name_or_path=str(start), fp16=False, seed=seed,
-                  full_generation_sample_text="rojbaş, tu çawa yî", preprocessing_num_workers=1,
-                  num_train_epochs=100000, save_steps=save_steps, save_total_limit=None,
-                  **({"learning_rate": learning_rate} if learning_rate else {}))
+    config.update(
+        push_to_hub=False,
+        report_to=["tensorboard"],
+        output_dir=str(out),
+        project_name="bench_peers",
+        dataset_name=str(clips),
+        model_name_or_path=str(start),
+        fp16=False,
+        seed=seed,
+        full_generation_sample_text="rojbaş, tu çawa yî",
+        preprocessing_num_workers=1,
+        num_train_epochs=100000,
+        save_steps=save_steps,
+        save_total_limit=None,
+        **({"learning_rate": learning_rate} if learning_rate else {}),
+    )
     path = out.parent / "fhv_config.json"
     path.write_text(json.dumps(config, indent=2))
     return path
 
 
-def run_peer(args, python: Path, peer: Path, start: Path, clips: Path, folder: Path, seed: int,
-             learning_rate: float | None) -> dict:
+def run_peer(
+    args, python: Path, peer: Path, start: Path, clips: Path, folder: Path, seed: int, learning_rate: float | None
+) -> dict:
     """The peer's training, launched and killed at the budget; each saved state exported as a voice."""
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     config = peer_config(peer, start, clips, folder / "out", seed, learning_rate, args.peer_save_steps)
     started = time.perf_counter()
     with open(folder / "run.log", "w") as log:
-        process = subprocess.Popen([str(python), "run_vits_finetuning.py", str(config)], stdout=log,
-                                   stderr=subprocess.STDOUT, cwd=peer, env=peer_env(), start_new_session=True)
+        process = subprocess.Popen(
+            [str(python), "run_vits_finetuning.py", str(config)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=peer,
+            env=peer_env(),
+            start_new_session=True,
+        )
         saved_at: dict[str, float] = {}
         while process.poll() is None and time.perf_counter() - started < args.budget_s:
             time.sleep(0.5)
@@ -315,8 +463,9 @@ def run_peer(args, python: Path, peer: Path, start: Path, clips: Path, folder: P
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)  # at the budget: what it saved by then is what it made
         elif process.returncode != 0:
-            raise SystemExit(f"finetune-hf-vits failed before its budget (exit {process.returncode}); see "
-                             f"{folder / 'run.log'}")
+            raise SystemExit(
+                f"finetune-hf-vits failed before its budget (exit {process.returncode}); see {folder / 'run.log'}"
+            )
         process.wait()
     wall = time.perf_counter() - started
     steps = last_peer_step(folder / "run.log")
@@ -325,15 +474,25 @@ def run_peer(args, python: Path, peer: Path, start: Path, clips: Path, folder: P
         if not (state / "model.safetensors").is_file() or state.name not in saved_at:
             continue  # a state the kill interrupted is not a result
         voice = folder / "curve" / state.name
-        run([python, REPO / "bench" / "peer_fhv.py", "export", start, state, voice], folder / "export.log",
-            f"exporting {state}", env={**peer_env(), "PYTHONPATH": str(peer)}, cwd=peer)  # its utils package
+        run(
+            [python, REPO / "bench" / "peer_fhv.py", "export", start, state, voice],
+            folder / "export.log",
+            f"exporting {state}",
+            env={**peer_env(), "PYTHONPATH": str(peer)},
+            cwd=peer,
+        )  # its utils package
         curve[round(saved_at[state.name], 2)] = str(voice)
         shutil.rmtree(state)  # optimizer states: large, and not needed once exported
     final = folder / "final_model"
     if curve:
         shutil.copytree(curve[max(curve)], final)
-    return {"wall_s": round(wall, 1), "steps": steps, "final_model": str(final) if curve else None, "curve": curve,
-            "learning_rate": learning_rate or json.loads(config.read_text())["learning_rate"]}
+    return {
+        "wall_s": round(wall, 1),
+        "steps": steps,
+        "final_model": str(final) if curve else None,
+        "curve": curve,
+        "learning_rate": learning_rate or json.loads(config.read_text())["learning_rate"],
+    }
 
 
 def last_peer_step(log: Path) -> int:
@@ -372,8 +531,9 @@ def systems_to_run(args) -> list[tuple[str, list[str]]]:
             levers = name.split("+")[1:]
             unknown = [lever for lever in levers if lever not in LEVERS]
             if unknown:
-                raise SystemExit(f"--levers {'+'.join(unknown)}: unknown; one of {', '.join(LEVERS)} (or several "
-                                 "joined by +)")
+                raise SystemExit(
+                    f"--levers {'+'.join(unknown)}: unknown; one of {', '.join(LEVERS)} (or several joined by +)"
+                )
             out.append((name, [flag for lever in levers for flag in LEVERS[lever]]))
         else:
             out.append((name, []))
@@ -388,23 +548,43 @@ def main() -> None:
     parser.add_argument("--pretrain_hours", type=float, default=0.17, help="--scenario tiny: voice A's pretraining")
     parser.add_argument("--budget_s", type=float, default=180.0, help="wall seconds each run gets, launch to result")
     parser.add_argument("--work_dir", default=None)
-    parser.add_argument("--peer_dir", action="append", default=[], help="finetune-hf-vits=PATH: a checkout of "
-                        "ylacombe/finetune-hf-vits")
+    parser.add_argument(
+        "--peer_dir", action="append", default=[], help="finetune-hf-vits=PATH: a checkout of ylacombe/finetune-hf-vits"
+    )
     parser.add_argument("--systems", nargs="*", default=["ours", "fhv", "fhv@lr"])
-    parser.add_argument("--levers", nargs="*", default=[], help=f"ours with one change each: {', '.join(LEVERS)}; "
-                        "several joined by + (clip1+dur8) change together")
-    parser.add_argument("--ours_flags", default="", help="more train_vits.py flags for every run of ours, one string "
-                        "(--ours_flags=\"--gradient_accumulation_steps 1\")")
-    parser.add_argument("--learning_rate", type=float, default=0.0, help="ours' learning rate and fhv@lr's (0: this "
-                        "tool's default, and no fhv@lr)")
+    parser.add_argument(
+        "--levers",
+        nargs="*",
+        default=[],
+        help=f"ours with one change each: {', '.join(LEVERS)}; several joined by + (clip1+dur8) change together",
+    )
+    parser.add_argument(
+        "--ours_flags",
+        default="",
+        help="more train_vits.py flags for every run of ours, one string "
+        '(--ours_flags="--gradient_accumulation_steps 1")',
+    )
+    parser.add_argument(
+        "--learning_rate",
+        type=float,
+        default=0.0,
+        help="ours' learning rate and fhv@lr's (0: this tool's default, and no fhv@lr)",
+    )
     parser.add_argument("--seeds", type=int, default=2)
-    parser.add_argument("--first_seed", type=int, default=0, help="run seeds FIRST_SEED.. (a later seed added to "
-                        "results.json: the earlier seeds' runs are kept)")
+    parser.add_argument(
+        "--first_seed",
+        type=int,
+        default=0,
+        help="run seeds FIRST_SEED.. (a later seed added to results.json: the earlier seeds' runs are kept)",
+    )
     parser.add_argument("--eval_clips", type=int, default=16, help="held-out clips the runs evaluate on")
     parser.add_argument("--judge_seeds", type=int, default=2)
     parser.add_argument("--peer_save_steps", type=int, default=50, help="the peer saves its state this often")
-    parser.add_argument("--smoke", action="store_true", help="ours alone on the tiny scenario with 40 clips, "
-                        "a few steps (figures mean nothing)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="ours alone on the tiny scenario with 40 clips, a few steps (figures mean nothing)",
+    )
     parser.add_argument("--child_record", help=argparse.SUPPRESS)
     parser.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -427,21 +607,32 @@ def main() -> None:
     else:
         parser.error("give --base_model and --data_dir, or --scenario tiny (or --smoke)")
     data, judged = split_held_out(data_dir, work, args.eval_clips)
-    print(f"start: {base}; clips: {data_dir} ({len(judged)} held-out clips for the judge, {args.eval_clips} for the "
-          f"runs' evaluations); {args.budget_s:.0f} s a run", flush=True)
+    print(
+        f"start: {base}; clips: {data_dir} ({len(judged)} held-out clips for the judge, {args.eval_clips} for the "
+        f"runs' evaluations); {args.budget_s:.0f} s a run",
+        flush=True,
+    )
     examples = judge_examples(data, base)
-    results = {"start": judge(str(base), examples, args.judge_seeds), "runs": {}, "budget_s": args.budget_s,
-               "machine": describe()}
+    results = {
+        "start": judge(str(base), examples, args.judge_seeds),
+        "runs": {},
+        "budget_s": args.budget_s,
+        "machine": describe(),
+    }
     earlier = work / "results.json"
     if earlier.is_file():  # the systems not run this time keep their earlier runs (same start, clips, budget)
         kept = json.loads(earlier.read_text())
         if kept.get("budget_s") == args.budget_s and kept.get("start", {}).get("clips") == results["start"]["clips"]:
             running = dict(systems_to_run(args))
-            results["runs"] = {name: [r for r in runs if name not in running or r.get("seed", 0) < args.first_seed]
-                               for name, runs in kept["runs"].items()}
+            results["runs"] = {
+                name: [r for r in runs if name not in running or r.get("seed", 0) < args.first_seed]
+                for name, runs in kept["runs"].items()
+            }
             results["runs"] = {name: runs for name, runs in results["runs"].items() if runs}
-    print(f"the start: judge MCD {results['start']['mcd_db']:.3f} dB, length x{results['start']['length_ratio']:.3f}",
-          flush=True)
+    print(
+        f"the start: judge MCD {results['start']['mcd_db']:.3f} dB, length x{results['start']['length_ratio']:.3f}",
+        flush=True,
+    )
     python = start = clips = None
     for name, extra in systems_to_run(args):
         if name.startswith("fhv"):
@@ -449,8 +640,11 @@ def main() -> None:
                 print(f"{name}: skipped (no --peer_dir finetune-hf-vits=PATH)", flush=True)
                 continue
             if name == "fhv@lr" and not args.learning_rate:
-                print("fhv@lr: skipped (no --learning_rate: ours runs at its default, the peer's documented one "
-                      "is fhv's)", flush=True)
+                print(
+                    "fhv@lr: skipped (no --learning_rate: ours runs at its default, the peer's documented one "
+                    "is fhv's)",
+                    flush=True,
+                )
                 continue
             peer = Path(peers["finetune-hf-vits"]).resolve()
             if python is None:
@@ -459,48 +653,67 @@ def main() -> None:
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             folder = work / f"{name.replace('@', '_at_').replace('+', '_')}_s{seed}"
             if name.startswith("fhv"):
-                outcome = run_peer(args, python, peer, start, clips, folder, seed,
-                                   args.learning_rate if name == "fhv@lr" else None)
+                outcome = run_peer(
+                    args, python, peer, start, clips, folder, seed, args.learning_rate if name == "fhv@lr" else None
+                )
             else:
                 outcome = run_ours(args, base, data, folder, seed, extra)
-            outcome["judge"] = judge(outcome["final_model"], examples, args.judge_seeds) if outcome["final_model"] else None
-            outcome["curve"] = {t: {"model": path, **{k: v for k, v in judge(path, examples, args.judge_seeds).items()
-                                                      if k != "clips"}}
-                                for t, path in outcome["curve"].items()}
+            outcome["judge"] = (
+                judge(outcome["final_model"], examples, args.judge_seeds) if outcome["final_model"] else None
+            )
+            outcome["curve"] = {
+                t: {"model": path, **{k: v for k, v in judge(path, examples, args.judge_seeds).items() if k != "clips"}}
+                for t, path in outcome["curve"].items()
+            }
             outcome["seed"] = seed
             results["runs"].setdefault(name, []).append(outcome)
             score = outcome["judge"]
-            print(f"{name} seed {seed}: {outcome['steps']} steps in {outcome['wall_s']:.0f} s; judge MCD "
-                  + (f"{score['mcd_db']:.3f} dB, length x{score['length_ratio']:.3f}" if score else "none (nothing saved)"),
-                  flush=True)
+            print(
+                f"{name} seed {seed}: {outcome['steps']} steps in {outcome['wall_s']:.0f} s; judge MCD "
+                + (
+                    f"{score['mcd_db']:.3f} dB, length x{score['length_ratio']:.3f}"
+                    if score
+                    else "none (nothing saved)"
+                ),
+                flush=True,
+            )
             (work / "results.json").write_text(json.dumps(results, indent=2))
     print_tables(results)
 
 
 def summary(runs: list[dict]) -> dict:
     judged = [r["judge"] for r in runs if r["judge"]]
-    return {"mcd_db": float(np.mean([j["mcd_db"] for j in judged])) if judged else math.nan,
-            "length_ratio": float(np.mean([j["length_ratio"] for j in judged])) if judged else math.nan,
-            "steps": float(np.mean([r["steps"] for r in runs])), "wall_s": float(np.mean([r["wall_s"] for r in runs])),
-            "seeds": len(runs)}
+    return {
+        "mcd_db": float(np.mean([j["mcd_db"] for j in judged])) if judged else math.nan,
+        "length_ratio": float(np.mean([j["length_ratio"] for j in judged])) if judged else math.nan,
+        "steps": float(np.mean([r["steps"] for r in runs])),
+        "wall_s": float(np.mean([r["wall_s"] for r in runs])),
+        "seeds": len(runs),
+    }
 
 
 def print_tables(results: dict) -> None:
     start = results["start"]["mcd_db"]
-    print(f"\n| system | seeds | optimizer steps | judge MCD (dB) | change from the start ({start:.2f}) | length vs "
-          "recordings | wall s |")
+    print(
+        f"\n| system | seeds | optimizer steps | judge MCD (dB) | change from the start ({start:.2f}) | length vs "
+        "recordings | wall s |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     table = {name: summary(runs) for name, runs in results["runs"].items()}
     for name, s in table.items():
-        print(f"| {name} | {s['seeds']} | {s['steps']:.0f} | {s['mcd_db']:.3f} | {100 * (s['mcd_db'] / start - 1):+.1f}% | "
-              f"{s['length_ratio']:.3f} | {s['wall_s']:.0f} |")
+        print(
+            f"| {name} | {s['seeds']} | {s['steps']:.0f} | {s['mcd_db']:.3f} | {100 * (s['mcd_db'] / start - 1):+.1f}% | "
+            f"{s['length_ratio']:.3f} | {s['wall_s']:.0f} |"
+        )
     peers = {name: s for name, s in table.items() if name.startswith("fhv") and math.isfinite(s["mcd_db"])}
     if not peers or "ours" not in results["runs"]:
         return
     print("\nTime to reach each peer's final quality (its seeds' mean judge MCD), per seed of each system:")
     for peer_name, peer in peers.items():
         for name, runs in results["runs"].items():
-            times = [time_to_reach([(float(t), p["mcd_db"]) for t, p in r["curve"].items()], peer["mcd_db"]) for r in runs]
+            times = [
+                time_to_reach([(float(t), p["mcd_db"]) for t, p in r["curve"].items()], peer["mcd_db"]) for r in runs
+            ]
             shown = ", ".join("never" if t is None else f"{t:.0f} s" for t in times)
             print(f"  {peer_name} at {peer['mcd_db']:.3f} dB: {name} {shown}")
     results["table"] = table

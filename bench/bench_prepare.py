@@ -27,8 +27,20 @@ CORPUS = REPO / "demo" / "corpus"
 
 
 def timed_run(data_dir: Path, workers: int, max_samples: int) -> float:
-    command = [sys.executable, str(REPO / "prepare_data.py"), "--input_dir", str(CORPUS), "--data_dir",
-               str(data_dir), "--model_name", "scratch:tiny", "--num_workers", str(workers), "--max_samples", str(max_samples)]
+    command = [
+        sys.executable,
+        str(REPO / "prepare_data.py"),
+        "--input_dir",
+        str(CORPUS),
+        "--data_dir",
+        str(data_dir),
+        "--model_name",
+        "scratch:tiny",
+        "--num_workers",
+        str(workers),
+        "--max_samples",
+        str(max_samples),
+    ]
     started = time.perf_counter()
     subprocess.run(command, check=True, capture_output=True)
     return time.perf_counter() - started
@@ -50,8 +62,10 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 first = timed_run(Path(tmp) / "data", workers, args.max_samples)
                 second = timed_run(Path(tmp) / "data", workers, args.max_samples)
-            print(f"{workers:>7} {first:>8.2f} {len(files) / first:>8.1f} {audio_hours / (first / 60):>11.3f} "
-                  f"{second:>8.2f} {first / second:>7.1f}x")
+            print(
+                f"{workers:>7} {first:>8.2f} {len(files) / first:>8.1f} {audio_hours / (first / 60):>11.3f} "
+                f"{second:>8.2f} {first / second:>7.1f}x"
+            )
 
 
 if __name__ == "__main__":

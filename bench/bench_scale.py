@@ -60,41 +60,81 @@ def main() -> None:
     parser.add_argument("--target_hours", type=float, default=0.1, help="train_vits.py's budget (loading included)")
     parser.add_argument("--precompute", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--work_dir", default=None)
-    parser.add_argument("--max_epochs", type=int, default=0, help="end the run after N epochs (0: at its deadline); "
-                        "a smoke run's end then does not depend on how fast the machine is")
+    parser.add_argument(
+        "--max_epochs",
+        type=int,
+        default=0,
+        help="end the run after N epochs (0: at its deadline); "
+        "a smoke run's end then does not depend on how fast the machine is",
+    )
     args = parser.parse_args()
     print(f"machine: {describe()}", flush=True)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_scale_"))
     work.mkdir(parents=True, exist_ok=True)
     make_corpus(work / "corpus", args.clips)
 
-    prepare_s, prepare_rss = timed([sys.executable, "prepare_data.py", "--input_dir", str(work / "corpus"),
-                                    "--data_dir", str(work / "data"), "--model_name", "scratch:tiny",
-                                    "--num_workers", str(os.cpu_count())], work / "prepare.log")
+    prepare_s, prepare_rss = timed(
+        [
+            sys.executable,
+            "prepare_data.py",
+            "--input_dir",
+            str(work / "corpus"),
+            "--data_dir",
+            str(work / "data"),
+            "--model_name",
+            "scratch:tiny",
+            "--num_workers",
+            str(os.cpu_count()),
+        ],
+        work / "prepare.log",
+    )
     report = json.loads((work / "data" / "prepare_report.json").read_text())
     hours = report["hours"]["kept"] if isinstance(report.get("hours"), dict) else report.get("hours")
-    print(f"prepare_data.py: {args.clips} clips ({hours} h kept) in {prepare_s:.0f}s, peak RSS {prepare_rss:.2f} GiB",
-          flush=True)
+    print(
+        f"prepare_data.py: {args.clips} clips ({hours} h kept) in {prepare_s:.0f}s, peak RSS {prepare_rss:.2f} GiB",
+        flush=True,
+    )
 
     run = work / "run"
-    train_s, train_rss = timed([sys.executable, "train_vits.py", "--data_dir", str(work / "data"), "--checkpoint_dir",
-                                str(run / "checkpoints"), "--output_dir", str(run / "final_model"), "--model_name",
-                                "scratch:tiny", "--target_hours", str(args.target_hours), "--discriminator_width",
-                                "0.0625", "--gradient_accumulation_steps", "1", "--log_every_seconds", "0.001",
-                                "--precompute_mels" if args.precompute else "--no-precompute_mels",
-                                *(["--max_epochs", str(args.max_epochs)] if args.max_epochs else [])], work / "train.log")
+    train_s, train_rss = timed(
+        [
+            sys.executable,
+            "train_vits.py",
+            "--data_dir",
+            str(work / "data"),
+            "--checkpoint_dir",
+            str(run / "checkpoints"),
+            "--output_dir",
+            str(run / "final_model"),
+            "--model_name",
+            "scratch:tiny",
+            "--target_hours",
+            str(args.target_hours),
+            "--discriminator_width",
+            "0.0625",
+            "--gradient_accumulation_steps",
+            "1",
+            "--log_every_seconds",
+            "0.001",
+            "--precompute_mels" if args.precompute else "--no-precompute_mels",
+            *(["--max_epochs", str(args.max_epochs)] if args.max_epochs else []),
+        ],
+        work / "train.log",
+    )
     records = [json.loads(line) for line in (run / "checkpoints" / "metrics.jsonl").read_text().splitlines()]
     data = next(r for r in records if r["kind"] == "data")
     first = next(r for r in records if r["kind"] == "train")
     end = next(r for r in records if r["kind"] == "end")
     log = (run / "checkpoints" / "train.log").read_text()
     estimate = re.search(r"RAM for the corpus: about ([\d.]+) GiB", log)
-    print(f"train_vits.py: {data['clips']} clips, {data['hours']:.2f} h, features "
-          f"{'precomputed' if data['precomputed'] else 'per batch'}; loaded in {data['load_s']:.0f}s; corpus in RAM "
-          f"{data['ram_bytes'] / 2**30:.2f} GiB against an estimate of {estimate.group(1) if estimate else '?'} GiB; "
-          f"peak RSS {train_rss:.2f} GiB; first step done {first['time_used_s']:.0f}s after launch; "
-          f"whole run {train_s:.0f}s of {args.target_hours * 3600:.0f}s ({end['stop_reason']}, {end['steps']} steps)",
-          flush=True)
+    print(
+        f"train_vits.py: {data['clips']} clips, {data['hours']:.2f} h, features "
+        f"{'precomputed' if data['precomputed'] else 'per batch'}; loaded in {data['load_s']:.0f}s; corpus in RAM "
+        f"{data['ram_bytes'] / 2**30:.2f} GiB against an estimate of {estimate.group(1) if estimate else '?'} GiB; "
+        f"peak RSS {train_rss:.2f} GiB; first step done {first['time_used_s']:.0f}s after launch; "
+        f"whole run {train_s:.0f}s of {args.target_hours * 3600:.0f}s ({end['stop_reason']}, {end['steps']} steps)",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -46,8 +46,13 @@ from bench.machine import describe
 
 REPO = Path(__file__).resolve().parent.parent
 
-RULES = {"lowest mean (before)": None, "beyond noise, 80%": 0.80, "beyond noise, 90%": 0.90,
-         "beyond noise, 95% (now)": 0.95, "beyond noise, 99%": 0.99}
+RULES = {
+    "lowest mean (before)": None,
+    "beyond noise, 80%": 0.80,
+    "beyond noise, 90%": 0.90,
+    "beyond noise, 95% (now)": 0.95,
+    "beyond noise, 99%": 0.99,
+}
 
 
 # ---------------------------------------------------------------- the runs
@@ -67,8 +72,10 @@ def child(record_dir: str, argv: list[str]) -> int:
     def keep_if_best(self, result):
         if result.clips_scored == result.clips_planned:
             export_model(self.model, self.exports.saver.tokenizer, folder / "evaluated" / f"step_{result.step:06d}")
-            clips = {name: {"mcd": score.mcd_db, "draws": list(score.length_draws) or [score.length_ratio]}
-                     for name, score in result.per_clip.items()}
+            clips = {
+                name: {"mcd": score.mcd_db, "draws": list(score.length_draws) or [score.length_ratio]}
+                for name, score in result.per_clip.items()
+            }
             with open(folder / "evaluations.jsonl", "a", encoding="utf-8") as out:
                 out.write(json.dumps({"step": result.step, "clips": clips}) + "\n")
         return real(self, result)
@@ -98,28 +105,87 @@ def finetune_data(args, work: Path) -> tuple[Path, str, str]:
     if not (data_b / "metadata.csv").is_file():
         shutil.rmtree(work / "data_a", ignore_errors=True)
         shutil.rmtree(work / "corpus_b", ignore_errors=True)
-        prepare(["--input_dir", str(REPO / "demo" / "corpus"), "--data_dir", str(work / "data_a"), "--model_name",
-                 args.voice_a, "--val_fraction", str(args.val_fraction), "--max_samples", str(args.max_samples),
-                 "--num_workers", "2"], work / "data_a.log")
+        prepare(
+            [
+                "--input_dir",
+                str(REPO / "demo" / "corpus"),
+                "--data_dir",
+                str(work / "data_a"),
+                "--model_name",
+                args.voice_a,
+                "--val_fraction",
+                str(args.val_fraction),
+                "--max_samples",
+                str(args.max_samples),
+                "--num_workers",
+                "2",
+            ],
+            work / "data_a.log",
+        )
         make_voice_b(work / "data_a", work / "corpus_b", 1.25, 0.0)
-        prepare(["--input_dir", str(work / "corpus_b"), "--data_dir", str(data_b), "--model_name", args.voice_a,
-                 "--val_fraction", str(args.val_fraction), "--num_workers", "2"], work / "data_b.log")
+        prepare(
+            [
+                "--input_dir",
+                str(work / "corpus_b"),
+                "--data_dir",
+                str(data_b),
+                "--model_name",
+                args.voice_a,
+                "--val_fraction",
+                str(args.val_fraction),
+                "--num_workers",
+                "2",
+            ],
+            work / "data_b.log",
+        )
     return data_b, args.voice_a, ""
 
 
 def demo_data(args, work: Path) -> tuple[Path, str, str]:
     data = work / "data_demo"
     if not (data / "metadata.csv").is_file():
-        prepare(["--dataset", str(REPO / "demo" / "corpus" / "validated.tsv"), "--data_dir", str(data), "--model_name",
-                 "scratch:tiny", "--val_fraction", str(args.val_fraction), "--num_workers", "2"], work / "data_demo.log")
+        prepare(
+            [
+                "--dataset",
+                str(REPO / "demo" / "corpus" / "validated.tsv"),
+                "--data_dir",
+                str(data),
+                "--model_name",
+                "scratch:tiny",
+                "--val_fraction",
+                str(args.val_fraction),
+                "--num_workers",
+                "2",
+            ],
+            work / "data_demo.log",
+        )
     return data, "scratch:tiny", "ciya"
 
 
 def run_flags(args, scenario: str, data: Path, model: str, target: str, folder: Path, seed: int) -> list[str]:
-    flags = ["--data_dir", str(data), "--checkpoint_dir", str(folder / "checkpoints"), "--output_dir",
-             str(folder / "final_model"), "--model_name", model, "--discriminator_width", "0.0625",
-             "--gradient_accumulation_steps", "1", "--val_samples", str(args.val_samples), "--seed", str(seed),
-             "--log_every_seconds", "60", "--device", "cpu", "--no-naturalness"]
+    flags = [
+        "--data_dir",
+        str(data),
+        "--checkpoint_dir",
+        str(folder / "checkpoints"),
+        "--output_dir",
+        str(folder / "final_model"),
+        "--model_name",
+        model,
+        "--discriminator_width",
+        "0.0625",
+        "--gradient_accumulation_steps",
+        "1",
+        "--val_samples",
+        str(args.val_samples),
+        "--seed",
+        str(seed),
+        "--log_every_seconds",
+        "60",
+        "--device",
+        "cpu",
+        "--no-naturalness",
+    ]
     if scenario == "finetune":
         flags += ["--target_hours", str(args.finetune_hours), "--learning_rate", str(args.finetune_lr)]
     else:
@@ -134,7 +200,9 @@ def held_out_rows(data: Path, target: str) -> list[tuple[str, str]]:
     """(id, text) of the held-out clips of the voice the runs speak as."""
     from finetune.data.corpus import read_rows
 
-    return [(item, text) for item, speaker, text in read_rows(data / "metadata_val.csv") if not target or speaker == target]
+    return [
+        (item, text) for item, speaker, text in read_rows(data / "metadata_val.csv") if not target or speaker == target
+    ]
 
 
 def judge_model(model_dir: Path, examples: list, seeds: int) -> dict:
@@ -177,7 +245,9 @@ def judge_run(run_dir: Path, data: Path, target: str, args) -> dict[int, dict]:
     if not judged_ids or not evaluated:
         return {}
     listing = data / f"judge_{run_dir.name}.csv"
-    listing.write_text("".join(f"{i}|{t}\n" for i, t in held_out_rows(data, target) if i in set(judged_ids)), encoding="utf-8")
+    listing.write_text(
+        "".join(f"{i}|{t}\n" for i, t in held_out_rows(data, target) if i in set(judged_ids)), encoding="utf-8"
+    )
     tokenizer = VitsTokenizer.from_pretrained(str(next(iter(evaluated.values()))))
     examples, _ = load_examples(data, listing.name, tokenizer, 256, 16000)
     return {step: judge_model(folder, examples, args.judge_seeds) for step, folder in evaluated.items()}
@@ -244,22 +314,34 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scenarios", nargs="*", default=["finetune", "demo"], choices=["finetune", "demo"])
     parser.add_argument("--seeds", type=int, default=3, help="runs a scenario (seeds 1..N)")
-    parser.add_argument("--voice_a", default=str(REPO / "demo" / "work" / "checkpoints" / "best_model"),
-                        help="the finetune scenario's starting voice (default: make demo's)")
+    parser.add_argument(
+        "--voice_a",
+        default=str(REPO / "demo" / "work" / "checkpoints" / "best_model"),
+        help="the finetune scenario's starting voice (default: make demo's)",
+    )
     parser.add_argument("--finetune_hours", type=float, default=0.05)
     parser.add_argument("--finetune_lr", type=float, default=5e-4)
     parser.add_argument("--demo_hours", type=float, default=0.1)
-    parser.add_argument("--val_fraction", type=float, default=0.4, help="held out at preparation (the runs' and the judge's)")
+    parser.add_argument(
+        "--val_fraction", type=float, default=0.4, help="held out at preparation (the runs' and the judge's)"
+    )
     parser.add_argument("--val_samples", type=int, default=12, help="held-out clips each run evaluates on")
-    parser.add_argument("--subsets", type=int, nargs="*", default=[2, 5], help="rules replayed on the first k clips too")
+    parser.add_argument(
+        "--subsets", type=int, nargs="*", default=[2, 5], help="rules replayed on the first k clips too"
+    )
     parser.add_argument("--judge_clips", type=int, default=40)
     parser.add_argument("--judge_seeds", type=int, default=3)
-    parser.add_argument("--max_samples", type=int, default=0, help="the finetune scenario on the first N clips (0: all)")
+    parser.add_argument(
+        "--max_samples", type=int, default=0, help="the finetune scenario on the first N clips (0: all)"
+    )
     parser.add_argument("--max_epochs", type=int, default=0)
     parser.add_argument("--max_length_ratio", type=float, default=1.25)
     parser.add_argument("--work_dir", default=None)
-    parser.add_argument("--smoke", action="store_true", help="finetune only, from an untrained tiny voice, 40 clips, "
-                        "2 epochs: the pipeline, not a measurement")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="finetune only, from an untrained tiny voice, 40 clips, 2 epochs: the pipeline, not a measurement",
+    )
     parser.add_argument("--child_record", default=None, help=argparse.SUPPRESS)
     parser.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -279,7 +361,9 @@ def main() -> None:
             folder = work / f"{scenario}_{seed}"
             if not (folder / "evaluations.jsonl").is_file():
                 shutil.rmtree(folder, ignore_errors=True)
-                launch(run_flags(args, scenario, data, model, target, folder, seed), folder, work / f"{folder.name}.log")
+                launch(
+                    run_flags(args, scenario, data, model, target, folder, seed), folder, work / f"{folder.name}.log"
+                )
             rows.append(score_run(args, scenario, seed, folder, data, target))
     summarise(rows, args)
     (work / "results.json").write_text(json.dumps(rows, indent=2))
@@ -293,33 +377,59 @@ def score_run(args, scenario: str, seed: int, folder: Path, data: Path, target: 
         raise SystemExit(f"{folder}: no evaluation to judge (see its log)")
     best = judge_best(judged, args.max_length_ratio)
     scored = len(records[0]["clips"])
-    row = {"scenario": scenario, "seed": seed, "evaluations": len(records), "clips": scored, "judge_best": best,
-           "judge": {str(s): {"mcd_db": round(j["mcd_db"], 3), "length_ratio": round(j["length_ratio"], 3)}
-                     for s, j in judged.items()}, "kept": {}}
+    row = {
+        "scenario": scenario,
+        "seed": seed,
+        "evaluations": len(records),
+        "clips": scored,
+        "judge_best": best,
+        "judge": {
+            str(s): {"mcd_db": round(j["mcd_db"], 3), "length_ratio": round(j["length_ratio"], 3)}
+            for s, j in judged.items()
+        },
+        "kept": {},
+    }
     for k in sorted({*[k for k in args.subsets if k < scored], scored}):
         candidates = standings(records, k, args.max_length_ratio)
         for name, confidence in RULES.items():
             step = replay(candidates, confidence)
-            row["kept"][f"{name} | {k}"] = {"step": step, "agrees": step == best, "as_good": as_good(judged, step, best),
-                                           "excess_db": judged[step]["mcd_db"] - judged[best]["mcd_db"]}
-    print(f"{scenario} seed {seed}: {len(records)} evaluations on {scored} clips; the judge's best: step {best} "
-          f"(MCD {judged[best]['mcd_db']:.3f}, length x{judged[best]['length_ratio']:.2f}); kept: "
-          + ", ".join(f"{key} -> {v['step']}" for key, v in row["kept"].items() if key.startswith(("lowest", "beyond noise, 95"))),
-          flush=True)
+            row["kept"][f"{name} | {k}"] = {
+                "step": step,
+                "agrees": step == best,
+                "as_good": as_good(judged, step, best),
+                "excess_db": judged[step]["mcd_db"] - judged[best]["mcd_db"],
+            }
+    print(
+        f"{scenario} seed {seed}: {len(records)} evaluations on {scored} clips; the judge's best: step {best} "
+        f"(MCD {judged[best]['mcd_db']:.3f}, length x{judged[best]['length_ratio']:.2f}); kept: "
+        + ", ".join(
+            f"{key} -> {v['step']}" for key, v in row["kept"].items() if key.startswith(("lowest", "beyond noise, 95"))
+        ),
+        flush=True,
+    )
     return row
 
 
 def summarise(rows: list[dict], args) -> None:
-    print(f"\n{len(rows)} runs; the judge: stock transformers, one draw a sentence, {args.judge_seeds} seeds, "
-          f"up to {args.judge_clips} held-out clips no run evaluated on")
-    print("| rule | clips the run judged on | kept = the judge's best | as good within the judge's noise | "
-          "judge's MCD above its best (mean, dB) |\n| --- | ---: | ---: | ---: | ---: |")
-    keys = sorted({key for row in rows for key in row["kept"]}, key=lambda k: (int(k.split(" | ")[1]), list(RULES).index(k.split(" | ")[0])))
+    print(
+        f"\n{len(rows)} runs; the judge: stock transformers, one draw a sentence, {args.judge_seeds} seeds, "
+        f"up to {args.judge_clips} held-out clips no run evaluated on"
+    )
+    print(
+        "| rule | clips the run judged on | kept = the judge's best | as good within the judge's noise | "
+        "judge's MCD above its best (mean, dB) |\n| --- | ---: | ---: | ---: | ---: |"
+    )
+    keys = sorted(
+        {key for row in rows for key in row["kept"]},
+        key=lambda k: (int(k.split(" | ")[1]), list(RULES).index(k.split(" | ")[0])),
+    )
     for key in keys:
         cells = [row["kept"][key] for row in rows if key in row["kept"]]
         rule, k = key.split(" | ")
-        print(f"| {rule} | {k} | {sum(c['agrees'] for c in cells)}/{len(cells)} | {sum(c['as_good'] for c in cells)}/{len(cells)} | "
-              f"{np.mean([c['excess_db'] for c in cells]):.3f} |")
+        print(
+            f"| {rule} | {k} | {sum(c['agrees'] for c in cells)}/{len(cells)} | {sum(c['as_good'] for c in cells)}/{len(cells)} | "
+            f"{np.mean([c['excess_db'] for c in cells]):.3f} |"
+        )
     if not all(math.isfinite(c["excess_db"]) for row in rows for c in row["kept"].values()):
         print("(a kept model's judge score is not finite)")
 

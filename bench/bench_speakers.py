@@ -72,10 +72,13 @@ def speak_as(audio: np.ndarray, rate: int, name: str, seed: int) -> np.ndarray:
     import librosa
 
     stretch, snr_db = SPEAKERS[name]
-    out = audio if stretch == 1.0 else librosa.resample(audio, orig_sr=rate, target_sr=round(rate * stretch),
-                                                        res_type="soxr_hq")
+    out = (
+        audio
+        if stretch == 1.0
+        else librosa.resample(audio, orig_sr=rate, target_sr=round(rate * stretch), res_type="soxr_hq")
+    )
     if snr_db is not None:
-        power = float(np.mean(out ** 2)) or 1e-8
+        power = float(np.mean(out**2)) or 1e-8
         noise = np.random.default_rng(seed).standard_normal(len(out)).astype(np.float32)
         out = out + noise * np.sqrt(power / 10 ** (snr_db / 10))
     return np.clip(out, -1.0, 1.0).astype(np.float32)
@@ -98,8 +101,12 @@ def make_crowd(data_a: Path, out: Path, target_share: float, test_clips: int, se
         writer.writerow(["client_id", "path", "sentence"])
         for number, item in enumerate(sorted(speaker)):
             audio, rate = sf.read(data_a / "wavs" / f"{item}.wav", dtype="float32")
-            sf.write(out / "crowd" / "clips" / f"{item}.wav", speak_as(audio, rate, speaker[item], seed + number),
-                     rate, subtype="PCM_16")
+            sf.write(
+                out / "crowd" / "clips" / f"{item}.wav",
+                speak_as(audio, rate, speaker[item], seed + number),
+                rate,
+                subtype="PCM_16",
+            )
             writer.writerow([speaker[item], f"{item}.wav", text[item]])
     for item in test:
         audio, rate = sf.read(data_a / "wavs" / f"{item}.wav", dtype="float32")
@@ -110,8 +117,11 @@ def make_crowd(data_a: Path, out: Path, target_share: float, test_clips: int, se
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--base_model", default=None, help="the pretrained voice A, a folder (default: pretrain one "
-                                                           "on the demo corpus, --pretrain_hours)")
+    parser.add_argument(
+        "--base_model",
+        default=None,
+        help="the pretrained voice A, a folder (default: pretrain one on the demo corpus, --pretrain_hours)",
+    )
     parser.add_argument("--pretrain_hours", type=float, default=0.1)
     parser.add_argument("--pretrain_lr", type=float, default=2e-3)
     parser.add_argument("--finetune_hours", type=float, default=0.1, help="each of the three fine-tunes' budget")
@@ -122,8 +132,11 @@ def main() -> None:
     parser.add_argument("--swapped", type=int, default=8, help="clips whose texts are rotated for the transcript check")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work_dir", default=None, help="keep everything here (default: a temporary folder)")
-    parser.add_argument("--smoke", action="store_true", help="the whole pipeline on 32 clips from an untrained "
-                                                             "voice, one epoch each (figures mean nothing)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the whole pipeline on 32 clips from an untrained voice, one epoch each (figures mean nothing)",
+    )
     args = parser.parse_args()
     print(f"machine: {describe()}", flush=True)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_speakers_"))
@@ -151,8 +164,20 @@ def main() -> None:
         shutil.rmtree(run_dir, ignore_errors=True)
         extra = ["--target_speaker", "T", "--speakers", mode, "--val_samples", "16", "--device", "cpu"]
         if samples:
-            extra += ["--max_epochs", str(args.max_epochs), "--val_samples", "2", "--discriminator_warmup_steps", "1",
-                      "--discriminator_warmup_margin", "1e9", "--report_to", "none", "--benchmark_samples", "8"]
+            extra += [
+                "--max_epochs",
+                str(args.max_epochs),
+                "--val_samples",
+                "2",
+                "--discriminator_warmup_steps",
+                "1",
+                "--discriminator_warmup_margin",
+                "1e9",
+                "--report_to",
+                "none",
+                "--benchmark_samples",
+                "8",
+            ]
         seconds = train(work / "data", run_dir, str(voice_a), args.finetune_hours, args.finetune_lr, extra=extra)
         end = [json.loads(line) for line in (run_dir / "checkpoints" / "metrics.jsonl").read_text().splitlines()]
         steps = next(r for r in reversed(end) if r.get("kind") == "end")["steps"]
@@ -170,12 +195,19 @@ def main() -> None:
             print(f"| {label} | (no model passed the timing rule) | | |")
             continue
         results[label] = figures = score(folder, work / "data_test", "metadata.csv")
-        print(f"| {label} | {figures['mcd_db']:.2f} | {figures['stock_length_ratio']:.2f} | "
-              f"{figures['duration_error']:.2f} |", flush=True)
-    mismatches = check_mismatches(work, work / "conditioned" / "final_model", args.swapped, args.seed) \
-        if "conditioned" in args.modes else None
-    (work / "results.json").write_text(json.dumps({"clips": clips, "scores": results, "mismatches": mismatches},
-                                                  indent=2))
+        print(
+            f"| {label} | {figures['mcd_db']:.2f} | {figures['stock_length_ratio']:.2f} | "
+            f"{figures['duration_error']:.2f} |",
+            flush=True,
+        )
+    mismatches = (
+        check_mismatches(work, work / "conditioned" / "final_model", args.swapped, args.seed)
+        if "conditioned" in args.modes
+        else None
+    )
+    (work / "results.json").write_text(
+        json.dumps({"clips": clips, "scores": results, "mismatches": mismatches}, indent=2)
+    )
 
 
 def check_mismatches(work: Path, model: Path, count: int, seed: int) -> dict:
@@ -196,26 +228,59 @@ def check_mismatches(work: Path, model: Path, count: int, seed: int) -> dict:
         item_id, speaker, _ = rows[index]
         rows[index] = (item_id, speaker, texts[(position + 1) % len(texts)])
     (copy / "metadata.csv").write_text("".join(f"{i}|{s}|{t}\n" for i, s, t in rows), encoding="utf-8")
-    run([sys.executable, str(REPO / "check_transcripts.py"), "--model", str(model), "--data_dir", str(copy),
-         "--device", "cpu"], "checking transcripts", work / "check_transcripts.log")
+    run(
+        [
+            sys.executable,
+            str(REPO / "check_transcripts.py"),
+            "--model",
+            str(model),
+            "--data_dir",
+            str(copy),
+            "--device",
+            "cpu",
+        ],
+        "checking transcripts",
+        work / "check_transcripts.log",
+    )
     report = read_report(copy)
     swapped = {rows[i][0] for i in chosen}
     flagged = {r["id"] for r in report if r["flagged"] == "1"}
-    result = {"swapped": len(swapped), "swapped_flagged": len(swapped & flagged), "others": len(report) - len(swapped),
-              "others_flagged": len(flagged - swapped),
-              "swapped_median_z": float(np.median([float(r["z"]) for r in report if r["id"] in swapped]))}
-    print(f"\ntranscripts: {result['swapped_flagged']} of {result['swapped']} swapped clips flagged (median z "
-          f"{result['swapped_median_z']:.1f}); {result['others_flagged']} of {result['others']} other clips flagged",
-          flush=True)
+    result = {
+        "swapped": len(swapped),
+        "swapped_flagged": len(swapped & flagged),
+        "others": len(report) - len(swapped),
+        "others_flagged": len(flagged - swapped),
+        "swapped_median_z": float(np.median([float(r["z"]) for r in report if r["id"] in swapped])),
+    }
+    print(
+        f"\ntranscripts: {result['swapped_flagged']} of {result['swapped']} swapped clips flagged (median z "
+        f"{result['swapped_median_z']:.1f}); {result['others_flagged']} of {result['others']} other clips flagged",
+        flush=True,
+    )
     return result
 
 
 def prepare_crowd(work: Path, voice_a: Path, samples: int) -> None:
     """The crowd as a user prepares Common Voice (`--dataset validated.tsv`, speakers found by client_id,
     10% of each speaker held out), and the test set with the same vocabulary."""
-    run([sys.executable, str(REPO / "prepare_data.py"), "--dataset", str(work / "crowd" / "validated.tsv"),
-         "--data_dir", str(work / "data"), "--model_name", str(voice_a), "--val_fraction", "0.1",
-         "--num_workers", "1" if samples else "2"], "preparing the crowd", work / "data.log")
+    run(
+        [
+            sys.executable,
+            str(REPO / "prepare_data.py"),
+            "--dataset",
+            str(work / "crowd" / "validated.tsv"),
+            "--data_dir",
+            str(work / "data"),
+            "--model_name",
+            str(voice_a),
+            "--val_fraction",
+            "0.1",
+            "--num_workers",
+            "1" if samples else "2",
+        ],
+        "preparing the crowd",
+        work / "data.log",
+    )
     prepare(work / "test", work / "data_test", str(voice_a), 0, val_fraction=0.0)
 
 

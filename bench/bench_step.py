@@ -38,8 +38,14 @@ from finetune.vits.losses import LossWeights
 
 REPO = Path(__file__).resolve().parent.parent
 
-PHASES = ("data to device", "generator forward", "alignment", "discriminator fwd+bwd", "generator loss+bwd",
-          "optimizer steps")
+PHASES = (
+    "data to device",
+    "generator forward",
+    "alignment",
+    "discriminator fwd+bwd",
+    "generator loss+bwd",
+    "optimizer steps",
+)
 
 
 class AlignmentTimer:
@@ -57,6 +63,7 @@ class AlignmentTimer:
             self.sync()
             self.seconds += time.perf_counter() - started
             return result
+
         return timed
 
     def __enter__(self):
@@ -90,7 +97,9 @@ def timed_step(step: TrainStep, host_batch, device, sync, pin: bool) -> dict[str
     lap("discriminator fwd+bwd")
     g_losses = step.generator_backward(out, mel_real, real_features, 1.0)
     lap("generator loss+bwd")
-    step.apply(Window(totals={"generator": g_losses.total.detach(), "discriminator": d_loss.detach()}, used=1, planned=1))
+    step.apply(
+        Window(totals={"generator": g_losses.total.detach(), "discriminator": d_loss.detach()}, used=1, planned=1)
+    )
     lap("optimizer steps")
     return times
 
@@ -137,8 +146,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--burn_in", type=int, default=3)
     parser.add_argument("--data_dir", default=None, help="a prepared folder (default: prepare the demo corpus)")
-    parser.add_argument("--compile", nargs="*", default=[], choices=["discriminator", "decoder"],
-                        help="torch.compile these parts (checked against eager first)")
+    parser.add_argument(
+        "--compile",
+        nargs="*",
+        default=[],
+        choices=["discriminator", "decoder"],
+        help="torch.compile these parts (checked against eager first)",
+    )
     parser.add_argument("--smoke", action="store_true", help="2 clips a batch, 1 step after 1 burn-in: seconds")
     args = parser.parse_args()
     if args.smoke:
@@ -149,8 +163,11 @@ def main() -> None:
     fp16 = {"fp32": False, "fp16": True, "bf16": None}[args.precision]
     precision = resolve_precision(device, fp16, bf16=args.precision == "bf16")
     tmp = tempfile.TemporaryDirectory()
-    data_dir = Path(args.data_dir) if args.data_dir else prepare_demo(Path(tmp.name) / "data",
-                                                                      max_samples=8 if args.smoke else 0)
+    data_dir = (
+        Path(args.data_dir)
+        if args.data_dir
+        else prepare_demo(Path(tmp.name) / "data", max_samples=8 if args.smoke else 0)
+    )
 
     torch.manual_seed(0)
     texts = [line.split("|", 1)[1] for line in (data_dir / "metadata.csv").read_text(encoding="utf-8").splitlines()]
@@ -159,10 +176,14 @@ def main() -> None:
     hop = hop_length(model.config)
     examples, _ = load_examples(data_dir, "metadata.csv", loaded.tokenizer, hop, 16000)
     discriminator = Discriminator(DiscriminatorConfig(width=args.discriminator_width)).to(device)
-    step = TrainStep(model, discriminator, Features(FeatureConfig()).to(device), LossWeights(), StepSettings(),
-                     precision, device)
+    step = TrainStep(
+        model, discriminator, Features(FeatureConfig()).to(device), LossWeights(), StepSettings(), precision, device
+    )
     pin = device.type == "cuda"
-    batches = [collate(examples[i:i + args.batch_size], hop) for i in range(0, len(examples) - args.batch_size, args.batch_size)]
+    batches = [
+        collate(examples[i : i + args.batch_size], hop)
+        for i in range(0, len(examples) - args.batch_size, args.batch_size)
+    ]
     batches = [b.pin_memory() for b in batches] if pin else batches
 
     differences = {}
@@ -179,23 +200,30 @@ def main() -> None:
             first_s.append(sum(times.values()))
         if args.compile:  # compilation can take minutes: show that it moves
             print(f"step {index + 1}: {sum(times.values()):.1f}s", flush=True)
-    warm_up = {name: statistics.mean(warm_up_step(step, batches[i % len(batches)], device, sync, full)
-                                     for i in range(max(1, args.steps // 2)))
-               for name, full in (("whole generator forward (before)", True), ("segments only (now)", False))}
+    warm_up = {
+        name: statistics.mean(
+            warm_up_step(step, batches[i % len(batches)], device, sync, full) for i in range(max(1, args.steps // 2))
+        )
+        for name, full in (("whole generator forward (before)", True), ("segments only (now)", False))
+    }
 
     total = statistics.mean(sum(r.values()) for r in records)
     print(f"machine: {describe()}")
-    print(f"generator scratch:{args.size} ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M), discriminator width "
-          f"{args.discriminator_width} ({parameter_count(discriminator) / 1e6:.2f}M), batch {args.batch_size}, "
-          f"{precision.name}, {device.type}; {args.steps} steps timed after {args.burn_in} burn-in")
+    print(
+        f"generator scratch:{args.size} ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M), discriminator width "
+        f"{args.discriminator_width} ({parameter_count(discriminator) / 1e6:.2f}M), batch {args.batch_size}, "
+        f"{precision.name}, {device.type}; {args.steps} steps timed after {args.burn_in} burn-in"
+    )
     print(f"{'phase':<24} {'ms':>9} {'share':>7}")
     for phase in PHASES:
         ms = 1000 * statistics.mean(r[phase] for r in records)
         print(f"{phase:<24} {ms:>9.1f} {100 * ms / (1000 * total):>6.1f}%")
     print(f"{'step':<24} {1000 * total:>9.1f} {100.0:>6.1f}%   ({args.batch_size / total:.1f} samples/s)")
     if args.compile:
-        print(f"compiled: {', '.join(args.compile)}; largest difference from eager {differences}; burn-in steps "
-              f"(compilation included) {', '.join(f'{s:.1f}s' for s in first_s)}")
+        print(
+            f"compiled: {', '.join(args.compile)}; largest difference from eager {differences}; burn-in steps "
+            f"(compilation included) {', '.join(f'{s:.1f}s' for s in first_s)}"
+        )
     for name, seconds in warm_up.items():
         print(f"discriminator warm-up micro-batch, {name:<34} {1000 * seconds:>9.1f} ms")
     if device.type == "cuda":

@@ -54,8 +54,13 @@ def case_evaluate(size: str, data_dir: Path, blow_up: float) -> dict:
     evaluator = Evaluator(examples, Features(FeatureConfig()), torch.device("cpu"), 16000, None, [], batch_size=1)
     started = time.perf_counter()
     result = evaluator.evaluate(model, 0)
-    return {"seconds": time.perf_counter() - started, "clips": len(examples), "mcd_db": result.mcd_db,
-            "median_length_ratio": result.length_ratio, "capped": sum(s.capped for s in result.per_clip.values())}
+    return {
+        "seconds": time.perf_counter() - started,
+        "clips": len(examples),
+        "mcd_db": result.mcd_db,
+        "median_length_ratio": result.length_ratio,
+        "capped": sum(s.capped for s in result.per_clip.values()),
+    }
 
 
 def case_stock(size: str, data_dir: Path, blow_up: float, limit_gib: float) -> dict:
@@ -72,8 +77,7 @@ def case_stock(size: str, data_dir: Path, blow_up: float, limit_gib: float) -> d
         outcome = f"rendered {out.waveform.shape[-1] / 16000:.0f} s of audio"
     except (MemoryError, RuntimeError) as error:
         outcome = f"failed: {type(error).__name__}: {str(error).splitlines()[0][:80]}"
-    return {"seconds": time.perf_counter() - started, "outcome": outcome,
-            "recording_s": len(examples[0].audio) / 16000}
+    return {"seconds": time.perf_counter() - started, "outcome": outcome, "recording_s": len(examples[0].audio) / 16000}
 
 
 def run_case(args: list[str], timeout_s: float) -> dict:
@@ -94,13 +98,18 @@ def main() -> None:
     parser.add_argument("--blow_up", type=float, default=12.0, help="log-duration shift: e^K frames per token")
     parser.add_argument("--stock_limit_gib", type=float, default=8.0)
     parser.add_argument("--stock_timeout_s", type=float, default=300.0)
-    parser.add_argument("--max_samples", type=int, default=0, help="demo clips prepared (0: all; a few for a smoke run)")
+    parser.add_argument(
+        "--max_samples", type=int, default=0, help="demo clips prepared (0: all; a few for a smoke run)"
+    )
     parser.add_argument("--case", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.case:
         kind, size, data_dir, blow_up = args.case[0], args.case[1], Path(args.case[2]), float(args.case[3])
-        result = (case_evaluate(size, data_dir, blow_up) if kind == "evaluate"
-                  else case_stock(size, data_dir, blow_up, args.stock_limit_gib))
+        result = (
+            case_evaluate(size, data_dir, blow_up)
+            if kind == "evaluate"
+            else case_stock(size, data_dir, blow_up, args.stock_limit_gib)
+        )
         result["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         print(json.dumps(result))
         return
@@ -108,13 +117,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = prepare_demo(Path(tmp) / "data", val_fraction=0.02, max_samples=args.max_samples)
         for size in args.size or ["tiny"]:
-            for label, kind, blow_up in (("healthy model, evaluation", "evaluate", 0.0),
-                                         (f"runaway predictor (e^{args.blow_up:g} frames a token), evaluation",
-                                          "evaluate", args.blow_up),
-                                         ("runaway predictor, stock VitsModel.forward, one clip", "stock", args.blow_up)):
+            for label, kind, blow_up in (
+                ("healthy model, evaluation", "evaluate", 0.0),
+                (f"runaway predictor (e^{args.blow_up:g} frames a token), evaluation", "evaluate", args.blow_up),
+                ("runaway predictor, stock VitsModel.forward, one clip", "stock", args.blow_up),
+            ):
                 result = run_case([kind, size, str(data_dir), str(blow_up)], args.stock_timeout_s)
-                print(f"{size:5s} | {label:62s} | " + ", ".join(
-                    f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in result.items()), flush=True)
+                print(
+                    f"{size:5s} | {label:62s} | "
+                    + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in result.items()),
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -55,9 +55,11 @@ def stock_requests(model, tokens: list[np.ndarray], samples: np.ndarray, draws: 
 def describe_ratios(ratios: np.ndarray) -> str:
     spread = np.median([geometric_spread(r) for r in ratios])
     inside = np.mean((ratios >= 0.9) & (ratios <= 1.1))
-    return (f"median x{np.median(ratios):.3f}, spread x{spread:.3f} a request; sentences' own medians "
-            f"x{np.min(np.median(ratios, axis=1)):.2f}-x{np.max(np.median(ratios, axis=1)):.2f}; "
-            f"{100 * inside:.0f}% of requests within 0.9-1.1")
+    return (
+        f"median x{np.median(ratios):.3f}, spread x{spread:.3f} a request; sentences' own medians "
+        f"x{np.min(np.median(ratios, axis=1)):.2f}-x{np.max(np.median(ratios, axis=1)):.2f}; "
+        f"{100 * inside:.0f}% of requests within 0.9-1.1"
+    )
 
 
 def own_settings(folder: Path | None) -> dict:
@@ -78,41 +80,68 @@ def sherpa_requests(onnx_dir: Path, texts: list[str], samples: np.ndarray, draws
     return np.array(speech["samples"], dtype=float) / samples[:, None]
 
 
-def compare_device(model, tokens: list[np.ndarray], texts: list[str], samples: np.ndarray, draws: int,
-                   onnx_dir: Path) -> None:
+def compare_device(
+    model, tokens: list[np.ndarray], texts: list[str], samples: np.ndarray, draws: int, onnx_dir: Path
+) -> None:
     """sherpa-onnx's default snippet against the stock pipeline at config.json's settings, same sentences."""
     stock = stock_requests(model, tokens, samples, draws)
     device = sherpa_requests(onnx_dir, texts, samples, draws)
     print(f"\n| what speaks ({draws} requests a sentence) | one request |\n| --- | --- |")
     print(f"| stock pipeline, config.json | {describe_ratios(stock)} |")
     print(f"| sherpa-onnx, nothing set ({onnx_dir}) | {describe_ratios(device)} |")
-    print(f"sherpa-onnx's median request is x{np.median(device) / np.median(stock):.3f} the stock pipeline's "
-          f"(per sentence, median of the ratios of their medians x"
-          f"{np.median(np.median(device, axis=1) / np.median(stock, axis=1)):.3f})", flush=True)
+    print(
+        f"sherpa-onnx's median request is x{np.median(device) / np.median(stock):.3f} the stock pipeline's "
+        f"(per sentence, median of the ratios of their medians x"
+        f"{np.median(np.median(device, axis=1) / np.median(stock, axis=1)):.3f})",
+        flush=True,
+    )
 
 
 def report(model, tokens: list[np.ndarray], samples: np.ndarray, draws: int, folder: Path | None) -> None:
     model.eval()
     hop = 256
-    settings = {"config.json": {"speaking_rate": model.speaking_rate, "noise_scale_duration": model.noise_scale_duration},
-                "the model's own": own_settings(folder)}
+    settings = {
+        "config.json": {"speaking_rate": model.speaking_rate, "noise_scale_duration": model.noise_scale_duration},
+        "the model's own": own_settings(folder),
+    }
     print(f"{len(tokens)} held-out sentences, {draws} requests each (stock VitsModel.forward)\n")
     print("| settings | speaking_rate | noise_scale_duration | one request, stock |\n| --- | ---: | ---: | --- |")
     for name, values in settings.items():
         model.speaking_rate, model.noise_scale_duration = values["speaking_rate"], values["noise_scale_duration"]
-        print(f"| {name} | {values['speaking_rate']:g} | {values['noise_scale_duration']:g} | "
-              f"{describe_ratios(stock_requests(model, tokens, samples, draws))} |", flush=True)
+        print(
+            f"| {name} | {values['speaking_rate']:g} | {values['noise_scale_duration']:g} | "
+            f"{describe_ratios(stock_requests(model, tokens, samples, draws))} |",
+            flush=True,
+        )
     own = settings["the model's own"]
     frames = samples / hop
-    estimate = np.stack([duration_draws(model, [t], torch.device("cpu"), 7 + i, DURATION_DRAWS, speaking_rate=own["speaking_rate"],
-                                        noise_scale_duration=own["noise_scale_duration"])[0]
-                         for i, t in enumerate(tokens)]) / frames[:, None]
-    print(f"\nThe evaluation's estimate at the model's own settings ({DURATION_DRAWS} draws of the duration predictor a "
-          f"clip): median draw x{np.median(estimate):.3f} (judged now); median over clips of the mean of draws "
-          f"x{np.median(estimate.mean(axis=1)):.3f} (judged before)")
+    estimate = (
+        np.stack(
+            [
+                duration_draws(
+                    model,
+                    [t],
+                    torch.device("cpu"),
+                    7 + i,
+                    DURATION_DRAWS,
+                    speaking_rate=own["speaking_rate"],
+                    noise_scale_duration=own["noise_scale_duration"],
+                )[0]
+                for i, t in enumerate(tokens)
+            ]
+        )
+        / frames[:, None]
+    )
+    print(
+        f"\nThe evaluation's estimate at the model's own settings ({DURATION_DRAWS} draws of the duration predictor a "
+        f"clip): median draw x{np.median(estimate):.3f} (judged now); median over clips of the mean of draws "
+        f"x{np.median(estimate.mean(axis=1)):.3f} (judged before)"
+    )
     print("\n| noise_scale_duration | median request (32 draws, rate 1) | spread |\n| ---: | ---: | ---: |")
     for scale in NOISE_SCALES:
-        lengths = duration_draws(model, tokens, torch.device("cpu"), 11, 32, noise_scale_duration=scale, speaking_rate=1.0)
+        lengths = duration_draws(
+            model, tokens, torch.device("cpu"), 11, 32, noise_scale_duration=scale, speaking_rate=1.0
+        )
         ratios = lengths / frames[:, None]
         print(f"| {scale} | {np.median(ratios):.3f} | x{np.median([geometric_spread(r) for r in ratios]):.3f} |")
 
@@ -170,8 +199,14 @@ def main() -> None:
         texts = dict((i, t) for i, _, t in read_rows(data / listing))
         normalizer = load_voice(args.model, torch.device("cpu")).normalizer
         model = VitsModel.from_pretrained(args.model).eval()  # config.json's settings again (report() changed them)
-        compare_device(model, [e.token_ids for e in examples], [normalizer(texts[e.item_id]).text for e in examples],
-                       samples, args.draws, Path(args.onnx))
+        compare_device(
+            model,
+            [e.token_ids for e in examples],
+            [normalizer(texts[e.item_id]).text for e in examples],
+            samples,
+            args.draws,
+            Path(args.onnx),
+        )
 
 
 def smoke_device(voice, tokens: list[np.ndarray], texts: list[str], samples: np.ndarray) -> None:

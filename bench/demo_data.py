@@ -12,7 +12,23 @@ def prepare_demo(folder: Path, val_fraction: float = 0.0, max_samples: int = 0) 
     unless asked (a training step needs none)."""
     import prepare_data
 
-    assert prepare_data.main(["--input_dir", str(REPO / "demo" / "corpus"), "--data_dir", str(folder),
-                              "--model_name", "scratch", "--num_workers", "2", "--val_fraction", str(val_fraction),
-                              "--max_samples", str(max_samples)]) == 0
+    assert (
+        prepare_data.main(
+            [
+                "--input_dir",
+                str(REPO / "demo" / "corpus"),
+                "--data_dir",
+                str(folder),
+                "--model_name",
+                "scratch",
+                "--num_workers",
+                "2",
+                "--val_fraction",
+                str(val_fraction),
+                "--max_samples",
+                str(max_samples),
+            ]
+        )
+        == 0
+    )
     return folder

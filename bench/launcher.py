@@ -19,10 +19,23 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 # The recipes, and what they import on first use (a run's parts, librosa, matplotlib, TensorBoard): each of
 # these a launch would otherwise import again.
-PRELOAD = ["torch", "transformers", "prepare_data", "train_vits", "check_transcripts", "finetune.recipe",
-           "finetune.training.loop", "finetune.reporting.evaluation", "finetune.reporting.run_report",
-           "finetune.reporting.tracking", "finetune.data.prepare", "librosa", "scipy.signal", "matplotlib",
-           "torch.utils.tensorboard"]
+PRELOAD = [
+    "torch",
+    "transformers",
+    "prepare_data",
+    "train_vits",
+    "check_transcripts",
+    "finetune.recipe",
+    "finetune.training.loop",
+    "finetune.reporting.evaluation",
+    "finetune.reporting.run_report",
+    "finetune.reporting.tracking",
+    "finetune.data.prepare",
+    "librosa",
+    "scipy.signal",
+    "matplotlib",
+    "torch.utils.tensorboard",
+]
 _context = None
 
 

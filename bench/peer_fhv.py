@@ -41,8 +41,9 @@ def export(start: Path, checkpoint: Path, out: Path) -> None:
     generator = {k: v for k, v in model.state_dict().items() if not k.startswith("discriminator.")}
     missing, unexpected = voice.load_state_dict(generator, strict=False)
     if unexpected or [k for k in missing if not k.endswith("num_batches_tracked")]:
-        raise SystemExit(f"{checkpoint}: the generator does not fit VitsModel: missing {missing[:5]}, "
-                         f"unexpected {unexpected[:5]}")
+        raise SystemExit(
+            f"{checkpoint}: the generator does not fit VitsModel: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
     voice.save_pretrained(str(out))
     AutoTokenizer.from_pretrained(str(start)).save_pretrained(str(out))
 

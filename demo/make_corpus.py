@@ -85,7 +85,7 @@ def speak(text: str, voice: str, speed_wpm: int, pitch: int, noise_db: float | N
     samples, sample_rate = sf.read(io.BytesIO(wav_bytes), dtype="int16")
     if noise_db is not None:
         speech = samples.astype(np.float64)
-        level = np.sqrt(np.mean(speech ** 2)) / 10 ** (noise_db / 20)
+        level = np.sqrt(np.mean(speech**2)) / 10 ** (noise_db / 20)
         noisy = speech + level * np.random.default_rng(seed).standard_normal(len(speech))
         samples = np.clip(np.round(noisy), -32768, 32767).astype(np.int16)
     out = io.BytesIO()
@@ -123,14 +123,20 @@ def build(out_dir: Path) -> None:
     (out_dir / "unspoken.txt").write_text("\n".join(sentences[len(rows) :]) + "\n", encoding="utf-8")
     write_checksums(out_dir)
     readers = [speaker_of(index) for index in range(len(rows))]
-    print(f"{len(rows)} clips, {seconds / 60:.1f} min of audio, {total_bytes / 1e6:.2f} MB -> {out_dir}; clips per "
-          f"speaker: {', '.join(f'{name} {readers.count(name)}' for name in SPEAKERS)}")
+    print(
+        f"{len(rows)} clips, {seconds / 60:.1f} min of audio, {total_bytes / 1e6:.2f} MB -> {out_dir}; clips per "
+        f"speaker: {', '.join(f'{name} {readers.count(name)}' for name in SPEAKERS)}"
+    )
     print(f"{len(sentences) - len(rows)} sentences left over (budget {MAX_CORPUS_BYTES / 1e6:.0f} MB): unspoken.txt")
 
 
 def checksum_lines(folder: Path) -> list[str]:
-    files = [folder / "metadata.csv", folder / "validated.tsv", folder / "unspoken.txt",
-             *sorted((folder / "wavs").glob("*.mp3"))]
+    files = [
+        folder / "metadata.csv",
+        folder / "validated.tsv",
+        folder / "unspoken.txt",
+        *sorted((folder / "wavs").glob("*.mp3")),
+    ]
     return [f"{hashlib.sha256(f.read_bytes()).hexdigest()}  {f.relative_to(folder).as_posix()}" for f in files]
 
 

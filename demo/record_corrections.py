@@ -26,13 +26,28 @@ def main() -> int:
     parser.add_argument("--feedback_dir", required=True)
     args = parser.parse_args()
     espeak_version()  # exits with install advice when espeak-ng is missing
-    rows = [line.split("|", 1) for line in (Path(args.review_dir) / "metadata.csv").read_text(encoding="utf-8").splitlines()]
+    rows = [
+        line.split("|", 1) for line in (Path(args.review_dir) / "metadata.csv").read_text(encoding="utf-8").splitlines()
+    ]
     folder = Path(args.feedback_dir)
     folder.mkdir(parents=True, exist_ok=True)
     for index, (item_id, text) in enumerate(rows):
         voice, speed_wpm, pitch, _ = SPEAKERS[APP_USERS[index % len(APP_USERS)]]
-        subprocess.run(["espeak-ng", "-v", voice, "-s", str(speed_wpm), "-p", str(pitch), "-w",
-                        str(folder / f"{item_id}.wav"), text], check=True)
+        subprocess.run(
+            [
+                "espeak-ng",
+                "-v",
+                voice,
+                "-s",
+                str(speed_wpm),
+                "-p",
+                str(pitch),
+                "-w",
+                str(folder / f"{item_id}.wav"),
+                text,
+            ],
+            check=True,
+        )
         (folder / f"{item_id}.txt").write_text(text + "\n", encoding="utf-8")
     print(f"{len(rows)} corrections recorded with espeak-ng by {', '.join(APP_USERS)} -> {args.feedback_dir}/")
     return 0

@@ -91,6 +91,7 @@ def given_flags(config_cls: type, argv: list[str] | None) -> set[str]:
 
 def config_to_dict(config: Any) -> dict[str, Any]:
     """The resolved config as JSON-ready values, for saving beside the run's outputs."""
+
     def plain(value: Any) -> Any:
         if isinstance(value, Path):
             return str(value)
@@ -117,9 +118,11 @@ def run_script(main) -> int:
         return 1
     except MemoryError:
         traceback.print_exc()
-        print("error: this machine ran out of RAM (MemoryError, where is shown above): close other programs, or "
-              "train on fewer clips (--max_samples N) with spectrograms computed per batch (--no-precompute_mels)",
-              file=sys.stderr)
+        print(
+            "error: this machine ran out of RAM (MemoryError, where is shown above): close other programs, or "
+            "train on fewer clips (--max_samples N) with spectrograms computed per batch (--no-precompute_mels)",
+            file=sys.stderr,
+        )
         return 1
 
 

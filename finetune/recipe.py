@@ -48,46 +48,96 @@ class Run:
     stop: StopRequest
     payload: dict | None = None  # the checkpoint being resumed, if any
     resume_path: Path | None = None
-    held: list = field(default_factory=list)  # locks besides the run folder's (the output folder's), released at the end
+    held: list = field(
+        default_factory=list
+    )  # locks besides the run folder's (the output folder's), released at the end
 
 
-def open_run(folder: Path, logger, flags: TrainingFlags, budget: Budget, dist: Distributed, stop: StopRequest,
-             payload: dict | None = None, resume_path: Path | None = None) -> Run:
+def open_run(
+    folder: Path,
+    logger,
+    flags: TrainingFlags,
+    budget: Budget,
+    dist: Distributed,
+    stop: StopRequest,
+    payload: dict | None = None,
+    resume_path: Path | None = None,
+) -> Run:
     """The run's metrics, on the device its flags ask for (each process of a torchrun launch on the GPU of
     its local rank); `logger` is setup_logging's for the folder, opened first so that resuming can warn."""
     device = pick_device(flags.device, dist.local_rank if dist.active else None)
     precision = resolve_precision(device, flags.fp16, flags.bf16)
     if warning := precision_warning(device, precision):
         logger.warning(warning)  # CPU fp16/bf16: slow, for checking numerics
-    return Run(folder, logger, Metrics(folder / "metrics.jsonl", enabled=dist.is_main), budget, device,
-               precision, dist, stop, payload, resume_path)
+    return Run(
+        folder,
+        logger,
+        Metrics(folder / "metrics.jsonl", enabled=dist.is_main),
+        budget,
+        device,
+        precision,
+        dist,
+        stop,
+        payload,
+        resume_path,
+    )
 
 
 def features_for(model, device: torch.device) -> Features:
     """The spectrograms this model trains on: its rate and hop, n_fft 1024 (its spectrogram bins must match)."""
     features = Features(FeatureConfig(sample_rate=int(model.config.sampling_rate), hop_length=hop_length(model.config)))
     if features.config.linear_bins != model.config.spectrogram_bins:
-        raise ConfigError([f"the model expects {model.config.spectrogram_bins} spectrogram bins; n_fft 1024 "
-                           f"gives {features.config.linear_bins}"])
+        raise ConfigError(
+            [
+                f"the model expects {model.config.spectrogram_bins} spectrogram bins; n_fft 1024 "
+                f"gives {features.config.linear_bins}"
+            ]
+        )
     return features.to(device)
 
 
 def train_step(flags: TrainingFlags, run: Run, model, discriminator, features: Features) -> TrainStep:
     """The optimizer step: loss weights, learning rates and clipping from the flags."""
-    weights = LossWeights(mel=flags.mel_loss_weight, kl=flags.kl_loss_weight, duration=flags.duration_loss_weight,
-                          adversarial=flags.adversarial_loss_weight, feature_matching=flags.feature_matching_loss_weight)
-    settings = StepSettings(learning_rate=flags.learning_rate, discriminator_learning_rate=flags.discriminator_learning_rate,
-                            max_grad_norm=flags.max_grad_norm, adam_eps=flags.adam_eps,
-                            discriminator_loss_weight=flags.discriminator_loss_weight, anchor_weight=flags.anchor_weight)
+    weights = LossWeights(
+        mel=flags.mel_loss_weight,
+        kl=flags.kl_loss_weight,
+        duration=flags.duration_loss_weight,
+        adversarial=flags.adversarial_loss_weight,
+        feature_matching=flags.feature_matching_loss_weight,
+    )
+    settings = StepSettings(
+        learning_rate=flags.learning_rate,
+        discriminator_learning_rate=flags.discriminator_learning_rate,
+        max_grad_norm=flags.max_grad_norm,
+        adam_eps=flags.adam_eps,
+        discriminator_loss_weight=flags.discriminator_loss_weight,
+        anchor_weight=flags.anchor_weight,
+    )
     return TrainStep(model, discriminator, features, weights, settings, run.precision, run.device, run.dist)
 
 
-def run_log(flags: TrainingFlags, run: Run, title: str, sample_rate: int, tracker: Tracker | None = None,
-            best_dir: Path | None = None) -> RunLog:
+def run_log(
+    flags: TrainingFlags,
+    run: Run,
+    title: str,
+    sample_rate: int,
+    tracker: Tracker | None = None,
+    best_dir: Path | None = None,
+) -> RunLog:
     """train.log, metrics.jsonl, the step profile, trackers and report.html, in the run's folder."""
-    return RunLog(run.logger, run.metrics, tracker or Tracker(), StepProfile(run.device, exact=flags.profile), run.folder,
-                  run.device, run.dist.is_main, report_title=title, max_length_ratio=flags.max_length_ratio,
-                  sample_rate=sample_rate, best_dir=best_dir)
+    return RunLog(
+        run.logger,
+        run.metrics,
+        tracker or Tracker(),
+        StepProfile(run.device, exact=flags.profile),
+        run.folder,
+        run.device,
+        run.dist.is_main,
+        report_title=title,
+        max_length_ratio=flags.max_length_ratio,
+        sample_rate=sample_rate,
+        best_dir=best_dir,
+    )
 
 
 @dataclass
@@ -115,8 +165,16 @@ class RunChoices:
     tracker: Tracker | None = None
 
 
-def build_loop(flags: TrainingFlags, run: Run, start: StartingPoint, data: TrainingData, evaluator, choices: RunChoices,
-               saves: SaveExtras, step_callback=None) -> TrainingLoop:
+def build_loop(
+    flags: TrainingFlags,
+    run: Run,
+    start: StartingPoint,
+    data: TrainingData,
+    evaluator,
+    choices: RunChoices,
+    saves: SaveExtras,
+    step_callback=None,
+) -> TrainingLoop:
     """The shared part of every training recipe: the models on the device (a stop asked for meanwhile
     honoured), the optimizer step, the state (restored from the checkpoint being resumed, or new), the run's
     log and the loop over the run's budget, processes and stop request."""
@@ -130,12 +188,17 @@ def build_loop(flags: TrainingFlags, run: Run, start: StartingPoint, data: Train
         data.sampler.load_state_dict(run.payload["sampler"])
         state = TrainingState.from_dict(run.payload["state"])
         plan = Plan(**run.payload["plan"]) if run.payload.get("plan") else None
-    settings = LoopSettings.from_flags(flags, warmup_steps=start.discriminator.warmup_steps,
-                                       num_workers=choices.num_workers, checkpoints=choices.checkpoints,
-                                       early_stopping_patience=choices.early_stopping_patience,
-                                       reserve_after_s=choices.reserve_after_s)
-    log = run_log(flags, run, choices.title, start.features.config.sample_rate, choices.tracker,
-                  best_dir=choices.paths.best_dir)
+    settings = LoopSettings.from_flags(
+        flags,
+        warmup_steps=start.discriminator.warmup_steps,
+        num_workers=choices.num_workers,
+        checkpoints=choices.checkpoints,
+        early_stopping_patience=choices.early_stopping_patience,
+        reserve_after_s=choices.reserve_after_s,
+    )
+    log = run_log(
+        flags, run, choices.title, start.features.config.sample_rate, choices.tracker, best_dir=choices.paths.best_dir
+    )
     if saves.card is not None:  # the base model's licence, which every voice made from it inherits: said at the start
         log.event("licence", licence=saves.card.licence, note=saves.card.licence_note, base_model=saves.card.base_model)
         run.logger.info(licence_sentence(saves.card))

@@ -17,15 +17,22 @@ from finetune.cli import ConfigError, flag
 class TrainingFlags:
     batch_size: int = flag(8, "clips per micro-batch")
     gradient_accumulation_steps: int = flag(4, "micro-batches per optimizer step")
-    fit_batch: str = flag("auto", "try the longest clips once before training; on out-of-memory halve the micro-batch "
-                                  "and double the accumulation (same clips a step): auto (with CUDA), on, off",
-                          choices=["auto", "on", "off"])
+    fit_batch: str = flag(
+        "auto",
+        "try the longest clips once before training; on out-of-memory halve the micro-batch "
+        "and double the accumulation (same clips a step): auto (with CUDA), on, off",
+        choices=["auto", "on", "off"],
+    )
     learning_rate: float = flag(2e-5, "peak learning rate of the generator")
-    discriminator_learning_rate: float = flag(0.0, "peak learning rate of the discriminator (0: same as --learning_rate)")
+    discriminator_learning_rate: float = flag(
+        0.0, "peak learning rate of the discriminator (0: same as --learning_rate)"
+    )
     lr_floor_ratio: float = flag(0.1, "learning rate at the end of the cosine, as a fraction of the peak")
     warmup_steps: int = flag(500, "linear warmup in optimizer steps (shortened to 10%% of a short plan)")
-    fp16: bool | None = flag(None, "fp16 mixed precision (default: on with CUDA, off on CPU, where it is slow and "
-                                   "meant for checking numerics)")
+    fp16: bool | None = flag(
+        None,
+        "fp16 mixed precision (default: on with CUDA, off on CPU, where it is slow and meant for checking numerics)",
+    )
     bf16: bool = flag(False, "bf16 autocast instead of fp16 (CUDA with bf16 support; on CPU for checking numerics)")
     benchmark_samples: int = flag(200, "clips of real training steps timed at the start to plan the run")
     seed: int = flag(1234, "random seed (sampler order, segments, initial weights of new parts)")
@@ -33,19 +40,35 @@ class TrainingFlags:
     val_samples: int = flag(16, "held-out clips synthesised and scored per evaluation")
     max_epochs: int = flag(0, "stop after N epochs even if time is left (0: no limit)")
     freeze: list[str] = flag([], "parts to keep fixed: text_encoder duration_predictor posterior_encoder flow decoder")
-    discriminator_width: float = flag(1.0, "channel multiplier of a new discriminator (1: standard VITS, 46.7M parameters)")
-    discriminator_warmup_steps: int = flag(1000, "most steps a new discriminator trains alone (the generator untouched) "
-                                                 "before joint training, when the generator is pretrained")
-    discriminator_warmup_learning_rate: float = flag(2e-4, "constant learning rate of that warm-up (original VITS: 2e-4)")
-    discriminator_warmup_margin: float = flag(0.5, "the warm-up ends once the discriminator's mean score on real minus "
-                                                   "generated audio reaches this (1: perfect separation)")
-    max_length_ratio: float = flag(1.25, "timing rule: a model whose median length ratio (synthesised / recorded) "
-                                          "lies outside [1/X, X] is kept as best_model only while none is inside "
-                                          "(the nearest, as a fallback)")
-    inference_settings: str = flag("fitted", "what the exported config.json speaks with: fitted (speaking_rate and "
-                                             "noise_scale_duration fitted on the held-out recordings, so that one "
-                                             "request speaks at their tempo) or model (the model's own)",
-                                   choices=["fitted", "model"])
+    discriminator_width: float = flag(
+        1.0, "channel multiplier of a new discriminator (1: standard VITS, 46.7M parameters)"
+    )
+    discriminator_warmup_steps: int = flag(
+        1000,
+        "most steps a new discriminator trains alone (the generator untouched) "
+        "before joint training, when the generator is pretrained",
+    )
+    discriminator_warmup_learning_rate: float = flag(
+        2e-4, "constant learning rate of that warm-up (original VITS: 2e-4)"
+    )
+    discriminator_warmup_margin: float = flag(
+        0.5,
+        "the warm-up ends once the discriminator's mean score on real minus "
+        "generated audio reaches this (1: perfect separation)",
+    )
+    max_length_ratio: float = flag(
+        1.25,
+        "timing rule: a model whose median length ratio (synthesised / recorded) "
+        "lies outside [1/X, X] is kept as best_model only while none is inside "
+        "(the nearest, as a fallback)",
+    )
+    inference_settings: str = flag(
+        "fitted",
+        "what the exported config.json speaks with: fitted (speaking_rate and "
+        "noise_scale_duration fitted on the held-out recordings, so that one "
+        "request speaks at their tempo) or model (the model's own)",
+        choices=["fitted", "model"],
+    )
     mel_loss_weight: float = flag(45.0, "weight of the mel L1 loss (VITS c_mel)")
     kl_loss_weight: float = flag(1.0, "weight of the KL loss (VITS c_kl)")
     duration_loss_weight: float = flag(1.0, "weight of the duration loss")
@@ -54,9 +77,12 @@ class TrainingFlags:
     max_grad_norm: float = flag(10.0, "clip each model's gradient norm to this (0: no clipping)")
     discriminator_loss_weight: float = flag(1.0, "weight of the discriminator's own loss (finetune-hf-vits: 3)")
     adam_eps: float = flag(1e-9, "AdamW's epsilon, both optimizers (original VITS: 1e-9; finetune-hf-vits: 1e-8)")
-    anchor_weight: float = flag(0.0, "pull the generator's trained weights toward where they started, by this times "
-                                     "the learning rate at each step, in place of AdamW's decay toward zero (L2-SP; "
-                                     "0: off). Keeps what the start already knew while a few things change")
+    anchor_weight: float = flag(
+        0.0,
+        "pull the generator's trained weights toward where they started, by this times "
+        "the learning rate at each step, in place of AdamW's decay toward zero (L2-SP; "
+        "0: off). Keeps what the start already knew while a few things change",
+    )
     log_every_seconds: float = flag(30.0, "seconds between progress lines")
     profile: bool = flag(False, "exact step profile: synchronise the GPU at each section (slower steps)")
     device: str = flag("auto", "cuda, cuda:N, cpu, or auto")
@@ -69,13 +95,34 @@ class TrainingFlags:
 
     def problems(self) -> list[str]:
         """Every problem with the shared flags, each naming its flag; a recipe adds its own to the list."""
-        positive = {name: getattr(self, name) for name in (
-            "batch_size", "gradient_accumulation_steps", "learning_rate", "val_samples", "discriminator_width",
-            "log_every_seconds", "discriminator_warmup_learning_rate", "discriminator_loss_weight", "adam_eps")}
+        positive = {
+            name: getattr(self, name)
+            for name in (
+                "batch_size",
+                "gradient_accumulation_steps",
+                "learning_rate",
+                "val_samples",
+                "discriminator_width",
+                "log_every_seconds",
+                "discriminator_warmup_learning_rate",
+                "discriminator_loss_weight",
+                "adam_eps",
+            )
+        }
         problems = [f"--{k} {v}: must be positive" for k, v in positive.items() if v <= 0]
-        non_negative = {name: getattr(self, name) for name in (
-            "warmup_steps", "val_every", "max_epochs", "discriminator_learning_rate", "benchmark_samples",
-            "max_grad_norm", "discriminator_warmup_steps", "anchor_weight")}
+        non_negative = {
+            name: getattr(self, name)
+            for name in (
+                "warmup_steps",
+                "val_every",
+                "max_epochs",
+                "discriminator_learning_rate",
+                "benchmark_samples",
+                "max_grad_norm",
+                "discriminator_warmup_steps",
+                "anchor_weight",
+            )
+        }
         problems += [f"--{k} {v}: must be 0 or more" for k, v in non_negative.items() if v < 0]
         if self.max_length_ratio < 1:
             problems.append(f"--max_length_ratio {self.max_length_ratio}: must be 1 or more (1.25 accepts 0.8-1.25)")

@@ -23,8 +23,14 @@ os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 
 
-def tone(freq_hz: float = 440.0, seconds: float = 1.0, sample_rate: int = 22050, channels: int = 1,
-         amplitude: float = 0.3, pad_silence_s: float = 0.0) -> np.ndarray:
+def tone(
+    freq_hz: float = 440.0,
+    seconds: float = 1.0,
+    sample_rate: int = 22050,
+    channels: int = 1,
+    amplitude: float = 0.3,
+    pad_silence_s: float = 0.0,
+) -> np.ndarray:
     """A sine of `seconds`, with `pad_silence_s` of silence on each side; float32 [frames] or [frames, ch]."""
     t = np.arange(int(seconds * sample_rate)) / sample_rate
     wave = (amplitude * np.sin(2 * np.pi * freq_hz * t)).astype(np.float32)
@@ -39,8 +45,9 @@ def encode(samples: np.ndarray, sample_rate: int, fmt: str = "WAV") -> bytes:
     return out.getvalue()
 
 
-def write_ljspeech(folder: Path, rows: list[tuple[str, str, np.ndarray | bytes | None]], sample_rate: int = 22050,
-                   ext: str = "wav") -> Path:
+def write_ljspeech(
+    folder: Path, rows: list[tuple[str, str, np.ndarray | bytes | None]], sample_rate: int = 22050, ext: str = "wav"
+) -> Path:
     """metadata.csv + wavs/<id>.<ext>; a row's audio may be samples, raw bytes (e.g. corrupt), or None (no file)."""
     (folder / "wavs").mkdir(parents=True, exist_ok=True)
     lines = []
@@ -82,8 +89,22 @@ def prepared_demo(tmp_path_factory) -> Path:
     import prepare_data
 
     data_dir = tmp_path_factory.mktemp("demo_data")
-    code = prepare_data.main(["--input_dir", str(DEMO_CORPUS), "--data_dir", str(data_dir), "--model_name",
-                              "scratch:tiny", "--max_samples", "24", "--num_workers", "1", "--val_fraction", "0.2"])
+    code = prepare_data.main(
+        [
+            "--input_dir",
+            str(DEMO_CORPUS),
+            "--data_dir",
+            str(data_dir),
+            "--model_name",
+            "scratch:tiny",
+            "--max_samples",
+            "24",
+            "--num_workers",
+            "1",
+            "--val_fraction",
+            "0.2",
+        ]
+    )
     assert code == 0
     return data_dir
 

@@ -51,6 +51,7 @@ def accept_every_round(real_decide):
 
     def accept(*args, **kwargs):
         return dataclasses.replace(real_decide(*args, **kwargs), accepted=True, reason="accepted (forced by the test)")
+
     return accept
 
 
@@ -62,6 +63,7 @@ def inject(fault: str, n: int) -> None:
     from finetune.vits import model_folder
 
     if fault == "checkpoint-write":
+
         def half_written(obj, path):
             def write(tmp):
                 torch.save(obj, tmp)
@@ -69,22 +71,28 @@ def inject(fault: str, n: int) -> None:
                 with open(tmp, "r+b") as handle:
                     handle.truncate(size // 2)
                 die()
+
             atomic.write_atomic(path, write)
+
         checkpoint.torch_save_atomic = on_nth(n, checkpoint.torch_save_atomic, half_written)
     elif fault == "export-swap":
+
         def half_swapped(built, target):
             if target.exists():
                 os.replace(target, target.with_name(f".{target.name}.old-{os.getpid()}"))
             die()
+
         model_folder.replace_dir = on_nth(n, model_folder.replace_dir, half_swapped)
     elif fault == "export-staging":
         model_folder.replace_dir = on_nth(n, model_folder.replace_dir, lambda built, target: die())
     elif fault == "export-after-swap":
+
         def swapped_not_cleaned(built, target):
             if target.exists():
                 os.replace(target, target.with_name(f".{target.name}.old-{os.getpid()}"))
             os.replace(built, target)
             die()
+
         model_folder.replace_dir = on_nth(n, model_folder.replace_dir, swapped_not_cleaned)
     elif fault == "pointer-update":
         real_text = checkpoint.write_text_atomic
@@ -96,6 +104,7 @@ def inject(fault: str, n: int) -> None:
                 if pointer_calls["count"] == n:
                     die()
             return real_text(path, text)
+
         checkpoint.write_text_atomic = pointer_then_die
     elif fault == "accept-version":
         real_copy = feedback.Versions._copy_model
@@ -103,6 +112,7 @@ def inject(fault: str, n: int) -> None:
         def copy_then_die(self, source, target):
             real_copy(self, source, target)
             die()
+
         feedback.Versions._copy_model = on_nth(n, real_copy, copy_then_die)
     elif fault == "improving-scores":
         from finetune.reporting import evaluation
@@ -113,6 +123,7 @@ def inject(fault: str, n: int) -> None:
             per_clip, losses, cut = real_score(self, model, stop, limit)
             value = float(next(scores))
             return {name: evaluation.ClipScore(value, 1.0, 0.0, False) for name in per_clip}, losses, cut
+
         evaluation.Evaluator.score_clips = improving
     elif fault == "accept-rounds":
         feedback.decide = accept_every_round(feedback.decide)
@@ -127,6 +138,7 @@ def inject(fault: str, n: int) -> None:
             print("saving slowly", file=sys.stderr, flush=True)
             time.sleep(60)
             return real_stop(self)
+
         TrainingLoop.stop_cleanly = slow
     elif fault in ("oom-window-rank1", "oom-update-rank1"):
         if os.environ.get("RANK") == "1":
@@ -138,8 +150,11 @@ def inject(fault: str, n: int) -> None:
 
         def run_then_save(self):
             result = real_run(self)
-            torch.save(self.model.state_dict(), Path(os.environ["WEIGHTS_DIR"]) / f"rank_{os.environ.get('RANK', '0')}.pt")
+            torch.save(
+                self.model.state_dict(), Path(os.environ["WEIGHTS_DIR"]) / f"rank_{os.environ.get('RANK', '0')}.pt"
+            )
             return result
+
         TrainingLoop.run = run_then_save
     else:
         raise SystemExit(f"unknown fault {fault}")
@@ -157,17 +172,21 @@ def inject_out_of_memory(fault: str, n: int) -> None:
     def init(self, model, *args, **kwargs):
         real_init(self, model, *args, **kwargs)
         if fault == "oom-window-rank1":
+
             def no_room(module, inputs):
                 if module.training:
                     calls["n"] += 1
                     if calls["n"] == n:
                         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (rank 1)")
+
             model.decoder.register_forward_pre_hook(no_room)
         else:
+
             def no_room_in_update(optimizer, args, kwargs):
                 calls["n"] += 1
                 if calls["n"] == n:
                     raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 96.00 MiB (rank 1)")
+
             self.optimizer_g.register_step_pre_hook(no_room_in_update)
 
     TrainStep.__init__ = init

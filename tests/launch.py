@@ -25,9 +25,22 @@ import time
 from pathlib import Path
 
 # The recipes, and what they import on first use (a run's parts, librosa, matplotlib, TensorBoard).
-PRELOAD = ["torch", "transformers", "train_vits", "train_feedback", "tests.crash_helper", "finetune.recipe",
-           "finetune.training.loop", "finetune.reporting.evaluation", "finetune.reporting.run_report",
-           "finetune.reporting.tracking", "librosa", "scipy.signal", "matplotlib", "torch.utils.tensorboard"]
+PRELOAD = [
+    "torch",
+    "transformers",
+    "train_vits",
+    "train_feedback",
+    "tests.crash_helper",
+    "finetune.recipe",
+    "finetune.training.loop",
+    "finetune.reporting.evaluation",
+    "finetune.reporting.run_report",
+    "finetune.reporting.tracking",
+    "librosa",
+    "scipy.signal",
+    "matplotlib",
+    "torch.utils.tensorboard",
+]
 _context = None
 
 
@@ -113,8 +126,9 @@ def launch(recipe: str, argv: list[str], faults: str = "", n: int = 1) -> Launch
     return Launched(process, folder)
 
 
-def run(recipe: str, argv: list[str], faults: str = "", n: int = 1,
-        timeout: float = 300.0) -> subprocess.CompletedProcess:
+def run(
+    recipe: str, argv: list[str], faults: str = "", n: int = 1, timeout: float = 300.0
+) -> subprocess.CompletedProcess:
     """launch(), then wait for the end (killed after `timeout` s, raising subprocess.TimeoutExpired)."""
     launched = launch(recipe, argv, faults, n)
     try:

@@ -13,7 +13,9 @@ def random_case(rng):
     batch = int(rng.integers(1, 4))
     frames = rng.integers(2, 40, size=batch)
     tokens = np.array([rng.integers(1, f + 1) for f in frames])
-    values = torch.from_numpy(rng.normal(0, 3, size=(batch, int(frames.max()) + 2, int(tokens.max()) + 1)).astype(np.float32))
+    values = torch.from_numpy(
+        rng.normal(0, 3, size=(batch, int(frames.max()) + 2, int(tokens.max()) + 1)).astype(np.float32)
+    )
     return values, torch.from_numpy(frames), torch.from_numpy(tokens)
 
 

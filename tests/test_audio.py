@@ -8,8 +8,9 @@ from finetune.data import audio
 from finetune.data.prepare import ClipJob, ClipSettings, process_clip
 from tests.conftest import encode, tone
 
-SETTINGS = ClipSettings(sample_rate=16000, trim_db=40.0, trim_margin_s=0.05, peak=0.95,
-                        min_seconds=0.1, max_seconds=10.0)
+SETTINGS = ClipSettings(
+    sample_rate=16000, trim_db=40.0, trim_margin_s=0.05, peak=0.95, min_seconds=0.1, max_seconds=10.0
+)
 
 
 def dominant_frequency(samples: np.ndarray, sample_rate: int) -> float:

@@ -37,8 +37,9 @@ def out_of_memory_from(clips: int, after_calls: int = 0):
         state["calls"] += 1
         if state["on"] and inputs[0].shape[0] >= clips and state["calls"] > after_calls:
             state["raised"] += 1
-            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 2.00 GiB (simulated, "
-                                         f"{inputs[0].shape[0]} clips)")
+            raise torch.OutOfMemoryError(
+                f"CUDA out of memory. Tried to allocate 2.00 GiB (simulated, {inputs[0].shape[0]} clips)"
+            )
 
     return hook, state
 
@@ -148,8 +149,9 @@ def test_the_probe_reports_out_of_memory_and_leaves_everything_as_it_was(prepare
 
 
 @pytest.mark.timeout(900)  # three real runs of train_vits.py
-def test_out_of_memory_before_training_refits_4_to_2_to_1_and_a_resume_keeps_it(prepared_demo, tmp_path, timed_work,
-                                                                                 decoder_out_of_memory):
+def test_out_of_memory_before_training_refits_4_to_2_to_1_and_a_resume_keeps_it(
+    prepared_demo, tmp_path, timed_work, decoder_out_of_memory
+):
     fake, _ = timed_work
     state = decoder_out_of_memory(clips=2)
     whole = tmp_path / "whole"
@@ -175,14 +177,24 @@ def test_out_of_memory_before_training_refits_4_to_2_to_1_and_a_resume_keeps_it(
             loop.stop.request("SIGINT")
 
     fake.t = 0.0
-    assert train_vits.main(args(prepared_demo, parts, *COMMON, "--fit_batch", "on"), clock=clock_for(fake),
-                           step_callback=stop_at_4) == 130
+    assert (
+        train_vits.main(
+            args(prepared_demo, parts, *COMMON, "--fit_batch", "on"), clock=clock_for(fake), step_callback=stop_at_4
+        )
+        == 130
+    )
     state["on"] = False  # memory to spare now
     fake.t = 0.0
     seen = []
     resume = ["--checkpoint_dir", str(parts / "checkpoints"), "--resume", "auto", "--fit_batch", "off"]
-    assert train_vits.main(resume, clock=clock_for(fake), step_callback=lambda loop: seen.append(
-        (loop.fitter.micro_batch, loop.fitter.accumulation))) == 0
+    assert (
+        train_vits.main(
+            resume,
+            clock=clock_for(fake),
+            step_callback=lambda loop: seen.append((loop.fitter.micro_batch, loop.fitter.accumulation)),
+        )
+        == 0
+    )
     assert set(seen) == {(1, 4)}
     expected, got = losses_by_step(whole), losses_by_step(parts)
     assert sorted(expected) == sorted(got) and len(expected) == 6
@@ -192,8 +204,9 @@ def test_out_of_memory_before_training_refits_4_to_2_to_1_and_a_resume_keeps_it(
 
 
 @pytest.mark.timeout(600)  # a real run of train_vits.py
-def test_out_of_memory_during_training_refits_once_and_the_run_finishes(prepared_demo, tmp_path, timed_work,
-                                                                        decoder_out_of_memory):
+def test_out_of_memory_during_training_refits_once_and_the_run_finishes(
+    prepared_demo, tmp_path, timed_work, decoder_out_of_memory
+):
     fake, _ = timed_work
     state = decoder_out_of_memory(clips=3, after_calls=3)  # batches of 4 fit in steps 1-3, not in step 4
     assert train_vits.main(args(prepared_demo, tmp_path, *COMMON), clock=clock_for(fake)) == 0
@@ -211,15 +224,20 @@ def test_out_of_memory_during_training_refits_once_and_the_run_finishes(prepared
 
 
 @pytest.mark.timeout(300)  # a real run's start of train_vits.py
-def test_out_of_memory_even_at_one_clip_stops_before_training_with_what_to_do(prepared_demo, tmp_path, timed_work,
-                                                                              decoder_out_of_memory):
+def test_out_of_memory_even_at_one_clip_stops_before_training_with_what_to_do(
+    prepared_demo, tmp_path, timed_work, decoder_out_of_memory
+):
     fake, _ = timed_work
     state = decoder_out_of_memory(clips=1)
     assert train_vits.main(args(prepared_demo, tmp_path, *COMMON, "--fit_batch", "on"), clock=clock_for(fake)) == 1
     assert state["raised"] == 3  # 4, 2, 1
     log = (tmp_path / "checkpoints" / "train.log").read_text()
     assert "one clip at a time does not fit in GPU memory" in log
-    assert "a smaller --batch_size cannot help: freeze parts (--freeze posterior_encoder), use a narrower " \
-           "--discriminator_width" in log and "nothing was trained" in log
+    assert (
+        "a smaller --batch_size cannot help: freeze parts (--freeze posterior_encoder), use a narrower "
+        "--discriminator_width"
+        in log
+        and "nothing was trained" in log
+    )
     assert metrics(tmp_path, "end")[0]["stop_reason"] == "out_of_memory"
     assert not list((tmp_path / "checkpoints").glob("checkpoint_*.pt"))

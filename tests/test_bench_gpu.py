@@ -24,8 +24,12 @@ def test_smoke_runs_each_part_on_the_cpu_and_writes_its_tables_and_json(tmp_path
     assert bench_gpu.main(["--smoke", "--json", str(out)]) == 0
     results = json.loads(out.read_text())
     assert results["parts"] == ["flops", "step", "fit", "data", "torchrun"]  # compile is left out of the smoke run
-    assert [(r["precision"], r["micro_batch"]) for r in results["step"]] == [("fp32", 1), ("fp32", 2), ("bf16", 1),
-                                                                             ("bf16", 2)]
+    assert [(r["precision"], r["micro_batch"]) for r in results["step"]] == [
+        ("fp32", 1),
+        ("fp32", 2),
+        ("bf16", 1),
+        ("bf16", 2),
+    ]
     assert all(r["step_s"] > 0 for r in results["step"])
     flops = results["flops"][0]  # counted, tiny model: both models' share, and what each card's peak allows
     assert flops["gflops_per_clip"] == round(flops["generator_gflops"] + flops["discriminator_gflops"], 1)

@@ -107,9 +107,12 @@ def test_the_kept_model_is_better_beyond_the_noise_than_every_later_one():
     rng = np.random.default_rng(1)
     base = {f"c{i}": 7.0 + rng.normal(0, 1.0) for i in range(16)}
     wobble = {name: 0.3 * (-1) ** i for i, name in enumerate(base)}  # how each clip moves, step to step
-    runs = [scored(100, base), scored(200, {k: v + 0.1 + wobble[k] for k, v in base.items()}),  # within the noise
-            scored(300, {k: v + 0.2 for k, v in base.items()}),
-            scored(400, {k: v + 0.5 + rng.normal(0, 0.03) for k, v in base.items()})]
+    runs = [
+        scored(100, base),
+        scored(200, {k: v + 0.1 + wobble[k] for k, v in base.items()}),  # within the noise
+        scored(300, {k: v + 0.2 for k, v in base.items()}),
+        scored(400, {k: v + 0.5 + rng.normal(0, 0.03) for k, v in base.items()}),
+    ]
     kept, history = NONE_YET, []
     for candidate in runs:
         kept = candidate if better(candidate, kept) else kept
@@ -132,8 +135,20 @@ def test_without_clip_scores_nothing_is_beyond_the_noise_and_the_lower_mean_deci
 def test_a_run_that_never_meets_the_timing_rule_still_ends_with_a_best_model(prepared_demo, tmp_path, timed_work):
     fake, _ = timed_work
     # --max_length_ratio 1 accepts only an exact 1.0: no evaluation can meet it.
-    code = train_vits.main(args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "1",
-                                "--max_length_ratio", "1", "--no-naturalness"), clock=clock_for(fake))
+    code = train_vits.main(
+        args(
+            prepared_demo,
+            tmp_path,
+            "--target_hours",
+            "1",
+            "--max_epochs",
+            "1",
+            "--max_length_ratio",
+            "1",
+            "--no-naturalness",
+        ),
+        clock=clock_for(fake),
+    )
     assert code == 0
     run = tmp_path / "checkpoints"
     saved = json.loads((run / "best_model" / "eval.json").read_text())
@@ -164,26 +179,54 @@ def test_a_run_that_never_meets_the_timing_rule_still_ends_with_a_best_model(pre
 
 def test_an_mms_voice_card_names_its_language_licence_data_and_figures(tmp_path):
     facts = card_facts("facebook/mms-tts-kmr-script_latin", 9.5, 42139)
-    assert (facts.language, facts.licence, facts.hub_base_model) == ("kmr", "cc-by-nc-4.0", "facebook/mms-tts-kmr-script_latin")
-    evaluation = {"step": 1200, "mcd_db": 5.4, "length_ratio": 0.93, "draw_spread": 1.12, "duration_error": 0.4,
-                  "naturalness": 2.9, "eligible": True, "chosen_as": "the lowest MCD among the evaluations within the timing rule"}
+    assert (facts.language, facts.licence, facts.hub_base_model) == (
+        "kmr",
+        "cc-by-nc-4.0",
+        "facebook/mms-tts-kmr-script_latin",
+    )
+    evaluation = {
+        "step": 1200,
+        "mcd_db": 5.4,
+        "length_ratio": 0.93,
+        "draw_spread": 1.12,
+        "duration_error": 0.4,
+        "naturalness": 2.9,
+        "eligible": True,
+        "chosen_as": "the lowest MCD among the evaluations within the timing rule",
+    }
     card = card_text(facts, "the best model of its run (step 1200)", 1200, evaluation)
     header = card.split("---")[1]
     assert "language: kmr" in header and "license: cc-by-nc-4.0" in header
     assert "base_model: facebook/mms-tts-kmr-script_latin" in header and "pipeline_tag: text-to-speech" in header
-    for expected in ("9.50 hours", "42139 clips", "1200 optimizer steps", "| 5.4 |", "| 0.93 |", "| 2.9 |",
-                     "no commercial use", "x0.93", "noise_scale_duration", "export_onnx.py", "sherpa_onnx",
-                     'pipeline("text-to-speech"'):
+    for expected in (
+        "9.50 hours",
+        "42139 clips",
+        "1200 optimizer steps",
+        "| 5.4 |",
+        "| 0.93 |",
+        "| 2.9 |",
+        "no commercial use",
+        "x0.93",
+        "noise_scale_duration",
+        "export_onnx.py",
+        "sherpa_onnx",
+        'pipeline("text-to-speech"',
+    ):
         assert expected in card, expected
     (tmp_path / "voice").mkdir()
     (tmp_path / "voice" / "README.md").write_text(card)
     child = card_facts(str(tmp_path / "voice"), 0.01, 12, "train_feedback.py")
-    assert (child.language, child.licence, child.hub_base_model) == ("kmr", "cc-by-nc-4.0", "facebook/mms-tts-kmr-script_latin")
+    assert (child.language, child.licence, child.hub_base_model) == (
+        "kmr",
+        "cc-by-nc-4.0",
+        "facebook/mms-tts-kmr-script_latin",
+    )
     assert "base_model:" not in card_text(card_facts("scratch:tiny", 0.2, 300), "x", 1, None).split("---")[1]
 
 
 def test_a_voice_fine_tuned_from_an_mms_folder_carries_its_licence_to_every_card_the_log_and_the_report(
-        prepared_demo, tmp_path, timed_work):
+    prepared_demo, tmp_path, timed_work
+):
     """An MMS checkpoint downloaded for offline use (a folder named as the hub's, its card's licence in its
     header): the voice made from it inherits CC-BY-NC-4.0, and says so wherever a user looks."""
     from finetune.system.model_source import resolve_model
@@ -196,15 +239,27 @@ def test_a_voice_fine_tuned_from_an_mms_folder_carries_its_licence_to_every_card
     loaded = load_generator(resolve_model("scratch:tiny"), list(KURMANJI_LETTERS + " "), 16000)
     export_model(ready_for_training(loaded.model), loaded.tokenizer, base)
     (base / "README.md").write_text("---\nlicense: cc-by-nc-4.0\ntags:\n- mms\n---\n# MMS: Kurdish TTS\n")
-    flags = args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "1", "--max_length_ratio", "100",
-                 "--discriminator_warmup_steps", "1")
+    flags = args(
+        prepared_demo,
+        tmp_path,
+        "--target_hours",
+        "1",
+        "--max_epochs",
+        "1",
+        "--max_length_ratio",
+        "100",
+        "--discriminator_warmup_steps",
+        "1",
+    )
     flags[flags.index("--model_name") + 1] = str(base)
     assert train_vits.main(flags, clock=clock_for(fake)) == 0
     run = tmp_path / "checkpoints"
     for folder in (run / "best_model", run / "last_model", tmp_path / "final_model"):
         header = (folder / "README.md").read_text().split("---")[1]
         assert "license: cc-by-nc-4.0" in header and "language: kmr" in header, folder
-    assert "licence: cc-by-nc-4.0" in (run / "train.log").read_text() and "inherits it" in (run / "train.log").read_text()
+    assert (
+        "licence: cc-by-nc-4.0" in (run / "train.log").read_text() and "inherits it" in (run / "train.log").read_text()
+    )
     assert "Licence: cc-by-nc-4.0" in (run / "report.html").read_text()
 
 
@@ -242,8 +297,11 @@ def test_an_upload_that_fails_after_training_keeps_the_folder_and_says_how_to_up
     folder = tmp_path / "final_model"
     folder.mkdir()
     (folder / "config.json").write_text("{}")
-    with pytest.raises(HubError, match=r"saved as it was: upload it later with `hf upload me/voice .*final_model \. "
-                                       r"--repo-type model --private`"):
+    with pytest.raises(
+        HubError,
+        match=r"saved as it was: upload it later with `hf upload me/voice .*final_model \. "
+        r"--repo-type model --private`",
+    ):
         push_folder(folder, "me/voice")
     assert (folder / "config.json").read_text() == "{}"
 
@@ -254,15 +312,26 @@ def test_an_upload_that_fails_after_training_keeps_the_folder_and_says_how_to_up
 def test_the_typical_single_draw_decides_and_the_spread_between_draws_is_reported():
     from finetune.vits.tempo_fit import geometric_spread
 
-    draws = [(0.5, 0.7, 0.9, 3.0), (0.6, 0.8, 1.0, 2.5), (0.55, 0.75, 0.95, 2.8)]  # skewed long, as sums of exponentials
-    clips = {f"c{i}": ClipScore(5.0, float(np.median(d)), 0.1, False, length_draws=d, draw_spread=geometric_spread(d))
-             for i, d in enumerate(draws)}
+    draws = [
+        (0.5, 0.7, 0.9, 3.0),
+        (0.6, 0.8, 1.0, 2.5),
+        (0.55, 0.75, 0.95, 2.8),
+    ]  # skewed long, as sums of exponentials
+    clips = {
+        f"c{i}": ClipScore(5.0, float(np.median(d)), 0.1, False, length_draws=d, draw_spread=geometric_spread(d))
+        for i, d in enumerate(draws)
+    }
     result = judge(3, clips, {}, 0.0, TimingRule())
     assert result.length_ratio == pytest.approx(0.85)  # the median draw; the mean over draws says 1.34
     assert np.mean([r for d in draws for r in d]) > 1.2
-    assert result.draw_spread == pytest.approx(np.median([geometric_spread(d) for d in draws])) and result.draw_spread > 1.5
+    assert (
+        result.draw_spread == pytest.approx(np.median([geometric_spread(d) for d in draws]))
+        and result.draw_spread > 1.5
+    )
     assert geometric_spread((1.0, 1.0)) == 1.0 and geometric_spread((1.0, float("inf"))) == float("inf")
-    assert "length_draws" not in result.per_clip_dict()["c0"] and result.summary()["draw_spread"] == round(result.draw_spread, 4)
+    assert "length_draws" not in result.per_clip_dict()["c0"] and result.summary()["draw_spread"] == round(
+        result.draw_spread, 4
+    )
     assert result.choice_scores == {"c0": 5.0, "c1": 5.0, "c2": 5.0}
 
 
@@ -311,8 +380,14 @@ def test_a_resumed_run_checks_the_upload_its_checkpoint_asks_for(prepared_demo, 
         if loop.state.step == 2:
             loop.stop.request("SIGINT")
 
-    assert train_vits.main(args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "3",
-                                "--push_to_hub", "me/voice"), clock=clock_for(fake), step_callback=stop_at_2) == 130
+    assert (
+        train_vits.main(
+            args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "3", "--push_to_hub", "me/voice"),
+            clock=clock_for(fake),
+            step_callback=stop_at_2,
+        )
+        == 130
+    )
     monkeypatch.setattr(hub_upload, "check_ready", real_check)  # from now on against a Hub that cannot be reached
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed_port()}")
     monkeypatch.setenv("HF_TOKEN", "hf_not_a_real_token")

@@ -21,8 +21,18 @@ def test_warmup_rises_linearly_then_cosine_reaches_the_floor_at_the_last_step():
 def test_plan_counts_steps_evaluations_and_saves():
     # 1000 s left, 2 s safety, 20 s final save: 978 s usable. Evaluations every 50 steps at 10 s,
     # checkpoints 5 s at each 100-step epoch (and every 1800 s, which never comes).
-    plan = make_plan(time_left_s=1000, step_s=2.0, eval_s=10.0, checkpoint_s=5.0, final_s=20.0, steps_per_epoch=100,
-                     steps_done=7, warmup_steps=500, safety_s=2.0, eval_every=50)
+    plan = make_plan(
+        time_left_s=1000,
+        step_s=2.0,
+        eval_s=10.0,
+        checkpoint_s=5.0,
+        final_s=20.0,
+        steps_per_epoch=100,
+        steps_done=7,
+        warmup_steps=500,
+        safety_s=2.0,
+        eval_every=50,
+    )
     per_step = 2.0 + 10.0 / 50 + 5.0 * (1 / 100 + 2.0 / 1800)
     assert plan.total_steps == 7 + int(978 / per_step)
     assert plan.limited_by == "time" and plan.eval_every == 50
@@ -31,15 +41,34 @@ def test_plan_counts_steps_evaluations_and_saves():
 
 
 def test_planned_evaluations_take_at_most_a_tenth_of_the_time():
-    plan = make_plan(time_left_s=3600, step_s=1.0, eval_s=60.0, checkpoint_s=0.0, final_s=0.0, steps_per_epoch=1000,
-                     steps_done=0, warmup_steps=10, safety_s=0.0)
+    plan = make_plan(
+        time_left_s=3600,
+        step_s=1.0,
+        eval_s=60.0,
+        checkpoint_s=0.0,
+        final_s=0.0,
+        steps_per_epoch=1000,
+        steps_done=0,
+        warmup_steps=10,
+        safety_s=0.0,
+    )
     evaluations = math.ceil(plan.total_steps / plan.eval_every)
     assert evaluations * 60.0 <= 0.1 * 3600 + 60.0 and evaluations >= 5
 
 
 def test_max_epochs_caps_the_plan():
-    plan = make_plan(time_left_s=10_000, step_s=1.0, eval_s=1.0, checkpoint_s=1.0, final_s=1.0, steps_per_epoch=30,
-                     steps_done=10, warmup_steps=5, safety_s=1.0, max_epochs=2)
+    plan = make_plan(
+        time_left_s=10_000,
+        step_s=1.0,
+        eval_s=1.0,
+        checkpoint_s=1.0,
+        final_s=1.0,
+        steps_per_epoch=30,
+        steps_done=10,
+        warmup_steps=5,
+        safety_s=1.0,
+        max_epochs=2,
+    )
     assert (plan.total_steps, plan.limited_by) == (60, "max_epochs")
 
 
@@ -47,7 +76,11 @@ def test_budget_counts_earlier_processes():
     now = [100.0]
     budget = Budget(target_s=1000.0, clock=Clock(lambda: now[0]), used_before_s=400.0, safety_s=5.0)
     assert budget.used_s() == 500.0 and budget.left_s() == 500.0
-    assert safety_margin_s(180) == 1.0 and safety_margin_s(600) == pytest.approx(1.8) and safety_margin_s(9.5 * 3600) == 60.0
+    assert (
+        safety_margin_s(180) == 1.0
+        and safety_margin_s(600) == pytest.approx(1.8)
+        and safety_margin_s(9.5 * 3600) == 60.0
+    )
 
 
 def test_durations_skip_warm_up_ones_once_later_ones_exist_and_are_cautious():
@@ -122,8 +155,10 @@ def test_a_batch_cut_to_its_first_clips_is_padded_to_them_alone():
 
     from finetune.data.examples import Example, collate
 
-    examples = [Example(f"c{i}", np.arange(2 + 3 * i, dtype=np.int32), np.ones(256 * (10 + 20 * i), dtype=np.int16), speaker=i)
-                for i in range(3)]
+    examples = [
+        Example(f"c{i}", np.arange(2 + 3 * i, dtype=np.int32), np.ones(256 * (10 + 20 * i), dtype=np.int16), speaker=i)
+        for i in range(3)
+    ]
     batch = collate(examples, 256)
     first = batch.first(2)
     assert first.item_ids == ["c0", "c1"] and first.input_ids.shape == (2, 5) and first.audio.shape == (2, 256 * 30)

@@ -53,8 +53,10 @@ def test_keeps_the_newest_and_points_at_the_latest(tmp_path):
     for step in range(1, 6):
         save_checkpoint(tmp_path, f"checkpoint_epoch_1_step_{step}.pt", payload(step), keep=2)
         time.sleep(0.01)
-    assert sorted(p.name for p in list_checkpoints(tmp_path)) == ["checkpoint_epoch_1_step_4.pt",
-                                                                 "checkpoint_epoch_1_step_5.pt"]
+    assert sorted(p.name for p in list_checkpoints(tmp_path)) == [
+        "checkpoint_epoch_1_step_4.pt",
+        "checkpoint_epoch_1_step_5.pt",
+    ]
     assert latest_checkpoint(tmp_path).name == "checkpoint_epoch_1_step_5.pt"
     assert load_checkpoint(latest_checkpoint(tmp_path))["state"]["step"] == 5
     assert not list(tmp_path.glob("*.tmp"))
@@ -76,12 +78,16 @@ def test_a_damaged_checkpoint_is_an_error_naming_the_way_out(tmp_path):
 def test_a_resumed_run_keeps_its_settings_and_refuses_changes_to_them():
     saved = {"batch_size": 8, "learning_rate": 2e-3, "target_hours": 1.0, "resume": "none", "device": "auto"}
     current = {"batch_size": 8, "learning_rate": 2e-5, "target_hours": 2.0, "resume": "auto", "device": "auto"}
-    merged, changed = resumed_settings(saved, current, {"resume", "target_hours"}, ("target_hours", "device"), ("resume",))
+    merged, changed = resumed_settings(
+        saved, current, {"resume", "target_hours"}, ("target_hours", "device"), ("resume",)
+    )
     assert merged == {"batch_size": 8, "learning_rate": 2e-3, "target_hours": 2.0, "resume": "auto", "device": "auto"}
     assert changed == ["target_hours"]
     merged, _ = resumed_settings(saved, current, {"resume"}, ("target_hours",), ("resume",))
     assert merged["target_hours"] == 1.0  # not given: the same budget
-    with pytest.raises(CheckpointError, match="--learning_rate was 0.002 in the checkpoint, now 2e-05.*Leave those flags out"):
+    with pytest.raises(
+        CheckpointError, match="--learning_rate was 0.002 in the checkpoint, now 2e-05.*Leave those flags out"
+    ):
         resumed_settings(saved, current, {"resume", "learning_rate"}, ("target_hours",), ("resume",))
 
 

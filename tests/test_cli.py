@@ -25,6 +25,7 @@ def test_bad_settings_are_status_2(capsys):
 
 def test_a_library_value_error_keeps_its_traceback():
     """A ValueError the tool did not expect is a bug: it must not be hidden behind one line."""
+
     def main():
         return int("not a number")  # the ValueError Python itself raises
 

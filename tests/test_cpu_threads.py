@@ -33,8 +33,14 @@ class Recorded:
 def threads_following(looks: list[tuple[float, float]], start: int = 2, cpus: int = 2) -> list[int]:
     threads = {"n": start}
     recorded = Recorded(cpus)
-    control = CpuThreads(logging.getLogger("test"), lambda: threads["n"], lambda n: threads.update(n=n), every_s=0.0,
-                         cpus=list(range(cpus)), read=recorded)
+    control = CpuThreads(
+        logging.getLogger("test"),
+        lambda: threads["n"],
+        lambda n: threads.update(n=n),
+        every_s=0.0,
+        cpus=list(range(cpus)),
+        read=recorded,
+    )
     seen = []
     for look in looks:
         recorded.next = look
@@ -61,8 +67,14 @@ def test_one_busy_look_between_quiet_ones_does_not_bring_threads_back():
 
 
 def test_a_run_started_on_one_thread_is_left_alone():
-    control = CpuThreads(logging.getLogger("test"), lambda: 1, lambda n: (_ for _ in ()).throw(AssertionError(n)),
-                         every_s=0.0, cpus=[0, 1], read=Recorded(2))
+    control = CpuThreads(
+        logging.getLogger("test"),
+        lambda: 1,
+        lambda n: (_ for _ in ()).throw(AssertionError(n)),
+        every_s=0.0,
+        cpus=[0, 1],
+        read=Recorded(2),
+    )
     assert not control.active
     for _ in range(3):
         control.adjust()

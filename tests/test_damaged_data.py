@@ -42,7 +42,9 @@ def test_damaged_and_missing_wavs_are_left_out_each_named_with_its_reason(damage
     assert len(examples) == len(ids) - 3 and report.skipped == {"damaged wav": 2, "missing wav": 1}
     for item_id, reason in expected.items():
         assert any(line.startswith(f"{item_id}: {reason}") for line in report.examples_skipped)
-    assert "holds no audio" in " ".join(report.examples_skipped) or "cannot be read" in " ".join(report.examples_skipped)
+    assert "holds no audio" in " ".join(report.examples_skipped) or "cannot be read" in " ".join(
+        report.examples_skipped
+    )
 
 
 def test_more_than_half_damaged_stops_loading_with_what_to_do(damaged_copy):
@@ -96,8 +98,13 @@ def test_a_checkpoint_with_a_wrongly_shaped_weight_is_refused_in_one_line(prepar
     from finetune.training.session import generator_from_checkpoint
 
     fake, _ = timed_work
-    assert train_vits.main(args(prepared_demo, tmp_path, "--target_hours", "1", "--max_samples", "8", "--max_epochs",
-                                "1"), clock=clock_for(fake)) == 0
+    assert (
+        train_vits.main(
+            args(prepared_demo, tmp_path, "--target_hours", "1", "--max_samples", "8", "--max_epochs", "1"),
+            clock=clock_for(fake),
+        )
+        == 0
+    )
     payload = load_checkpoint(list_checkpoints(tmp_path / "checkpoints")[0])
     name = next(k for k in payload["model"] if k.endswith("embed_tokens.weight"))
     rows, width = payload["model"][name].shape

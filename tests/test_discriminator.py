@@ -42,17 +42,27 @@ def original_layout_state(width: float) -> dict:
     root = nn.Module()
     root.discriminators = nn.ModuleList()
     scale = nn.Module()
-    spec = [(1, c(16), 15, 1, 1, 7), (c(16), c(64), 41, 4, 4, 20), (c(64), c(256), 41, 4, 16, 20),
-            (c(256), c(1024), 41, 4, 64, 20), (c(1024), c(1024), 41, 4, 256, 20), (c(1024), c(1024), 5, 1, 1, 2)]
-    scale.convs = nn.ModuleList(old_weight_norm(nn.Conv1d(i, o, k, s, groups=max(1, int(round(g * width))) if g > 1 else 1, padding=p))
-                                for i, o, k, s, g, p in spec)
+    spec = [
+        (1, c(16), 15, 1, 1, 7),
+        (c(16), c(64), 41, 4, 4, 20),
+        (c(64), c(256), 41, 4, 16, 20),
+        (c(256), c(1024), 41, 4, 64, 20),
+        (c(1024), c(1024), 41, 4, 256, 20),
+        (c(1024), c(1024), 5, 1, 1, 2),
+    ]
+    scale.convs = nn.ModuleList(
+        old_weight_norm(nn.Conv1d(i, o, k, s, groups=max(1, int(round(g * width))) if g > 1 else 1, padding=p))
+        for i, o, k, s, g, p in spec
+    )
     scale.conv_post = old_weight_norm(nn.Conv1d(c(1024), 1, 3, 1, padding=1))
     root.discriminators.append(scale)
     for _period in (2, 3, 5, 7, 11):
         period = nn.Module()
         chans = [1, c(32), c(128), c(512), c(1024), c(1024)]
-        period.convs = nn.ModuleList(old_weight_norm(nn.Conv2d(chans[i], chans[i + 1], (5, 1), (3 if i < 4 else 1, 1), padding=(2, 0)))
-                                     for i in range(5))
+        period.convs = nn.ModuleList(
+            old_weight_norm(nn.Conv2d(chans[i], chans[i + 1], (5, 1), (3 if i < 4 else 1, 1), padding=(2, 0)))
+            for i in range(5)
+        )
         period.conv_post = old_weight_norm(nn.Conv2d(c(1024), 1, (3, 1), 1, padding=(1, 0)))
         root.discriminators.append(period)
     return root.state_dict()
@@ -74,7 +84,9 @@ def test_original_vits_checkpoint_layout_loads(tmp_path):
     audio = torch.randn(1, 1, 4096)
     v, g = state["discriminators.1.convs.0.weight_v"], state["discriminators.1.convs.0.weight_g"]
     weight = g * v / v.flatten(1).norm(dim=1).view(-1, 1, 1, 1)
-    folded = torch.nn.functional.conv2d(audio.view(1, 1, -1, 2), weight, state["discriminators.1.convs.0.bias"], (3, 1), (2, 0))
+    folded = torch.nn.functional.conv2d(
+        audio.view(1, 1, -1, 2), weight, state["discriminators.1.convs.0.bias"], (3, 1), (2, 0)
+    )
     assert torch.allclose(loaded.discriminator.discriminators[1].convs[0](audio.view(1, 1, -1, 2)), folded, atol=1e-5)
 
 

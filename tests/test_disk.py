@@ -27,8 +27,11 @@ COMMON = ["--target_hours", "1", "--max_samples", "8", "--max_epochs", "4", "--v
 
 def mount_tmpfs(folder: Path, size_mb: float) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={int(size_mb * 1024)}k", "tmpfs", str(folder)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={int(size_mb * 1024)}k", "tmpfs", str(folder)],
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here (needs root): {done.stderr.strip()}")
 
@@ -73,10 +76,12 @@ def test_each_library_s_full_disk_error_is_recognised_as_one(small_disk):
     import soundfile as sf
     from safetensors.torch import save_file
 
-    errors = {"torch.save": raised(lambda: torch.save(tensors, disk / "a.pt")),
-              "safetensors": raised(lambda: save_file(tensors, str(disk / "a.safetensors"))),
-              "soundfile": raised(lambda: sf.write(disk / "a.wav", np.zeros(400_000, np.float32), 16000)),
-              "open().write": raised(lambda: (disk / "a.txt").write_bytes(b"x" * 2 * MB))}
+    errors = {
+        "torch.save": raised(lambda: torch.save(tensors, disk / "a.pt")),
+        "safetensors": raised(lambda: save_file(tensors, str(disk / "a.safetensors"))),
+        "soundfile": raised(lambda: sf.write(disk / "a.wav", np.zeros(400_000, np.float32), 16000)),
+        "open().write": raised(lambda: (disk / "a.txt").write_bytes(b"x" * 2 * MB)),
+    }
     assert type(errors["torch.save"]) is RuntimeError  # not an OSError: the old `except OSError` missed it
     assert type(errors["safetensors"]).__name__ == "SafetensorError"
     assert isinstance(errors["open().write"], OSError)
@@ -156,8 +161,9 @@ def fill_after_checkpoint(monkeypatch, n: int, leave_share: float) -> dict:
     return seen
 
 
-def test_a_disk_that_fills_mid_run_keeps_the_checkpoints_and_the_final_save_makes_room(prepared_demo, small_disk,
-                                                                                     timed_work, monkeypatch, capfd):
+def test_a_disk_that_fills_mid_run_keeps_the_checkpoints_and_the_final_save_makes_room(
+    prepared_demo, small_disk, timed_work, monkeypatch, capfd
+):
     fake, _ = timed_work
     disk = small_disk(80)
     seen = fill_after_checkpoint(monkeypatch, 2, leave_share=0.6)
@@ -166,7 +172,11 @@ def test_a_disk_that_fills_mid_run_keeps_the_checkpoints_and_the_final_save_make
     run = disk / "checkpoints"
     log = (run / "train.log").read_text()
     # Each checkpoint that did not fit said so in one line, with the figures, and kept what was there.
-    assert "error: could not write checkpoint" in log and f"disk full in {run}" in log and "a checkpoint needs about" in log
+    assert (
+        "error: could not write checkpoint" in log
+        and f"disk full in {run}" in log
+        and "a checkpoint needs about" in log
+    )
     assert "kept checkpoint_epoch_" in log
     # The final save deleted an older checkpoint to make room, never the newest.
     assert "deleted the older checkpoint" in log
@@ -211,8 +221,18 @@ def test_preparation_on_a_full_disk_stops_keeps_its_clips_and_finishes_once_ther
 
     disk = small_disk(8)
     data_dir = disk / "data"
-    command = ["--input_dir", str(DEMO_CORPUS), "--data_dir", str(data_dir), "--model_name", "scratch:tiny",
-               "--max_samples", "24", "--num_workers", "1"]
+    command = [
+        "--input_dir",
+        str(DEMO_CORPUS),
+        "--data_dir",
+        str(data_dir),
+        "--model_name",
+        "scratch:tiny",
+        "--max_samples",
+        "24",
+        "--num_workers",
+        "1",
+    ]
     fill(disk, 300 * 1024)  # room for a few clips (about 40-100 kB each), then none
     from finetune.data.prepare import NotWritten
 

@@ -41,32 +41,50 @@ def one_step(data_dir: str, rank: int, world_size: int, out: str, port: int) -> 
     torch.set_num_threads(1)
     dist = Distributed()
     if world_size > 1:
-        torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                             world_size=world_size)
+        torch.distributed.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
+        )
         dist = Distributed(rank=rank, world_size=world_size, backend="gloo")
     # Randomness that would differ between one process and two is pinned: segments start at frame 0,
     # durations are predicted deterministically, dropout is off.
     objective.pick_segment_starts = lambda lengths, size: torch.zeros_like(lengths)
-    loaded = tiny_generator(Path(data_dir), seed=0, use_stochastic_duration_prediction=False,
-                            hidden_dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
-                            duration_predictor_dropout=0.0, wavenet_dropout=0.0)
+    loaded = tiny_generator(
+        Path(data_dir),
+        seed=0,
+        use_stochastic_duration_prediction=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        duration_predictor_dropout=0.0,
+        wavenet_dropout=0.0,
+    )
     model = loaded.model.train()
     torch.manual_seed(1)
     discriminator = Discriminator(DiscriminatorConfig(width=0.0625, periods=(2, 3)))
-    step = TrainStep(model, discriminator, Features(FeatureConfig()), LossWeights(),
-                     StepSettings(learning_rate=1e-3, discriminator_learning_rate=1e-3), Precision("fp32", None),
-                     torch.device("cpu"), dist)
-    examples, _ = load_examples(Path(data_dir), "metadata.csv", loaded.tokenizer, hop=256, sample_rate=16000,
-                                max_samples=4)
+    step = TrainStep(
+        model,
+        discriminator,
+        Features(FeatureConfig()),
+        LossWeights(),
+        StepSettings(learning_rate=1e-3, discriminator_learning_rate=1e-3),
+        Precision("fp32", None),
+        torch.device("cpu"),
+        dist,
+    )
+    examples, _ = load_examples(
+        Path(data_dir), "metadata.csv", loaded.tokenizer, hop=256, sample_rate=16000, max_samples=4
+    )
     halves = [collate(examples[:2], 256).to("cpu"), collate(examples[2:4], 256).to("cpu")]
     if world_size > 1:
         torch.manual_seed(100 + rank)  # the noise of the posterior sample, per process
         window = step.accumulate_window([(halves[rank], True)], 1)
     else:
+
         def seeded():
             for index, half in enumerate(halves):
                 torch.manual_seed(100 + index)
                 yield half, index == 1
+
         window = step.accumulate_window(seeded(), 2)
     assert step.apply(window).applied
     torch.save({"generator": model.state_dict(), "discriminator": discriminator.state_dict()}, out)
@@ -78,15 +96,19 @@ def one_step(data_dir: str, rank: int, world_size: int, out: str, port: int) -> 
 def test_two_processes_hold_identical_weights_equal_to_one_process_on_both_batches(prepared_demo, tmp_path):
     port = free_port()
     context = mp.get_context("spawn")
-    workers = [context.Process(target=one_step, args=(str(prepared_demo), rank, 2, str(tmp_path / f"rank_{rank}.pt"),
-                                                        port)) for rank in range(2)]
+    workers = [
+        context.Process(target=one_step, args=(str(prepared_demo), rank, 2, str(tmp_path / f"rank_{rank}.pt"), port))
+        for rank in range(2)
+    ]
     for worker in workers:
         worker.start()
     for worker in workers:
         worker.join(timeout=300)
         assert worker.exitcode == 0
     one_step(str(prepared_demo), 0, 1, str(tmp_path / "single.pt"), port)
-    rank0, rank1, single = (torch.load(tmp_path / name, weights_only=True) for name in ("rank_0.pt", "rank_1.pt", "single.pt"))
+    rank0, rank1, single = (
+        torch.load(tmp_path / name, weights_only=True) for name in ("rank_0.pt", "rank_1.pt", "single.pt")
+    )
     for part in ("generator", "discriminator"):
         for key, value in rank0[part].items():
             assert torch.equal(value, rank1[part][key]), (part, key)  # the two processes stay identical
@@ -95,8 +117,21 @@ def test_two_processes_hold_identical_weights_equal_to_one_process_on_both_batch
 
 def torchrun(argv: list[str]) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           str(REPO / "train_vits.py"), *argv], capture_output=True, text=True, timeout=600, env=env)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(REPO / "train_vits.py"),
+            *argv,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
 
 
 @pytest.mark.timeout(600)  # the real script in subprocesses
@@ -132,11 +167,38 @@ def test_out_of_memory_on_one_process_is_every_process_s_decision(prepared_demo,
     weights = tmp_path / "weights"
     weights.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WEIGHTS_DIR": str(weights)}
-    argv = args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "3", "--val_every", "4",
-                "--gradient_accumulation_steps", "2", "--log_every_seconds", "0.001")
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           str(REPO / "tests" / "crash_helper.py"), "oom-window-rank1,oom-update-rank1,weights-at-end",
-                           "3", "train_vits", *argv], capture_output=True, text=True, timeout=500, env=env)
+    argv = args(
+        prepared_demo,
+        tmp_path,
+        "--target_hours",
+        "1",
+        "--max_epochs",
+        "3",
+        "--val_every",
+        "4",
+        "--gradient_accumulation_steps",
+        "2",
+        "--log_every_seconds",
+        "0.001",
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(REPO / "tests" / "crash_helper.py"),
+            "oom-window-rank1,oom-update-rank1,weights-at-end",
+            "3",
+            "train_vits",
+            *argv,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=500,
+        env=env,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     log = (tmp_path / "checkpoints" / "train.log").read_text()
     assert "out of memory during training at step" in log and "micro-batch 4 -> 2 clips" in log

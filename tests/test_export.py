@@ -10,7 +10,12 @@ from finetune.vits.inference import ceiling_for_text, speak_tokens, synthesise_g
 from finetune.vits.onnx_export import export_voice, sherpa_speech, tokens_lines
 from tests.test_inference import tiny_model
 
-SENTENCES = ["ez", "ez baş im", "rojbaş tu çawa yî li vir", "sibê em ê zû rabin ji ber ku rêwîtiyek dirêj li pêşiya me ye"]
+SENTENCES = [
+    "ez",
+    "ez baş im",
+    "rojbaş tu çawa yî li vir",
+    "sibê em ê zû rabin ji ber ku rêwîtiyek dirêj li pêşiya me ye",
+]
 
 
 def test_tokens_file_follows_the_sherpa_onnx_character_format():
@@ -62,14 +67,31 @@ def test_onnxruntime_speaks_as_pytorch_at_every_length_and_speed(exported):
             ids = ids_of(tokenizer, text)
             with torch.no_grad():
                 expected = synthesise_graph(model, ids, *scales(0.0, length, 0.0))[0, 0].numpy()
-            got = session.run(None, {"x": ids.numpy(), "x_length": np.array([ids.shape[1]]),
-                                     **dict(zip(["noise_scale", "length_scale", "noise_scale_w"],
-                                                [s.numpy() for s in scales(0.0, length, 0.0)]))})[0][0, 0]
+            got = session.run(
+                None,
+                {
+                    "x": ids.numpy(),
+                    "x_length": np.array([ids.shape[1]]),
+                    **dict(
+                        zip(
+                            ["noise_scale", "length_scale", "noise_scale_w"],
+                            [s.numpy() for s in scales(0.0, length, 0.0)],
+                        )
+                    ),
+                },
+            )[0][0, 0]
             assert got.shape == expected.shape and np.abs(got - expected).max() < 1e-4, (text, length)
     # With noise the speech differs from PyTorch's draw, but stays speech-shaped and finite.
-    noisy = session.run(None, {"x": ids.numpy(), "x_length": np.array([ids.shape[1]]),
-                               "noise_scale": np.array([0.667], np.float32), "length_scale": np.array([1.0], np.float32),
-                               "noise_scale_w": np.array([0.8], np.float32)})[0]
+    noisy = session.run(
+        None,
+        {
+            "x": ids.numpy(),
+            "x_length": np.array([ids.shape[1]]),
+            "noise_scale": np.array([0.667], np.float32),
+            "length_scale": np.array([1.0], np.float32),
+            "noise_scale_w": np.array([0.8], np.float32),
+        },
+    )[0]
     assert noisy.ndim == 3 and np.isfinite(noisy).all()
 
 
@@ -96,7 +118,12 @@ def test_the_script_exports_and_checks_a_saved_model(tmp_path, capsys):
     assert export_onnx.main([str(tmp_path / "model"), str(tmp_path / "onnx")]) == 0
     out = capsys.readouterr().out
     assert "onnxruntime equals PyTorch on 3 sentences" in out
-    assert sorted(p.name for p in (tmp_path / "onnx").iterdir()) == ["README.md", "model.onnx", "tokens.txt", "voice.json"]
+    assert sorted(p.name for p in (tmp_path / "onnx").iterdir()) == [
+        "README.md",
+        "model.onnx",
+        "tokens.txt",
+        "voice.json",
+    ]
     assert "licence: unknown" in out and "Licence: unknown" in (tmp_path / "onnx" / "README.md").read_text()
 
 
@@ -117,11 +144,18 @@ def test_sherpa_onnx_with_nothing_set_speaks_at_the_fitted_tempo_of_config_json(
     from tests.conftest import KURMANJI_LETTERS
 
     loaded = load_generator(resolve_model("scratch:tiny"), list(KURMANJI_LETTERS + " "), 16000)
-    export_model(ready_for_training(loaded.model), loaded.tokenizer, tmp_path / "model",
-                 inference={"speaking_rate": 0.8, "noise_scale_duration": 0.0, "noise_scale": 0.667})
+    export_model(
+        ready_for_training(loaded.model),
+        loaded.tokenizer,
+        tmp_path / "model",
+        inference={"speaking_rate": 0.8, "noise_scale_duration": 0.0, "noise_scale": 0.667},
+    )
     assert export_onnx.main([str(tmp_path / "model"), str(tmp_path / "onnx")]) == 0
     assert "sherpa-onnx at its defaults speaks at config.json's tempo (speaking_rate 0.8)" in capsys.readouterr().out
-    stock, tokenizer = VitsModel.from_pretrained(tmp_path / "model").eval(), VitsTokenizer.from_pretrained(tmp_path / "model")
+    stock, tokenizer = (
+        VitsModel.from_pretrained(tmp_path / "model").eval(),
+        VitsTokenizer.from_pretrained(tmp_path / "model"),
+    )
     texts = SENTENCES[1:]
     with torch.no_grad():
         expected = [int(stock(**tokenizer(t, return_tensors="pt")).sequence_lengths[0]) for t in texts]
@@ -169,8 +203,18 @@ def test_a_crowd_model_exports_its_voice_and_every_speaker_behind_a_sid_input(tm
     session = onnxruntime.InferenceSession(str(several / "model.onnx"), providers=["CPUExecutionProvider"])
     assert [i.name for i in session.get_inputs()][-1] == "sid"
     ids = np.array([[3, 5, 7, 9, 11, 13]], dtype=np.int64)
-    speech = [session.run(None, {"x": ids, "x_length": np.array([6]), "noise_scale": np.array([0.0], np.float32),
-                                 "length_scale": np.array([1.0], np.float32),
-                                 "noise_scale_w": np.array([0.0], np.float32), "sid": np.array([sid])})[0]
-              for sid in (0, 2)]
+    speech = [
+        session.run(
+            None,
+            {
+                "x": ids,
+                "x_length": np.array([6]),
+                "noise_scale": np.array([0.0], np.float32),
+                "length_scale": np.array([1.0], np.float32),
+                "noise_scale_w": np.array([0.0], np.float32),
+                "sid": np.array([sid]),
+            },
+        )[0]
+        for sid in (0, 2)
+    ]
     assert speech[0].shape != speech[1].shape or not np.allclose(speech[0], speech[1])

@@ -14,8 +14,9 @@ def test_log_mel_matches_librosa():
     wave = (0.3 * np.sin(2 * np.pi * 440 * t) + 0.05 * rng.standard_normal(sr)).astype(np.float32)
     ours = Features(FeatureConfig()).mel(torch.from_numpy(wave).unsqueeze(0))[0].numpy()
     padded = np.pad(wave, (384, 384), mode="reflect")  # (n_fft - hop) / 2 each side, as ours does
-    reference = librosa.feature.melspectrogram(y=padded, sr=sr, n_fft=1024, hop_length=256, win_length=1024,
-                                               window="hann", center=False, power=1.0, n_mels=80)
+    reference = librosa.feature.melspectrogram(
+        y=padded, sr=sr, n_fft=1024, hop_length=256, win_length=1024, window="hann", center=False, power=1.0, n_mels=80
+    )
     reference = np.log(np.clip(reference, 1e-5, None))
     assert ours.shape == reference.shape == (80, sr // 256)
     assert np.abs(ours - reference).max() < 2e-3

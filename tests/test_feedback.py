@@ -21,8 +21,11 @@ CORRECTION_IDS = ["kmr_demo_0101", "kmr_demo_0102", "kmr_demo_0103", "kmr_demo_0
 
 
 def folder_digest(folder) -> dict[str, str]:
-    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -34,13 +37,46 @@ def base_run(prepared_demo, tmp_path_factory):
 
     run = tmp_path_factory.mktemp("base")
     fake = FakeClock()
-    code = train_vits.main(["--data_dir", str(prepared_demo), "--checkpoint_dir", str(run / "checkpoints"),
-                            "--output_dir", str(run / "final_model"), "--model_name", "scratch:tiny",
-                            "--discriminator_width", "0.0625", "--discriminator_periods", "2", "3", "--batch_size", "4",
-                            "--gradient_accumulation_steps", "1", "--learning_rate", "2e-3", "--benchmark_samples", "8",
-                            "--val_samples", "3", "--max_epochs", "6", "--target_hours", "1", "--val_every", "100",
-                            "--log_every_seconds", "60", "--max_length_ratio", "100", "--report_to", "none"],
-                           clock=clock_for(fake))
+    code = train_vits.main(
+        [
+            "--data_dir",
+            str(prepared_demo),
+            "--checkpoint_dir",
+            str(run / "checkpoints"),
+            "--output_dir",
+            str(run / "final_model"),
+            "--model_name",
+            "scratch:tiny",
+            "--discriminator_width",
+            "0.0625",
+            "--discriminator_periods",
+            "2",
+            "3",
+            "--batch_size",
+            "4",
+            "--gradient_accumulation_steps",
+            "1",
+            "--learning_rate",
+            "2e-3",
+            "--benchmark_samples",
+            "8",
+            "--val_samples",
+            "3",
+            "--max_epochs",
+            "6",
+            "--target_hours",
+            "1",
+            "--val_every",
+            "100",
+            "--log_every_seconds",
+            "60",
+            "--max_length_ratio",
+            "100",
+            "--report_to",
+            "none",
+        ],
+        clock=clock_for(fake),
+    )
     assert code == 0
     return run
 
@@ -58,14 +94,33 @@ def make_feedback(folder, ids=CORRECTION_IDS, extra_rows=()):
 
 def feedback_args(prepared_demo, base_run, tmp_path, feedback, *extra, relaxed_timing: bool = True):
     """A round's flags; `relaxed_timing`: the timing rule out of the way (the base voice is 30 steps old)."""
-    return ["--feedback_dir", str(feedback), "--base_model", str(base_run / "checkpoints" / "best_model"),
-            "--data_dir", str(prepared_demo), "--output_dir", str(tmp_path / "voices"), "--batch_size", "4",
-            "--val_samples", "4", "--benchmark_samples", "8", "--log_every_seconds", "60", "--target_minutes", "60",
-            *(["--max_length_ratio", "100"] if relaxed_timing else []), *extra]
+    return [
+        "--feedback_dir",
+        str(feedback),
+        "--base_model",
+        str(base_run / "checkpoints" / "best_model"),
+        "--data_dir",
+        str(prepared_demo),
+        "--output_dir",
+        str(tmp_path / "voices"),
+        "--batch_size",
+        "4",
+        "--val_samples",
+        "4",
+        "--benchmark_samples",
+        "8",
+        "--log_every_seconds",
+        "60",
+        "--target_minutes",
+        "60",
+        *(["--max_length_ratio", "100"] if relaxed_timing else []),
+        *extra,
+    ]
 
 
-def test_a_round_whose_corrections_improve_is_accepted_as_a_version(prepared_demo, base_run, tmp_path, timed_work,
-                                                                     monkeypatch):
+def test_a_round_whose_corrections_improve_is_accepted_as_a_version(
+    prepared_demo, base_run, tmp_path, timed_work, monkeypatch
+):
     """Forced, not hoped for: every evaluation scores better than the one before (whether 12 tiny epochs
     improve these corrections depends on how the run goes on this CPU; bench_finetune.py measures that).
     What is tested is what follows: the version, its report, the listening files and the rollback."""
@@ -74,16 +129,38 @@ def test_a_round_whose_corrections_improve_is_accepted_as_a_version(prepared_dem
     improving_scores(monkeypatch)
     fake, _ = timed_work
     feedback = make_feedback(tmp_path / "feedback")
-    code = train_feedback.main(feedback_args(prepared_demo, base_run, tmp_path, feedback, "--learning_rate", "1e-3",
-                                             "--max_epochs", "3", "--val_every", "3"), clock=clock_for(fake))
+    code = train_feedback.main(
+        feedback_args(
+            prepared_demo,
+            base_run,
+            tmp_path,
+            feedback,
+            "--learning_rate",
+            "1e-3",
+            "--max_epochs",
+            "3",
+            "--val_every",
+            "3",
+        ),
+        clock=clock_for(fake),
+    )
     assert code == 0
     round_dir = tmp_path / "voices" / "rounds" / "round_001"
     report = json.loads((round_dir / "feedback_report.json").read_text())
     assert report["accepted"], report["reason"]
     assert report["after"]["corrections_mcd_db"] < report["before"]["corrections_mcd_db"]
-    assert set(report["before"]) == set(report["after"]) == {
-        "corrections_mcd_db", "originals_mcd_db", "corrections_learnt_mcd_db", "corrections_learnt_length_ratio",
-        "corrections_length_ratio", "originals_length_ratio"}
+    assert (
+        set(report["before"])
+        == set(report["after"])
+        == {
+            "corrections_mcd_db",
+            "originals_mcd_db",
+            "corrections_learnt_mcd_db",
+            "corrections_learnt_length_ratio",
+            "corrections_length_ratio",
+            "originals_length_ratio",
+        }
+    )
     assert "as another speaker's recordings" in report["decided_by"] and "noise bound" in report["improvement"]
     assert report["counts"] == {"corrections": 4, "originals": 4, "replay": 8}
     versions = Versions(tmp_path / "voices")
@@ -147,8 +224,9 @@ def tempo_centred_copy(base, prepared_demo, folder, clips: int = 3):
 
 
 @pytest.mark.parametrize("stretch", [1.4, 1 / 1.4])
-def test_corrections_read_at_another_tempo_are_not_held_to_the_voices_timing(prepared_demo, base_run, tmp_path,
-                                                                             timed_work, stretch):
+def test_corrections_read_at_another_tempo_are_not_held_to_the_voices_timing(
+    prepared_demo, base_run, tmp_path, timed_work, stretch
+):
     """The default timing rule, corrections by readers 1.4x slower (or faster) than the voice: the voice speaks
     them at about 1/1.4 (or 1.4) of their length, outside 0.80-1.25, and that must not count against it.
     The round's models are judged on the voice's own held-out clips for timing (the 3 its tempo was fitted on,
@@ -156,8 +234,9 @@ def test_corrections_read_at_another_tempo_are_not_held_to_the_voices_timing(pre
     fake, _ = timed_work
     feedback = read_at_another_tempo(tmp_path / "feedback", stretch)
     voice = tempo_centred_copy(base_run / "checkpoints" / "best_model", prepared_demo, tmp_path / "voice")
-    args = feedback_args(prepared_demo, base_run, tmp_path, feedback, "--max_epochs", "1", "--val_samples", "3",
-                         relaxed_timing=False)
+    args = feedback_args(
+        prepared_demo, base_run, tmp_path, feedback, "--max_epochs", "1", "--val_samples", "3", relaxed_timing=False
+    )
     args[args.index("--base_model") + 1] = str(voice)
     assert train_feedback.main(args, clock=clock_for(fake)) == 0
     report = json.loads((tmp_path / "voices" / "rounds" / "round_001" / "feedback_report.json").read_text())
@@ -165,25 +244,37 @@ def test_corrections_read_at_another_tempo_are_not_held_to_the_voices_timing(pre
     assert (voice_on_corrections < 0.8) if stretch > 1 else (voice_on_corrections > 1.25)  # the old rule's rejection
     assert 0.8 <= report["before"]["originals_length_ratio"] <= 1.25
     assert "timing" not in report["reason"], report["reason"]
-    evaluations = [json.loads(line) for line in (tmp_path / "voices" / "rounds" / "round_001" / "metrics.jsonl")
-                   .read_text().splitlines() if '"kind": "eval"' in line]
+    evaluations = [
+        json.loads(line)
+        for line in (tmp_path / "voices" / "rounds" / "round_001" / "metrics.jsonl").read_text().splitlines()
+        if '"kind": "eval"' in line
+    ]
     assert evaluations and all(e["eligible"] for e in evaluations), evaluations
     # --acoustics embeddings (the default): what each letter is learns; how the voice reads and sounds does not.
     from safetensors.torch import load_file
 
     before = load_file(str(voice / "model.safetensors"))
-    after = load_file(str(tmp_path / "voices" / "rounds" / "round_001" / "checkpoints" / "last_model" /
-                          "model.safetensors"))
+    after = load_file(
+        str(tmp_path / "voices" / "rounds" / "round_001" / "checkpoints" / "last_model" / "model.safetensors")
+    )
     for prefix in ("text_encoder.encoder.", "text_encoder.project.", "decoder.", "flow.", "posterior_encoder."):
-        changed = {k: float((before[k] - after[k]).abs().max()) for k in before if k.startswith(prefix) and ".cond" not in k}
+        changed = {
+            k: float((before[k] - after[k]).abs().max()) for k in before if k.startswith(prefix) and ".cond" not in k
+        }
         assert max(changed.values()) < 1e-5, sorted(changed.items(), key=lambda kv: -kv[1])[:3]
     assert not torch.equal(before["text_encoder.embed_tokens.weight"], after["text_encoder.embed_tokens.weight"])
 
 
 def round_scores(step: int, corrections: list[float], originals: float) -> EvalResult:
     per_clip = {f"correction/c{i}": ClipScore(v, 1.0, 0.0, False) for i, v in enumerate(corrections)}
-    return EvalResult(step, float(np.mean(corrections)), per_clip, {}, 0.0,
-                      extra={"corrections_mcd_db": float(np.mean(corrections)), "originals_mcd_db": originals})
+    return EvalResult(
+        step,
+        float(np.mean(corrections)),
+        per_clip,
+        {},
+        0.0,
+        extra={"corrections_mcd_db": float(np.mean(corrections)), "originals_mcd_db": originals},
+    )
 
 
 def best_record(step: int, corrections: list[float], originals: float, **extra) -> dict:
@@ -195,7 +286,9 @@ def test_the_decision_accepts_only_an_improvement_beyond_the_noise_within_tolera
     base = round_scores(0, [10.0, 9.0, 11.0, 10.5], 8.0)
     better = [9.0, 8.2, 9.8, 9.6]  # each clip 0.8-1.2 dB lower
     decision = decide(base, best_record(6, better, 8.1), round_scores(8, better, 8.0), 2.0)
-    assert decision.accepted and "improved beyond the noise" in decision.reason and "noise bound" in decision.improvement
+    assert (
+        decision.accepted and "improved beyond the noise" in decision.reason and "noise bound" in decision.improvement
+    )
     assert "the voice moved" in decide(base, best_record(6, better, 8.3), base, 2.0).reason  # +3.75%
     mixed = [9.0, 9.9, 10.0, 10.7]  # lower on average, but clip by clip within the noise
     assert "did not improve beyond the noise" in decide(base, best_record(6, mixed, 8.0), base, 2.0).reason
@@ -227,8 +320,9 @@ def test_rollback_previous_follows_what_each_version_was_trained_from(tmp_path):
         voices.rollback("previous")
 
 
-def test_a_round_that_damages_the_originals_is_rejected_and_the_voice_untouched(prepared_demo, base_run, tmp_path,
-                                                                                timed_work, monkeypatch):
+def test_a_round_that_damages_the_originals_is_rejected_and_the_voice_untouched(
+    prepared_demo, base_run, tmp_path, timed_work, monkeypatch
+):
     """Forced, not hoped for: after each real update the decoder's weights get seeded noise, so the round's
     models speak worse (corrections and originals alike) and the round must be rejected."""
     from finetune.training.step import TrainStep
@@ -249,9 +343,23 @@ def test_a_round_that_damages_the_originals_is_rejected_and_the_voice_untouched(
     voices = Versions(tmp_path / "voices")
     voices.ensure_base(base_run / "checkpoints" / "best_model")
     before = folder_digest(voices.current)
-    code = train_feedback.main(feedback_args(prepared_demo, base_run, tmp_path, feedback, "--learning_rate", "1e-4",
-                                             "--max_epochs", "2", "--val_every", "2", "--max_regression", "2"),
-                               clock=clock_for(fake))
+    code = train_feedback.main(
+        feedback_args(
+            prepared_demo,
+            base_run,
+            tmp_path,
+            feedback,
+            "--learning_rate",
+            "1e-4",
+            "--max_epochs",
+            "2",
+            "--val_every",
+            "2",
+            "--max_regression",
+            "2",
+        ),
+        clock=clock_for(fake),
+    )
     assert code == 0
     report = json.loads((tmp_path / "voices" / "rounds" / "round_001" / "feedback_report.json").read_text())
     assert not report["accepted"] and "the voice moved" in report["reason"]
@@ -262,23 +370,32 @@ def test_a_round_that_damages_the_originals_is_rejected_and_the_voice_untouched(
 
 def test_bad_corrections_are_reported_and_the_rest_used(prepared_demo, base_run, tmp_path, timed_work):
     fake, _ = timed_work
-    feedback = make_feedback(tmp_path / "feedback", CORRECTION_IDS[:2],
-                             extra_rows=["missing_one|Ez baş im", "with_digits|Ez 3 sêv dixwim"])
+    feedback = make_feedback(
+        tmp_path / "feedback", CORRECTION_IDS[:2], extra_rows=["missing_one|Ez baş im", "with_digits|Ez 3 sêv dixwim"]
+    )
     (feedback / "wavs" / "with_digits.wav").write_bytes((feedback / "wavs" / f"{CORRECTION_IDS[0]}.mp3").read_bytes())
-    code = train_feedback.main(feedback_args(prepared_demo, base_run, tmp_path, feedback, "--max_epochs", "1"),
-                               clock=clock_for(fake))
+    code = train_feedback.main(
+        feedback_args(prepared_demo, base_run, tmp_path, feedback, "--max_epochs", "1"), clock=clock_for(fake)
+    )
     assert code == 0
     report = json.loads((tmp_path / "voices" / "rounds" / "round_001" / "feedback_report.json").read_text())
     reasons = {d["id"]: d["reason"] for d in report["corrections_dropped"]}
     assert reasons == {"missing_one": "missing_file", "with_digits": "out_of_vocabulary"}
     assert report["counts"]["corrections"] == 2
-    assert "Corrections not used (2)" in (tmp_path / "voices" / "rounds" / "round_001" / "feedback_report.txt").read_text()
-    assert sorted(p.name for p in (feedback / "wavs").iterdir()) == sorted(  # nothing in the user's folder touched
-        [f"{i}.mp3" for i in CORRECTION_IDS[:2]] + ["with_digits.wav"])
+    assert (
+        "Corrections not used (2)" in (tmp_path / "voices" / "rounds" / "round_001" / "feedback_report.txt").read_text()
+    )
+    assert (
+        sorted(p.name for p in (feedback / "wavs").iterdir())
+        == sorted(  # nothing in the user's folder touched
+            [f"{i}.mp3" for i in CORRECTION_IDS[:2]] + ["with_digits.wav"]
+        )
+    )
 
 
 def test_pairs_a_recording_app_writes_are_found_in_training_feedback_and_bad_pairs_named(
-        prepared_demo, base_run, tmp_path, timed_work, monkeypatch):
+    prepared_demo, base_run, tmp_path, timed_work, monkeypatch
+):
     fake, _ = timed_work
     texts = dict(line.split("|", 1) for line in (DEMO_CORPUS / "metadata.csv").read_text(encoding="utf-8").splitlines())
     folder = tmp_path / "training" / "feedback"
@@ -295,7 +412,10 @@ def test_pairs_a_recording_app_writes_are_found_in_training_feedback_and_bad_pai
     assert train_feedback.main(args, clock=clock_for(fake)) == 0
     report = json.loads((tmp_path / "voices" / "rounds" / "round_001" / "feedback_report.json").read_text())
     assert {d["id"]: d["reason"] for d in report["corrections_dropped"]} == {
-        "audio_003": "missing_text", "audio_004": "missing_file", "audio_005": "empty_text"}
+        "audio_003": "missing_text",
+        "audio_004": "missing_file",
+        "audio_005": "empty_text",
+    }
     assert report["counts"]["corrections"] == 2
 
 
@@ -317,11 +437,24 @@ def test_empty_or_missing_feedback_is_a_clear_error(prepared_demo, base_run, tmp
 def test_review_speaks_sentences_for_listening(base_run, tmp_path):
     sentences = tmp_path / "sentences.txt"
     sentences.write_text("Ez baş im.\nSala 2024 xweş bû.\nTu çawa yî?\n", encoding="utf-8")
-    code = train_feedback.main(["--base_model", str(base_run / "checkpoints" / "best_model"), "--review", str(sentences),
-                                "--review_dir", str(tmp_path / "review")])
+    code = train_feedback.main(
+        [
+            "--base_model",
+            str(base_run / "checkpoints" / "best_model"),
+            "--review",
+            str(sentences),
+            "--review_dir",
+            str(tmp_path / "review"),
+        ]
+    )
     assert code == 0
-    assert sorted(p.name for p in (tmp_path / "review").iterdir()) == ["001.txt", "001.wav", "003.txt", "003.wav",
-                                                                       "metadata.csv"]
+    assert sorted(p.name for p in (tmp_path / "review").iterdir()) == [
+        "001.txt",
+        "001.wav",
+        "003.txt",
+        "003.wav",
+        "metadata.csv",
+    ]
     assert (tmp_path / "review" / "003.txt").read_text(encoding="utf-8") == "Tu çawa yî?\n"
     assert (tmp_path / "review" / "metadata.csv").read_text(encoding="utf-8") == "001|Ez baş im.\n003|Tu çawa yî?\n"
 
@@ -351,7 +484,8 @@ def test_replay_sample_is_seeded_and_sized():
 
 @pytest.mark.timeout(400)  # the real script in a process of its own
 def test_a_round_killed_while_making_its_version_leaves_the_voice_and_the_next_round_starts_cleanly(
-        prepared_demo, base_run, tmp_path, timed_work, capsys, monkeypatch):
+    prepared_demo, base_run, tmp_path, timed_work, capsys, monkeypatch
+):
     import signal
 
     from finetune.training import feedback as feedback_module
@@ -364,8 +498,9 @@ def test_a_round_killed_while_making_its_version_leaves_the_voice_and_the_next_r
     voices.ensure_base(base_run / "checkpoints" / "best_model")
     before = folder_digest(voices.current)
     # Both rounds are accepted by force: what is tested is what follows acceptance, not whether an epoch earns it.
-    round_args = feedback_args(prepared_demo, base_run, tmp_path, feedback, "--learning_rate", "1e-3", "--max_epochs",
-                               "1", "--val_every", "1")
+    round_args = feedback_args(
+        prepared_demo, base_run, tmp_path, feedback, "--learning_rate", "1e-3", "--max_epochs", "1", "--val_every", "1"
+    )
     killed = launch.run("train_feedback", round_args, faults="accept-version,accept-rounds", n=1)
     assert killed.returncode == -signal.SIGKILL, killed.stderr  # after copying v001, before current/ and the history
     assert (tmp_path / "voices" / "v001").is_dir() and folder_digest(voices.current) == before

@@ -61,8 +61,6 @@ def test_local_pretrained_folder_round_trips_through_training_layout(tmp_path):
         assert torch.allclose(exported.state_dict()[key], value, atol=1e-6), key
 
 
-
-
 def test_a_model_folder_with_missing_weights_is_refused_by_name(tmp_path):
     from safetensors.torch import load_file, save_file
 
@@ -86,8 +84,9 @@ def test_a_multi_speaker_model_is_refused(tmp_path):
     from finetune.system.model_source import ModelSourceError
 
     folder = make_tokenizer_dir(tmp_path / "speakers", KURMANJI_LETTERS + " ")
-    config = VitsConfig(vocab_size=len(KURMANJI_LETTERS) + 1, num_speakers=4, speaker_embedding_size=16,
-                        **SCRATCH_CONFIGS["tiny"])
+    config = VitsConfig(
+        vocab_size=len(KURMANJI_LETTERS) + 1, num_speakers=4, speaker_embedding_size=16, **SCRATCH_CONFIGS["tiny"]
+    )
     VitsModel(config).save_pretrained(str(folder))
     with pytest.raises(ModelSourceError, match="multi-speaker VITS model \\(4 speakers\\)"):
         load_generator(resolve_model(str(folder)), [], 16000)

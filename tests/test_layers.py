@@ -113,5 +113,6 @@ def test_a_planted_circle_fails_unless_one_side_is_for_annotations_only():
     sources["finetune.system.disk"] += "\nimport finetune.system.atomic\n"
     assert layer_problems(sources) == ["import circle: finetune.system.atomic <-> finetune.system.disk"]
     sources["finetune.system.disk"] = sources["finetune.system.disk"].replace(
-        "\nimport finetune.system.atomic\n", "\nif TYPE_CHECKING:\n    import finetune.system.atomic\n")
+        "\nimport finetune.system.atomic\n", "\nif TYPE_CHECKING:\n    import finetune.system.atomic\n"
+    )
     assert layer_problems(sources) == []

@@ -75,7 +75,8 @@ def test_a_held_out_split_too_small_to_decide_is_said_with_the_flag_that_fixes_i
     assert prepare_data.held_out_warning(report(121, 0)) is None  # --val_fraction 0: asked for
     crowd = {"axin": {"clips": 125, "val_clips": 12}, "ciya": {"clips": 54, "val_clips": 5}}
     assert "12 held-out clips of axin (the default --target_speaker" in prepare_data.held_out_warning(
-        report(179, 17, crowd))  # the default target's
+        report(179, 17, crowd)
+    )  # the default target's
     assert "record more clips" in prepare_data.held_out_warning(report(20, 1))  # 16 of 20 would be over half
 
 

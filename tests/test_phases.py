@@ -68,13 +68,15 @@ def test_an_evaluation_is_cut_short_between_clips_and_scored_on_the_clips_done(p
     from tests.conftest import FakeClock, tiny_generator
 
     loaded = tiny_generator(prepared_demo)
-    examples, _ = load_examples(prepared_demo, "metadata.csv", loaded.tokenizer, hop=256, sample_rate=16000,
-                                max_samples=5)
+    examples, _ = load_examples(
+        prepared_demo, "metadata.csv", loaded.tokenizer, hop=256, sample_rate=16000, max_samples=5
+    )
     fake = FakeClock()
     slow_clips(monkeypatch, fake, {"s": 2.0})
     sentences = [(f"sentence_{i:02d}", examples[i].token_ids) for i in range(3)]
-    evaluator = evaluation.Evaluator(examples, Features(FeatureConfig()), torch.device("cpu"), 16000, tmp_path,
-                                     sentences, batch_size=1)
+    evaluator = evaluation.Evaluator(
+        examples, Features(FeatureConfig()), torch.device("cpu"), 16000, tmp_path, sentences, batch_size=1
+    )
     whole = evaluator.evaluate(loaded.model, 0, limit=TimeLimit(fake.now, ends_at=1000.0))
     assert whole.clips_scored == 5 and not whole.cut_short and whole.eligible == (whole.ineligible_reason == "")
     assert evaluator.group_s == 2.0  # the slowest group: the next evaluation's first estimate
@@ -119,7 +121,8 @@ def test_the_final_evaluation_keeps_the_final_save_free_and_one_inside_the_run_t
 
 
 def test_a_resumed_process_measures_its_evaluations_before_the_final_one_and_ends_inside_the_budget(
-        prepared_demo, tmp_path, timed_work, monkeypatch):
+    prepared_demo, tmp_path, timed_work, monkeypatch
+):
     """The first process measures cheap evaluations (0.5 s a clip); in the resumed one a clip takes 8 s
     (a cold process, a busy machine) and its first evaluation is the final one. It primes the
     evaluation first (two clips), plans with what it measured, and ends inside its budget."""
@@ -128,8 +131,18 @@ def test_a_resumed_process_measures_its_evaluations_before_the_final_one_and_end
     per_clip = {"s": 0.5}
     slow_clips(monkeypatch, fake, per_clip)
     target_s = 100.0
-    common = args(prepared_demo, tmp_path, "--target_hours", str(target_s / 3600), "--max_samples", "12",
-                  "--val_samples", "4", "--val_every", "100")
+    common = args(
+        prepared_demo,
+        tmp_path,
+        "--target_hours",
+        str(target_s / 3600),
+        "--max_samples",
+        "12",
+        "--val_samples",
+        "4",
+        "--val_every",
+        "100",
+    )
 
     def stop_at_4(loop):
         if loop.state.step == 4:
@@ -147,8 +160,9 @@ def test_a_resumed_process_measures_its_evaluations_before_the_final_one_and_end
     assert final["step"] == end["steps"] and final["clips_scored"] == 4
 
 
-def test_a_final_evaluation_slower_than_planned_is_cut_short_inside_the_budget(prepared_demo, tmp_path, timed_work,
-                                                                               monkeypatch):
+def test_a_final_evaluation_slower_than_planned_is_cut_short_inside_the_budget(
+    prepared_demo, tmp_path, timed_work, monkeypatch
+):
     """The final evaluation's clips take 2 s each against 0.5 s in every evaluation before it (8 s where
     2 were planned): it is scored on the clips that fit, says so, is not kept as best, and the run ends
     inside its budget (a phase can overrun its limit by one clip's misestimate, which the safety margin
@@ -166,8 +180,24 @@ def test_a_final_evaluation_slower_than_planned_is_cut_short_inside_the_budget(p
 
     monkeypatch.setattr(TrainingLoop, "finish", slow_final)
     target_s = 60.0
-    assert train_vits.main(args(prepared_demo, tmp_path, "--target_hours", str(target_s / 3600), "--max_samples", "12",
-                                "--val_samples", "4", "--val_every", "100"), clock=clock_for(fake)) == 0
+    assert (
+        train_vits.main(
+            args(
+                prepared_demo,
+                tmp_path,
+                "--target_hours",
+                str(target_s / 3600),
+                "--max_samples",
+                "12",
+                "--val_samples",
+                "4",
+                "--val_every",
+                "100",
+            ),
+            clock=clock_for(fake),
+        )
+        == 0
+    )
     end = metrics(tmp_path, "end")[0]
     assert end["stop_reason"] == "deadline" and end["time_used_s"] <= target_s, end
     final = metrics(tmp_path, "eval")[-1]
@@ -178,8 +208,9 @@ def test_a_final_evaluation_slower_than_planned_is_cut_short_inside_the_budget(p
     assert end["last_evaluation"]["cut_short"] == "the deadline"
 
 
-def test_a_final_evaluation_with_no_time_for_one_clip_is_skipped_and_said(prepared_demo, tmp_path, timed_work,
-                                                                         monkeypatch):
+def test_a_final_evaluation_with_no_time_for_one_clip_is_skipped_and_said(
+    prepared_demo, tmp_path, timed_work, monkeypatch
+):
     """The machine stalls after step 7 until only the final save's time (and 0.2 s) is left: the final
     evaluation, whose clips took 0.5 s, has no time for one; it is skipped with a warning and an
     `eval_skipped` record, and the final model is still written inside the budget."""
@@ -188,11 +219,18 @@ def test_a_final_evaluation_with_no_time_for_one_clip_is_skipped_and_said(prepar
 
     def stall_after_7(loop):
         if loop.state.step == 7:
-            fake.t += loop.context.budget.left_s() - (loop.costs.after_final_eval_s + loop.context.budget.safety_s + 0.2)
+            fake.t += loop.context.budget.left_s() - (
+                loop.costs.after_final_eval_s + loop.context.budget.safety_s + 0.2
+            )
 
     target_s = 200.0
-    code = train_vits.main(args(prepared_demo, tmp_path, "--target_hours", str(target_s / 3600), "--max_samples", "12",
-                                "--val_every", "4"), clock=clock_for(fake), step_callback=stall_after_7)
+    code = train_vits.main(
+        args(
+            prepared_demo, tmp_path, "--target_hours", str(target_s / 3600), "--max_samples", "12", "--val_every", "4"
+        ),
+        clock=clock_for(fake),
+        step_callback=stall_after_7,
+    )
     assert code == 0
     end = metrics(tmp_path, "end")[0]
     assert end["steps"] == 7 and end["time_used_s"] <= target_s and end["final_evaluation_skipped"]
@@ -227,13 +265,28 @@ def test_test_sentences_stop_at_the_time_limit(prepared_demo, tmp_path, timed_wo
         return real_finish(loop, reason)
 
     sentences = tmp_path / "sentences.txt"
-    sentences.write_text("ez baş im û tu\nav zelal e û sar\nsibê em diçin mal\nher kes dikare bixwîne\n", encoding="utf-8")
+    sentences.write_text(
+        "ez baş im û tu\nav zelal e û sar\nsibê em diçin mal\nher kes dikare bixwîne\n", encoding="utf-8"
+    )
     monkeypatch.setattr(evaluation, "speak", timed_speak)
     monkeypatch.setattr(evaluation.Evaluator, "write_samples", write_samples)
     monkeypatch.setattr(TrainingLoop, "finish", slow_final)
     target_s = 60.0
-    code = train_vits.main(args(prepared_demo, tmp_path, "--target_hours", str(target_s / 3600), "--max_samples", "12",
-                                "--test_sentences", str(sentences), "--val_every", "100"), clock=clock_for(fake))
+    code = train_vits.main(
+        args(
+            prepared_demo,
+            tmp_path,
+            "--target_hours",
+            str(target_s / 3600),
+            "--max_samples",
+            "12",
+            "--test_sentences",
+            str(sentences),
+            "--val_every",
+            "100",
+        ),
+        clock=clock_for(fake),
+    )
     assert code == 0
     end = metrics(tmp_path, "end")[0]
     assert end["time_used_s"] <= target_s, end
@@ -253,8 +306,10 @@ def deadline_run(prepared_demo, run_dir, fake, target_s: float, *flags: str) -> 
     """A run of `target_s` seconds of fake time from 0, with `flags`: its end record, after checking that
     it stopped at its deadline, inside its budget."""
     fake.t = 0.0
-    code = train_vits.main(args(prepared_demo, run_dir, "--target_hours", str(target_s / 3600), "--benchmark_samples", "8",
-                                *flags), clock=clock_for(fake))
+    code = train_vits.main(
+        args(prepared_demo, run_dir, "--target_hours", str(target_s / 3600), "--benchmark_samples", "8", *flags),
+        clock=clock_for(fake),
+    )
     assert code == 0
     end = metrics(run_dir, "end")[0]
     assert end["stop_reason"] == "deadline" and end["time_used_s"] <= target_s, (target_s, end)
@@ -269,8 +324,18 @@ def test_the_micro_batch_deadline_cuts_the_last_window_short(prepared_demo, tmp_
     cut_short = []
     for target_s in (64.0, 67.0, 70.0):  # 3 s apart: a window's 12 s leave different remainders
         run_dir = tmp_path / str(int(target_s))
-        end = deadline_run(prepared_demo, run_dir, fake, target_s, "--max_samples", "12",
-                           "--gradient_accumulation_steps", "4", "--batch_size", "2")
+        end = deadline_run(
+            prepared_demo,
+            run_dir,
+            fake,
+            target_s,
+            "--max_samples",
+            "12",
+            "--gradient_accumulation_steps",
+            "4",
+            "--batch_size",
+            "2",
+        )
         assert end["last_lr"] == pytest.approx(2e-3 * 0.1)
         last = metrics(run_dir, "train")[-1]
         assert last["step"] == end["steps"]
@@ -288,8 +353,18 @@ def test_a_coarse_last_step_is_cut_to_the_clips_that_fit(prepared_demo, tmp_path
     cut = []
     for target_s in (75.0, 81.0):  # 6 s apart: different remainders of a 16 s step
         run_dir = tmp_path / str(int(target_s))
-        end = deadline_run(prepared_demo, run_dir, fake, target_s, "--max_samples", "16",
-                           "--gradient_accumulation_steps", "1", "--batch_size", "8")
+        end = deadline_run(
+            prepared_demo,
+            run_dir,
+            fake,
+            target_s,
+            "--max_samples",
+            "16",
+            "--gradient_accumulation_steps",
+            "1",
+            "--batch_size",
+            "8",
+        )
         line = next((l for l in log_of(run_dir).splitlines() if "its last micro-batch cut to" in l), "")
         if line:
             cut.append(target_s)
@@ -299,8 +374,9 @@ def test_a_coarse_last_step_is_cut_to_the_clips_that_fit(prepared_demo, tmp_path
     assert cut, "no budget cut the last micro-batch"
 
 
-def test_a_better_score_outside_the_timing_rule_is_never_written_as_best(prepared_demo, tmp_path, timed_work,
-                                                                          monkeypatch):
+def test_a_better_score_outside_the_timing_rule_is_never_written_as_best(
+    prepared_demo, tmp_path, timed_work, monkeypatch
+):
     scripted = iter([(7.0, 1.0), (2.0, 1.6), (6.0, 1.1), (1.0, 0.5), (5.0, 0.9), (9.0, 1.0), (9.0, 1.0), (9.0, 1.0)])
     real_score = evaluation.Evaluator.score_clips
 
@@ -311,8 +387,24 @@ def test_a_better_score_outside_the_timing_rule_is_never_written_as_best(prepare
 
     monkeypatch.setattr(evaluation.Evaluator, "score_clips", scores)
     fake, _ = timed_work
-    assert train_vits.main(args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "4", "--val_every", "2",
-                                "--max_samples", "12"), clock=clock_for(fake)) == 0
+    assert (
+        train_vits.main(
+            args(
+                prepared_demo,
+                tmp_path,
+                "--target_hours",
+                "1",
+                "--max_epochs",
+                "4",
+                "--val_every",
+                "2",
+                "--max_samples",
+                "12",
+            ),
+            clock=clock_for(fake),
+        )
+        == 0
+    )
     evals = metrics(tmp_path, "eval")
     assert [r["best"] for r in evals[:5]] == [True, False, True, False, True]
     assert "length ratio 1.60 is outside 0.80-1.25" in evals[1]["ineligible_reason"]
@@ -343,9 +435,25 @@ def warm_up_args(prepared_demo, run_dir, pretrained, *extra) -> list[str]:
 
 def test_the_warm_up_ends_by_margin(prepared_demo, tmp_path, timed_work, pretrained):
     fake, _ = timed_work
-    assert train_vits.main(warm_up_args(prepared_demo, tmp_path, pretrained, "--target_hours", "1", "--max_epochs", "1",
-                                        "--discriminator_warmup_steps", "100", "--discriminator_warmup_margin", "-100"),
-                           clock=clock_for(fake)) == 0
+    assert (
+        train_vits.main(
+            warm_up_args(
+                prepared_demo,
+                tmp_path,
+                pretrained,
+                "--target_hours",
+                "1",
+                "--max_epochs",
+                "1",
+                "--discriminator_warmup_steps",
+                "100",
+                "--discriminator_warmup_margin",
+                "-100",
+            ),
+            clock=clock_for(fake),
+        )
+        == 0
+    )
     record = metrics(tmp_path, "discriminator_warmup")[0]
     assert record["ended_by"] == "separating real from generated" and record["steps"] == 20  # the margin's window
 
@@ -355,23 +463,50 @@ def test_the_warm_up_ends_by_its_time_cap(prepared_demo, tmp_path, timed_work, p
     5 steps of 3 s (checkpoints at epoch ends apart)."""
     fake, _ = timed_work
     target_s = 80.0
-    assert train_vits.main(warm_up_args(prepared_demo, tmp_path, pretrained, "--target_hours", str(target_s / 3600),
-                                        "--discriminator_warmup_steps", "1000", "--discriminator_warmup_margin", "0.99",
-                                        "--max_epochs", "3"), clock=clock_for(fake)) == 0
+    assert (
+        train_vits.main(
+            warm_up_args(
+                prepared_demo,
+                tmp_path,
+                pretrained,
+                "--target_hours",
+                str(target_s / 3600),
+                "--discriminator_warmup_steps",
+                "1000",
+                "--discriminator_warmup_margin",
+                "0.99",
+                "--max_epochs",
+                "3",
+            ),
+            clock=clock_for(fake),
+        )
+        == 0
+    )
     record = metrics(tmp_path, "discriminator_warmup")[0]
     assert record["ended_by"].startswith("the budget") and 3 <= record["steps"] <= 5
     assert metrics(tmp_path, "end")[0]["time_used_s"] <= target_s
 
 
-def test_the_warm_up_writes_checkpoints_and_a_resume_continues_it_where_it_was(prepared_demo, tmp_path, timed_work,
-                                                                                pretrained, monkeypatch):
+def test_the_warm_up_writes_checkpoints_and_a_resume_continues_it_where_it_was(
+    prepared_demo, tmp_path, timed_work, pretrained, monkeypatch
+):
     """--checkpoint_every_minutes 0.1 (6 s: every 2 warm-up steps of 3 s, besides those at epoch ends,
     every 3 steps). Killed as warm-up step 6 of 6 starts (simulated: nothing more is written), the run has
     a periodic checkpoint from inside the warm-up; the resume continues the warm-up there and trains on
     to the same losses as a run never stopped."""
     fake, _ = timed_work
-    common = ["--target_hours", "1", "--max_epochs", "3", "--discriminator_warmup_steps", "6",
-              "--discriminator_warmup_margin", "0.99", "--checkpoint_every_minutes", "0.1"]
+    common = [
+        "--target_hours",
+        "1",
+        "--max_epochs",
+        "3",
+        "--discriminator_warmup_steps",
+        "6",
+        "--discriminator_warmup_margin",
+        "0.99",
+        "--checkpoint_every_minutes",
+        "0.1",
+    ]
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     assert train_vits.main(warm_up_args(prepared_demo, whole, pretrained, *common), clock=clock_for(fake)) == 0
 
@@ -409,8 +544,9 @@ def test_the_warm_up_writes_checkpoints_and_a_resume_continues_it_where_it_was(p
             assert got[number][name] == pytest.approx(value, rel=1e-5, abs=1e-7), (number, name)
 
 
-def test_a_failed_warm_up_update_goes_back_to_the_last_good_state(prepared_demo, tmp_path, timed_work, pretrained,
-                                                                  monkeypatch):
+def test_a_failed_warm_up_update_goes_back_to_the_last_good_state(
+    prepared_demo, tmp_path, timed_work, pretrained, monkeypatch
+):
     fake, _ = timed_work
     real = step.TrainStep._step_optimizers
     calls = {"n": 0}
@@ -423,18 +559,37 @@ def test_a_failed_warm_up_update_goes_back_to_the_last_good_state(prepared_demo,
         return real(self, losses, generator)
 
     monkeypatch.setattr(step.TrainStep, "_step_optimizers", out_of_memory_on_the_third)
-    assert train_vits.main(warm_up_args(prepared_demo, tmp_path, pretrained, "--target_hours", "1", "--max_epochs", "1",
-                                        "--discriminator_warmup_steps", "6", "--discriminator_warmup_margin", "0.99"),
-                           clock=clock_for(fake)) == 0
+    assert (
+        train_vits.main(
+            warm_up_args(
+                prepared_demo,
+                tmp_path,
+                pretrained,
+                "--target_hours",
+                "1",
+                "--max_epochs",
+                "1",
+                "--discriminator_warmup_steps",
+                "6",
+                "--discriminator_warmup_margin",
+                "0.99",
+            ),
+            clock=clock_for(fake),
+        )
+        == 0
+    )
     log = log_of(tmp_path)
-    assert ("out of memory inside the optimizer update (the weights may be partly updated) at discriminator warm-up "
-            "step 3: went back to the weights the run started with") in log
+    assert (
+        "out of memory inside the optimizer update (the weights may be partly updated) at discriminator warm-up "
+        "step 3: went back to the weights the run started with"
+    ) in log
     rollback = metrics(tmp_path, "rollback")[0]
     assert rollback["at"] == "discriminator warm-up step 3" and metrics(tmp_path, "end")[0]["rollbacks"] == 1
 
 
-def test_after_the_warm_up_a_rollback_keeps_the_warmed_discriminator(prepared_demo, tmp_path, timed_work, pretrained,
-                                                                     monkeypatch):
+def test_after_the_warm_up_a_rollback_keeps_the_warmed_discriminator(
+    prepared_demo, tmp_path, timed_work, pretrained, monkeypatch
+):
     """The warm-up's end is a checkpoint: a NaN storm in the first training steps goes back to it (the
     warmed discriminator, the warm-up done), not to the random discriminator the run started with."""
     from finetune.training import loop as loop_module
@@ -443,9 +598,27 @@ def test_after_the_warm_up_a_rollback_keeps_the_warmed_discriminator(prepared_de
     monkeypatch.setattr(loop_module, "Divergence", lambda rollbacks=0: recovery.Divergence(policy, rollbacks))
     fake, _ = timed_work
     nan_losses_from(5, 7, monkeypatch)  # 4 warm-up micro-batches, then the first 3 training steps
-    assert train_vits.main(warm_up_args(prepared_demo, tmp_path, pretrained, "--target_hours", "1", "--max_epochs", "3",
-                                        "--discriminator_warmup_steps", "4", "--discriminator_warmup_margin", "0.99",
-                                        "--keep_checkpoints", "10"), clock=clock_for(fake)) == 0
+    assert (
+        train_vits.main(
+            warm_up_args(
+                prepared_demo,
+                tmp_path,
+                pretrained,
+                "--target_hours",
+                "1",
+                "--max_epochs",
+                "3",
+                "--discriminator_warmup_steps",
+                "4",
+                "--discriminator_warmup_margin",
+                "0.99",
+                "--keep_checkpoints",
+                "10",
+            ),
+            clock=clock_for(fake),
+        )
+        == 0
+    )
     rollback = metrics(tmp_path, "rollback")[0]
     assert rollback["step"] == 3 and rollback["to"].startswith("checkpoint ")
     went_back_to = load_checkpoint(tmp_path / "checkpoints" / rollback["to"].split()[1])
@@ -456,8 +629,9 @@ def test_after_the_warm_up_a_rollback_keeps_the_warmed_discriminator(prepared_de
 # ---------------------------------------------------------------- stop requests while building and synthesising
 
 
-def test_sigterm_while_the_model_is_built_stops_before_loading_the_data(prepared_demo, tmp_path, timed_work,
-                                                                         monkeypatch, capsys):
+def test_sigterm_while_the_model_is_built_stops_before_loading_the_data(
+    prepared_demo, tmp_path, timed_work, monkeypatch, capsys
+):
     fake, _ = timed_work
     loads = {"n": 0}
     real_load = corpus.load_example
@@ -487,8 +661,13 @@ def test_sigterm_during_test_sentences_stops_between_two(prepared_demo, tmp_path
     monkeypatch.setattr(evaluation, "speak", sigterm_on_call(3, speak))  # clips 1-2 (--val_samples 2), sentence 1
     sentences = tmp_path / "sentences.txt"
     sentences.write_text("ez baş im\ntu çawa yî\n", encoding="utf-8")
-    assert train_vits.main(args(prepared_demo, tmp_path, "--target_hours", "1", "--test_sentences", str(sentences)),
-                           clock=clock_for(fake)) == 143
+    assert (
+        train_vits.main(
+            args(prepared_demo, tmp_path, "--target_hours", "1", "--test_sentences", str(sentences)),
+            clock=clock_for(fake),
+        )
+        == 143
+    )
     assert calls["n"] == 3
     written = list((tmp_path / "checkpoints" / "samples").glob("step_000000/*.wav"))
     assert [p.name for p in written] == ["sentence_01.wav"]
@@ -514,9 +693,22 @@ def test_weights_that_are_not_finite_are_never_written(prepared_demo, tmp_path, 
             with torch.no_grad():
                 next(loop.model.decoder.parameters()).fill_(float("nan"))
 
-    code = train_vits.main(args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "3",
-                                "--gradient_accumulation_steps", "2", "--val_every", "3"),
-                           clock=clock_for(fake), step_callback=poison_at_4)
+    code = train_vits.main(
+        args(
+            prepared_demo,
+            tmp_path,
+            "--target_hours",
+            "1",
+            "--max_epochs",
+            "3",
+            "--gradient_accumulation_steps",
+            "2",
+            "--val_every",
+            "3",
+        ),
+        clock=clock_for(fake),
+        step_callback=poison_at_4,
+    )
     assert code == 0
     assert "the weights are not finite numbers" in log_of(tmp_path)
     for path in list_checkpoints(tmp_path / "checkpoints"):

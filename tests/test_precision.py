@@ -23,9 +23,19 @@ from finetune.vits.discriminator import Discriminator, DiscriminatorConfig
 from finetune.vits.losses import LossWeights
 from tests.conftest import demo_batch, tiny_generator
 
-MICRO = dict(hidden_size=16, ffn_dim=32, flow_size=8, num_hidden_layers=1, upsample_initial_channel=16,
-             posterior_encoder_num_wavenet_layers=1, prior_encoder_num_wavenet_layers=1, prior_encoder_num_flows=1,
-             duration_predictor_filter_channels=16, duration_predictor_num_flows=1, depth_separable_num_layers=1)
+MICRO = dict(
+    hidden_size=16,
+    ffn_dim=32,
+    flow_size=8,
+    num_hidden_layers=1,
+    upsample_initial_channel=16,
+    posterior_encoder_num_wavenet_layers=1,
+    prior_encoder_num_wavenet_layers=1,
+    prior_encoder_num_flows=1,
+    duration_predictor_filter_channels=16,
+    duration_predictor_num_flows=1,
+    depth_separable_num_layers=1,
+)
 FP32, FP16, BF16 = Precision("fp32", None), Precision("fp16", torch.float16), Precision("bf16", torch.bfloat16)
 CPU = torch.device("cpu")
 FRAMES = 24  # 0.38 s at hop 256
@@ -38,14 +48,19 @@ def micro_setup(data_dir, precision: Precision, lr: float = 2e-3, weights: LossW
     keep = min(8, int(batch.text_lengths.min()))  # a few tokens of each text over the first FRAMES frames
     batch.input_ids, batch.attention_mask = batch.input_ids[:, :keep], batch.attention_mask[:, :keep]
     batch.text_lengths = torch.full_like(batch.text_lengths, keep)
-    batch.audio, batch.frame_lengths = batch.audio[:, :FRAMES * 256], torch.full_like(batch.frame_lengths, FRAMES)
+    batch.audio, batch.frame_lengths = batch.audio[:, : FRAMES * 256], torch.full_like(batch.frame_lengths, FRAMES)
     batch.linear = batch.mel = None
     step = make_step(loaded.model.train(), precision, lr, weights)
     return loaded.model, step, batch
 
 
-def make_step(model, precision: Precision, lr: float = 2e-3, weights: LossWeights = LossWeights(),
-              discriminator: Discriminator | None = None) -> TrainStep:
+def make_step(
+    model,
+    precision: Precision,
+    lr: float = 2e-3,
+    weights: LossWeights = LossWeights(),
+    discriminator: Discriminator | None = None,
+) -> TrainStep:
     torch.manual_seed(0)
     discriminator = discriminator or Discriminator(DiscriminatorConfig(width=0.03125, periods=(2,)))
     settings = StepSettings(learning_rate=lr, discriminator_learning_rate=lr, segment_frames=4)
@@ -90,6 +105,7 @@ class HalfArithmetic(TorchDispatchMode):
                 return function(*args, **kwargs)
             finally:
                 self.islands.pop()
+
         return marked
 
     def mark_module(self, name: str, module: torch.nn.Module) -> None:
@@ -97,11 +113,17 @@ class HalfArithmetic(TorchDispatchMode):
         module.register_forward_hook(lambda *_: self.islands.pop() and None)
 
 
-ISLAND_FUNCTIONS = [(losses_module, n) for n in ("kl_loss", "mel_loss", "generator_adversarial_loss",
-                                                 "feature_matching_loss")]
-ISLAND_FUNCTIONS += [(step_module, "discriminator_loss"), (objective_module, "stochastic_duration_nll"),
-                     (objective_module, "prior_log_likelihood"), (objective_module, "maximum_path"),
-                     (features_module, "linear_spectrogram"), (features_module, "log_mel_from_linear")]
+ISLAND_FUNCTIONS = [
+    (losses_module, n) for n in ("kl_loss", "mel_loss", "generator_adversarial_loss", "feature_matching_loss")
+]
+ISLAND_FUNCTIONS += [
+    (step_module, "discriminator_loss"),
+    (objective_module, "stochastic_duration_nll"),
+    (objective_module, "prior_log_likelihood"),
+    (objective_module, "maximum_path"),
+    (features_module, "linear_spectrogram"),
+    (features_module, "log_mel_from_linear"),
+]
 
 
 @pytest.mark.parametrize("precision", [FP16, BF16], ids=["fp16", "bf16"])
@@ -179,8 +201,11 @@ def test_the_scaler_skips_a_step_whose_gradients_overflow_and_recovers(prepared_
     fp16_run(step, batch, 3)
     assert step.scaler_g.get_scale() == 2.0**5 and step.overflow_skips == 1
     assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items() if v.is_floating_point())
-    assert step.scaler_figures() == {"loss_scale_generator": 2.0**5, "loss_scale_discriminator": 2.0**10,
-                                     "fp16_overflow_skips": 1}
+    assert step.scaler_figures() == {
+        "loss_scale_generator": 2.0**5,
+        "loss_scale_discriminator": 2.0**10,
+        "fp16_overflow_skips": 1,
+    }
 
 
 # ---------------------------------------------------------------- out of memory inside an fp16 update

@@ -40,8 +40,9 @@ def sigterm_on_call(n: int, real):
 
 def resume(run_dir, fake, *extra) -> int:
     fake.t = 0.0
-    return train_vits.main(["--checkpoint_dir", str(run_dir / "checkpoints"), "--resume", "auto", *extra],
-                           clock=clock_for(fake))
+    return train_vits.main(
+        ["--checkpoint_dir", str(run_dir / "checkpoints"), "--resume", "auto", *extra], clock=clock_for(fake)
+    )
 
 
 def final_model_is_finite(run_dir) -> bool:
@@ -71,8 +72,9 @@ def assert_same_losses(expected: dict, got: dict) -> None:
 # ---------------------------------------------------------------- a stop request in each phase
 
 
-def test_sigterm_while_loading_stops_before_training_with_nothing_written(prepared_demo, tmp_path, timed_work,
-                                                                          monkeypatch, capsys):
+def test_sigterm_while_loading_stops_before_training_with_nothing_written(
+    prepared_demo, tmp_path, timed_work, monkeypatch, capsys
+):
     fake, _ = timed_work
     monkeypatch.setattr(corpus, "load_example", sigterm_on_call(3, corpus.load_example))
     assert train_vits.main(args(prepared_demo, tmp_path, *COMMON), clock=clock_for(fake)) == 143
@@ -81,14 +83,16 @@ def test_sigterm_while_loading_stops_before_training_with_nothing_written(prepar
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handlers are given back
 
 
-def test_sigterm_in_the_baseline_evaluation_saves_the_starting_state(prepared_demo, tmp_path, timed_work, monkeypatch,
-                                                                     uninterrupted):
+def test_sigterm_in_the_baseline_evaluation_saves_the_starting_state(
+    prepared_demo, tmp_path, timed_work, monkeypatch, uninterrupted
+):
     fake, _ = timed_work
     real = evaluation.Evaluator.score_group
     monkeypatch.setattr(evaluation.Evaluator, "score_group", sigterm_on_call(1, real))
     assert train_vits.main(args(prepared_demo, tmp_path, *COMMON), clock=clock_for(fake)) == 143
-    saved = load_checkpoint(tmp_path / "checkpoints" / json.loads(
-        (tmp_path / "checkpoints" / "latest_checkpoint.json").read_text())["path"])
+    saved = load_checkpoint(
+        tmp_path / "checkpoints" / json.loads((tmp_path / "checkpoints" / "latest_checkpoint.json").read_text())["path"]
+    )
     assert saved["state"]["step"] == 0 and saved["plan"] is None
     monkeypatch.setattr(evaluation.Evaluator, "score_group", real)
     assert resume(tmp_path, fake) == 0
@@ -102,7 +106,9 @@ def test_sigterm_in_the_benchmark_and_between_evaluation_clips(prepared_demo, tm
         if loop.state.step == 1:
             os.kill(os.getpid(), signal.SIGTERM)
 
-    assert train_vits.main(args(prepared_demo, tmp_path, *COMMON), clock=clock_for(fake), step_callback=at_step_1) == 143
+    assert (
+        train_vits.main(args(prepared_demo, tmp_path, *COMMON), clock=clock_for(fake), step_callback=at_step_1) == 143
+    )
     assert json.loads((tmp_path / "checkpoints" / "latest_checkpoint.json").read_text())["step"] == 1
 
     # Resumed: the baseline again (2 clips: no plan was made yet), the benchmark's steps 2-4, the plan; then
@@ -123,8 +129,9 @@ def test_sigterm_in_the_benchmark_and_between_evaluation_clips(prepared_demo, tm
     assert_same_losses(uninterrupted, losses_by_step(tmp_path))
 
 
-def test_sigterm_mid_window_keeps_the_last_completed_step_and_resumes_identically(prepared_demo, tmp_path, timed_work,
-                                                                                  monkeypatch, uninterrupted):
+def test_sigterm_mid_window_keeps_the_last_completed_step_and_resumes_identically(
+    prepared_demo, tmp_path, timed_work, monkeypatch, uninterrupted
+):
     fake, costs = timed_work
     timed = step.TrainStep.accumulate  # the fake-clock version timed_work installed
     # 5 batches an epoch in windows of 2, 2, 1: micro-batches 1-2 are step 1, 3-4 step 2, 5 step 3, 6-7 step 4.
@@ -142,8 +149,9 @@ def test_sigterm_mid_window_keeps_the_last_completed_step_and_resumes_identicall
 def test_a_second_signal_exits_at_once(prepared_demo, tmp_path):
     """The first SIGTERM asks for a checkpoint, which here hangs (injected); the second ends the process
     there and then, with the same status."""
-    process = launch.launch("train_vits", args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "50"),
-                            faults="slow-stop")
+    process = launch.launch(
+        "train_vits", args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "50"), faults="slow-stop"
+    )
     try:
         wait_for_training(process, tmp_path)
         process.send_signal(signal.SIGTERM)
@@ -177,8 +185,9 @@ def test_killed_while_writing_a_checkpoint_the_previous_one_resumes(prepared_dem
 
 
 @pytest.mark.timeout(400)  # the real script in a process of its own
-def test_killed_between_the_renames_of_a_best_model_export_the_previous_one_comes_back(prepared_demo, tmp_path,
-                                                                                       timed_work):
+def test_killed_between_the_renames_of_a_best_model_export_the_previous_one_comes_back(
+    prepared_demo, tmp_path, timed_work
+):
     fake, _ = timed_work
     # Every evaluation scores better than the last, so each exports best_model: the baseline's is the
     # first export, step 6's the second, killed after the old folder was set aside and before the new one
@@ -194,8 +203,13 @@ def test_killed_between_the_renames_of_a_best_model_export_the_previous_one_come
 
 def test_an_unreadable_newest_checkpoint_is_skipped_with_a_warning(prepared_demo, tmp_path, timed_work):
     fake, _ = timed_work
-    assert train_vits.main(args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "2",
-                                "--keep_checkpoints", "5"), clock=clock_for(fake)) == 0
+    assert (
+        train_vits.main(
+            args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "2", "--keep_checkpoints", "5"),
+            clock=clock_for(fake),
+        )
+        == 0
+    )
     run = tmp_path / "checkpoints"
     newest = run / json.loads((run / "latest_checkpoint.json").read_text())["path"]
     newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])  # truncated, as by a crash
@@ -231,8 +245,9 @@ def nan_losses_from(first_call: int, last_call: int, monkeypatch):
     monkeypatch.setattr(step.TrainStep, "accumulate", accumulate)
 
 
-def test_a_nan_storm_goes_back_to_the_last_good_state_at_a_lower_learning_rate(prepared_demo, tmp_path, timed_work,
-                                                                                monkeypatch, quick_divergence):
+def test_a_nan_storm_goes_back_to_the_last_good_state_at_a_lower_learning_rate(
+    prepared_demo, tmp_path, timed_work, monkeypatch, quick_divergence
+):
     fake, _ = timed_work
     nan_losses_from(8, 12, monkeypatch)  # micro-batches of steps 5, 6 and 7 (windows of 2, 2, 1)
     assert train_vits.main(args(prepared_demo, tmp_path, *COMMON), clock=clock_for(fake)) == 0
@@ -244,14 +259,33 @@ def test_a_nan_storm_goes_back_to_the_last_good_state_at_a_lower_learning_rate(p
     assert final_model_is_finite(tmp_path)
 
 
-def test_a_nan_storm_that_persists_stops_with_the_last_good_weights(prepared_demo, tmp_path, timed_work, monkeypatch,
-                                                                    quick_divergence):
+def test_a_nan_storm_that_persists_stops_with_the_last_good_weights(
+    prepared_demo, tmp_path, timed_work, monkeypatch, quick_divergence
+):
     fake, _ = timed_work
     nan_losses_from(8, 10**6, monkeypatch)
-    assert train_vits.main(args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "6",
-                                "--gradient_accumulation_steps", "2", "--val_every", "3"), clock=clock_for(fake)) == 1
-    assert "training keeps failing (non-finite loss) after going back 2 times" in (
-        tmp_path / "checkpoints" / "train.log").read_text()
+    assert (
+        train_vits.main(
+            args(
+                prepared_demo,
+                tmp_path,
+                "--target_hours",
+                "1",
+                "--max_epochs",
+                "6",
+                "--gradient_accumulation_steps",
+                "2",
+                "--val_every",
+                "3",
+            ),
+            clock=clock_for(fake),
+        )
+        == 1
+    )
+    assert (
+        "training keeps failing (non-finite loss) after going back 2 times"
+        in (tmp_path / "checkpoints" / "train.log").read_text()
+    )
     assert metrics(tmp_path, "end")[0]["stop_reason"] == "diverged"
     assert final_model_is_finite(tmp_path)
 
@@ -264,8 +298,11 @@ def improving_scores(monkeypatch) -> None:
     def improving(self, model, stop=None, limit=None):
         per_clip, losses, cut = real_score(self, model, stop, limit)
         value = float(next(scores))
-        return ({name: evaluation.ClipScore(value * (1 + 0.01 * i), 1.0, 0.0, False) for i, name in enumerate(per_clip)},
-                losses, cut)
+        return (
+            {name: evaluation.ClipScore(value * (1 + 0.01 * i), 1.0, 0.0, False) for i, name in enumerate(per_clip)},
+            losses,
+            cut,
+        )
 
     monkeypatch.setattr(evaluation.Evaluator, "score_clips", improving)
 
@@ -301,9 +338,9 @@ def update_runs_out_of_memory(monkeypatch):
     return install
 
 
-def test_fp16_out_of_memory_inside_the_optimizer_update_goes_back_to_the_last_good_state(prepared_demo, tmp_path,
-                                                                                         timed_work,
-                                                                                         update_runs_out_of_memory):
+def test_fp16_out_of_memory_inside_the_optimizer_update_goes_back_to_the_last_good_state(
+    prepared_demo, tmp_path, timed_work, update_runs_out_of_memory
+):
     """fp16, as the user's card runs: the gradient scalers' stages survive the failed update, the run goes
     back to its last checkpoint, refits the batch once and trains on to the end."""
     fake, _ = timed_work
@@ -311,15 +348,19 @@ def test_fp16_out_of_memory_inside_the_optimizer_update_goes_back_to_the_last_go
     assert train_vits.main(args(prepared_demo, tmp_path, *COMMON, "--fp16"), clock=clock_for(fake)) == 0
     assert calls["hooked"]["left"] == 0  # the error was raised, from inside AdamW's step
     log = (tmp_path / "checkpoints" / "train.log").read_text()
-    assert re.search(r"out of memory inside the optimizer update \(the weights may be partly updated\) at step \d+: "
-                     r"went back to checkpoint checkpoint_epoch_\d+\.pt \(step \d+\)", log), log[-2000:]
+    assert re.search(
+        r"out of memory inside the optimizer update \(the weights may be partly updated\) at step \d+: "
+        r"went back to checkpoint checkpoint_epoch_\d+\.pt \(step \d+\)",
+        log,
+    ), log[-2000:]
     end = metrics(tmp_path, "end")[0]
     assert end["rollbacks"] == 1 and end["stop_reason"] == "max_epochs" and end["precision"] == "fp16"
     assert final_model_is_finite(tmp_path)
 
 
-def test_out_of_memory_while_going_back_stops_and_publishes_the_best_model(prepared_demo, tmp_path, timed_work,
-                                                                           update_runs_out_of_memory, monkeypatch):
+def test_out_of_memory_while_going_back_stops_and_publishes_the_best_model(
+    prepared_demo, tmp_path, timed_work, update_runs_out_of_memory, monkeypatch
+):
     """The card that ran out of memory in the update runs out again while the saved optimizer state is put
     back: the run stops (no traceback, no hang), says so, and the app's folder still gets best_model."""
     fake, _ = timed_work
@@ -342,8 +383,9 @@ def test_out_of_memory_while_going_back_stops_and_publishes_the_best_model(prepa
     assert best["step"] > 0 and summary["final_model_holds"] == f"best_model (step {best['step']})"
 
 
-def test_out_of_memory_in_the_first_update_stops_with_what_to_do(prepared_demo, tmp_path, timed_work,
-                                                                 update_runs_out_of_memory):
+def test_out_of_memory_in_the_first_update_stops_with_what_to_do(
+    prepared_demo, tmp_path, timed_work, update_runs_out_of_memory
+):
     fake, _ = timed_work
     update_runs_out_of_memory(1)
     assert train_vits.main(args(prepared_demo, tmp_path, *COMMON), clock=clock_for(fake)) == 1
@@ -351,8 +393,9 @@ def test_out_of_memory_in_the_first_update_stops_with_what_to_do(prepared_demo, 
     assert not (tmp_path / "final_model").exists()  # nothing trained: nothing published
 
 
-def test_a_resume_after_an_evaluation_ran_out_of_memory_starts_at_the_size_that_fit(prepared_demo, tmp_path,
-                                                                                   timed_work, monkeypatch):
+def test_a_resume_after_an_evaluation_ran_out_of_memory_starts_at_the_size_that_fit(
+    prepared_demo, tmp_path, timed_work, monkeypatch
+):
     """Evaluations synthesise 4 held-out clips at once (as on a GPU; forced here), and 3 do not fit where a GPU
     would fail, in the decoder. The first evaluation halves to 2 and the checkpoint keeps it: the resumed
     process primes and evaluates at 2, with no error, rather than failing the same way at every resume."""
@@ -379,8 +422,12 @@ def test_a_resume_after_an_evaluation_ran_out_of_memory_starts_at_the_size_that_
         if loop.state.step == 4:
             loop.stop.request("SIGTERM")
 
-    assert train_vits.main(args(prepared_demo, tmp_path, *COMMON, "--val_samples", "4"), clock=clock_for(fake),
-                           step_callback=stop_at_4) == 143
+    assert (
+        train_vits.main(
+            args(prepared_demo, tmp_path, *COMMON, "--val_samples", "4"), clock=clock_for(fake), step_callback=stop_at_4
+        )
+        == 143
+    )
     assert raised["n"] == 1
     run = tmp_path / "checkpoints"
     latest = load_checkpoint(run / json.loads((run / "latest_checkpoint.json").read_text())["path"])
@@ -392,8 +439,9 @@ def test_a_resume_after_an_evaluation_ran_out_of_memory_starts_at_the_size_that_
     assert all(e["clips_scored"] == 4 for e in metrics(tmp_path, "eval"))
 
 
-def test_sigterm_in_the_final_evaluation_still_publishes_the_best_model(prepared_demo, tmp_path, timed_work,
-                                                                        monkeypatch):
+def test_sigterm_in_the_final_evaluation_still_publishes_the_best_model(
+    prepared_demo, tmp_path, timed_work, monkeypatch
+):
     """A real SIGTERM while the final evaluation scores its first clip: the budget is spent (a resume would be
     refused), so the stop still copies best_model into the output folder before its checkpoint."""
     from finetune.training.loop import TrainingLoop

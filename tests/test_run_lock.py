@@ -13,13 +13,16 @@ import pytest
 from finetune.system.run_lock import LOCK_NAME, FolderBusy, RunLock
 from tests.conftest import REPO
 
-HOLD = ("import time; from finetune.system.run_lock import RunLock; "
-        "RunLock({folder!r}).acquire(); print('held', flush=True); time.sleep(600)")
+HOLD = (
+    "import time; from finetune.system.run_lock import RunLock; "
+    "RunLock({folder!r}).acquire(); print('held', flush=True); time.sleep(600)"
+)
 
 
 def start_holder(folder) -> subprocess.Popen:
-    holder = subprocess.Popen([sys.executable, "-c", HOLD.format(folder=str(folder))],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD.format(folder=str(folder))], stdout=subprocess.PIPE, text=True
+    )
     assert holder.stdout.readline().strip() == "held"
     return holder
 
@@ -28,9 +31,23 @@ def test_a_second_run_in_a_held_folder_is_refused_naming_the_holder(prepared_dem
     run = tmp_path / "checkpoints"
     holder = start_holder(run)
     try:
-        second = subprocess.run([sys.executable, str(REPO / "train_vits.py"), "--data_dir", str(prepared_demo),
-                                 "--checkpoint_dir", str(run), "--resume", "auto", "--model_name", "scratch:tiny"],
-                                capture_output=True, text=True, timeout=300)
+        second = subprocess.run(
+            [
+                sys.executable,
+                str(REPO / "train_vits.py"),
+                "--data_dir",
+                str(prepared_demo),
+                "--checkpoint_dir",
+                str(run),
+                "--resume",
+                "auto",
+                "--model_name",
+                "scratch:tiny",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
         holder.kill()
         holder.wait()
@@ -65,21 +82,38 @@ def test_only_the_main_process_of_a_data_parallel_run_takes_the_lock(tmp_path):
     lock.release()
 
 
-HOLD_OUTPUT = ("import time; from finetune.system.run_lock import output_lock; "
-               "output_lock({folder!r}).acquire(); print('held', flush=True); time.sleep(600)")
+HOLD_OUTPUT = (
+    "import time; from finetune.system.run_lock import output_lock; "
+    "output_lock({folder!r}).acquire(); print('held', flush=True); time.sleep(600)"
+)
 
 
 def test_a_second_run_publishing_into_a_held_output_folder_is_refused(prepared_demo, tmp_path):
     """Its own --checkpoint_dir, but the first run's --output_dir: it would tidy (and publish into) the folder
     the first one swaps. Refused before it trains, naming the holder and the flag."""
     output = tmp_path / "final_model"
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_OUTPUT.format(folder=str(output))],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_OUTPUT.format(folder=str(output))], stdout=subprocess.PIPE, text=True
+    )
     assert holder.stdout.readline().strip() == "held"
     try:
-        second = subprocess.run([sys.executable, str(REPO / "train_vits.py"), "--data_dir", str(prepared_demo),
-                                 "--checkpoint_dir", str(tmp_path / "second"), "--output_dir", str(output),
-                                 "--model_name", "scratch:tiny"], capture_output=True, text=True, timeout=300)
+        second = subprocess.run(
+            [
+                sys.executable,
+                str(REPO / "train_vits.py"),
+                "--data_dir",
+                str(prepared_demo),
+                "--checkpoint_dir",
+                str(tmp_path / "second"),
+                "--output_dir",
+                str(output),
+                "--model_name",
+                "scratch:tiny",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
         holder.kill()
         holder.wait()

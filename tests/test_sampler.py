@@ -21,7 +21,7 @@ def test_bucketing_pads_far_less_than_random_batches():
     lens = lengths()
     bucketed = bucketed_batches(lens, 8, seed=1, epoch=0)
     order = np.random.default_rng(1).permutation(len(lens))
-    random_batches = [order[i:i + 8].tolist() for i in range(0, len(lens), 8)]
+    random_batches = [order[i : i + 8].tolist() for i in range(0, len(lens), 8)]
     assert padding_fraction(bucketed, lens) < 0.1 < padding_fraction(random_batches, lens)
 
 

@@ -50,8 +50,21 @@ def common_voice_folder(root):
 def crowd(tmp_path_factory):
     root = tmp_path_factory.mktemp("crowd")
     common_voice_folder(root / "cv")
-    assert prepare_data.main(["--dataset", str(root / "cv" / "validated.tsv"), "--data_dir", str(root / "data"),
-                              "--model_name", "scratch:tiny", "--num_workers", "1"]) == 0
+    assert (
+        prepare_data.main(
+            [
+                "--dataset",
+                str(root / "cv" / "validated.tsv"),
+                "--data_dir",
+                str(root / "data"),
+                "--model_name",
+                "scratch:tiny",
+                "--num_workers",
+                "1",
+            ]
+        )
+        == 0
+    )
     return root / "data"
 
 
@@ -111,20 +124,51 @@ def test_quality_flags_drop_noisy_clipped_and_silent_clips(tmp_path):
     clean = [voiced(150, 1.2, rate, rng) for _ in range(3)]
     noisy = voiced(150, 1.2, rate, rng, noise=0.3)
     clipped = np.clip(voiced(150, 1.2, rate, rng) * 8, -1, 1)
-    quiet = np.concatenate([voiced(150, 0.3, rate, rng), np.zeros(int(2.0 * rate), np.float32) + 1e-4 *
-                            rng.standard_normal(int(2.0 * rate)).astype(np.float32), voiced(150, 0.3, rate, rng)])
+    quiet = np.concatenate(
+        [
+            voiced(150, 0.3, rate, rng),
+            np.zeros(int(2.0 * rate), np.float32) + 1e-4 * rng.standard_normal(int(2.0 * rate)).astype(np.float32),
+            voiced(150, 0.3, rate, rng),
+        ]
+    )
     folder = tmp_path / "corpus"
     (folder / "wavs").mkdir(parents=True)
     lines = []
-    for name, audio in [("c0", clean[0]), ("c1", clean[1]), ("c2", clean[2]), ("noisy", noisy), ("clipped", clipped),
-                        ("quiet", quiet)]:
+    for name, audio in [
+        ("c0", clean[0]),
+        ("c1", clean[1]),
+        ("c2", clean[2]),
+        ("noisy", noisy),
+        ("clipped", clipped),
+        ("quiet", quiet),
+    ]:
         sf.write(folder / "wavs" / f"{name}.wav", audio, rate)
         lines.append(f"{name}|ez baş im û tu")
     (folder / "metadata.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / "out"
-    assert prepare_data.main(["--input_dir", str(folder), "--data_dir", str(out), "--model_name", "scratch:tiny",
-                              "--num_workers", "1", "--trim_db", "80", "--min_snr_db", "15", "--max_clipping",
-                              "0.01", "--max_silence", "0.5"]) == 0
+    assert (
+        prepare_data.main(
+            [
+                "--input_dir",
+                str(folder),
+                "--data_dir",
+                str(out),
+                "--model_name",
+                "scratch:tiny",
+                "--num_workers",
+                "1",
+                "--trim_db",
+                "80",
+                "--min_snr_db",
+                "15",
+                "--max_clipping",
+                "0.01",
+                "--max_silence",
+                "0.5",
+            ]
+        )
+        == 0
+    )
     report = json.loads((out / "prepare_report.json").read_text(encoding="utf-8"))
     dropped = {entry["id"]: entry["reason"] for entry in report["dropped"]}
     assert dropped == {"noisy": "noisy", "clipped": "clipped", "quiet": "mostly_silence"}, report["dropped"]
@@ -231,12 +275,17 @@ def test_one_speaker_folds_into_a_plain_model_that_speaks_as_it(voice, tmp_path)
 def test_a_conditioned_run_exports_the_target_alone_and_resumes(crowd, tmp_path, timed_work):
     fake, _ = timed_work
     run = tmp_path / "run"
-    argv = args(crowd, run, "--target_hours", "1", "--max_epochs", "1", "--val_samples", "4", "--target_speaker", "bbb222")
+    argv = args(
+        crowd, run, "--target_hours", "1", "--max_epochs", "1", "--val_samples", "4", "--target_speaker", "bbb222"
+    )
     assert train_vits.main(argv, clock=clock_for(fake)) == 0
     log = (run / "checkpoints" / "train.log").read_text()
     assert "speakers: 3 in the training data" in log and "exported: bbb222" in log
-    evaluations = [json.loads(line) for line in (run / "checkpoints" / "metrics.jsonl").read_text().splitlines()
-                   if '"kind": "eval"' in line]
+    evaluations = [
+        json.loads(line)
+        for line in (run / "checkpoints" / "metrics.jsonl").read_text().splitlines()
+        if '"kind": "eval"' in line
+    ]
     others = evaluations[-1]["others"]  # the crowd beside the target, in each one's own voice
     held_out = sum(1 for _, who, _ in read_rows(crowd / "metadata_val.csv") if who == "aaa111")
     assert "aaa111" in others and "bbb222" not in others and others["aaa111"]["clips"] == min(3, held_out) > 0
@@ -249,8 +298,13 @@ def test_a_conditioned_run_exports_the_target_alone_and_resumes(crowd, tmp_path,
     assert speakers["bbb222"] == 0 and set(speakers) == set(SPEAKERS)
     # A longer budget on the same run: resumed, the same speakers under the same ids.
     fake.t = 0.0
-    assert train_vits.main(["--checkpoint_dir", str(run / "checkpoints"), "--resume", "auto", "--max_epochs", "2"],
-                           clock=clock_for(fake)) == 0
+    assert (
+        train_vits.main(
+            ["--checkpoint_dir", str(run / "checkpoints"), "--resume", "auto", "--max_epochs", "2"],
+            clock=clock_for(fake),
+        )
+        == 0
+    )
     assert json.loads((run / "final_model" / MULTI_SPEAKER_DIR / "speakers.json").read_text())["speakers"] == speakers
 
 
@@ -258,9 +312,22 @@ def test_an_unknown_target_speaker_names_the_speakers(crowd, tmp_path):
     from finetune.system.errors import ConfigError
 
     with pytest.raises(ConfigError, match="--target_speaker nobody: not a speaker.*aaa111"):
-        train_vits.main(["--data_dir", str(crowd), "--model_name", "scratch:tiny", "--checkpoint_dir",
-                         str(tmp_path / "c"), "--output_dir", str(tmp_path / "o"), "--target_speaker", "nobody",
-                         "--report_to", "none"])
+        train_vits.main(
+            [
+                "--data_dir",
+                str(crowd),
+                "--model_name",
+                "scratch:tiny",
+                "--checkpoint_dir",
+                str(tmp_path / "c"),
+                "--output_dir",
+                str(tmp_path / "o"),
+                "--target_speaker",
+                "nobody",
+                "--report_to",
+                "none",
+            ]
+        )
 
 
 def test_a_feedback_round_keeps_the_corrections_apart_and_judges_the_target(crowd, tmp_path, timed_work):
@@ -272,8 +339,24 @@ def test_a_feedback_round_keeps_the_corrections_apart_and_judges_the_target(crow
 
     fake, _ = timed_work
     run = tmp_path / "run"
-    assert train_vits.main(args(crowd, run, "--target_hours", "1", "--max_epochs", "1", "--val_samples", "2",
-                                "--target_speaker", "bbb222"), clock=clock_for(fake)) == 0
+    assert (
+        train_vits.main(
+            args(
+                crowd,
+                run,
+                "--target_hours",
+                "1",
+                "--max_epochs",
+                "1",
+                "--val_samples",
+                "2",
+                "--target_speaker",
+                "bbb222",
+            ),
+            clock=clock_for(fake),
+        )
+        == 0
+    )
     others = [(i, text) for i, who, text in read_rows(crowd / "metadata.csv") if who == "aaa111"][:3]
     feedback = tmp_path / "feedback"
     (feedback / "wavs").mkdir(parents=True)
@@ -281,11 +364,33 @@ def test_a_feedback_round_keeps_the_corrections_apart_and_judges_the_target(crow
         shutil.copy(crowd / "wavs" / f"{item_id}.wav", feedback / "wavs" / f"{item_id}.wav")
     (feedback / "metadata.csv").write_text("".join(f"{i}|{t}\n" for i, t in others), encoding="utf-8")
     fake.t = 0.0
-    code = train_feedback.main(["--feedback_dir", str(feedback), "--base_model", str(run / "final_model"),
-                                "--data_dir", str(crowd), "--output_dir", str(tmp_path / "voices"), "--batch_size", "4",
-                                "--val_samples", "2", "--benchmark_samples", "4", "--max_epochs", "1",
-                                "--target_minutes", "60", "--max_length_ratio", "100", "--log_every_seconds", "60"],
-                               clock=clock_for(fake))
+    code = train_feedback.main(
+        [
+            "--feedback_dir",
+            str(feedback),
+            "--base_model",
+            str(run / "final_model"),
+            "--data_dir",
+            str(crowd),
+            "--output_dir",
+            str(tmp_path / "voices"),
+            "--batch_size",
+            "4",
+            "--val_samples",
+            "2",
+            "--benchmark_samples",
+            "4",
+            "--max_epochs",
+            "1",
+            "--target_minutes",
+            "60",
+            "--max_length_ratio",
+            "100",
+            "--log_every_seconds",
+            "60",
+        ],
+        clock=clock_for(fake),
+    )
     assert code == 0
     round_dir = tmp_path / "voices" / "rounds" / "round_001"
     report = json.loads((round_dir / "feedback_report.json").read_text())
@@ -297,12 +402,25 @@ def test_a_feedback_round_keeps_the_corrections_apart_and_judges_the_target(crow
     last = round_dir / "checkpoints" / "last_model"
     config = json.loads((last / "config.json").read_text())
     assert config["num_speakers"] == 1 and config["speaker"] == "bbb222"  # the voice alone, for the app
-    assert json.loads((last / MULTI_SPEAKER_DIR / "speakers.json").read_text())["speakers"] == {"bbb222": 0,
-                                                                                              "corrections": 1}
+    assert json.loads((last / MULTI_SPEAKER_DIR / "speakers.json").read_text())["speakers"] == {
+        "bbb222": 0,
+        "corrections": 1,
+    }
     # A corpus of several speakers with a base model exported for none of them: the flag that fixes it.
     from finetune.data.corrections import FeedbackError
 
     with pytest.raises(FeedbackError, match="--target_speaker nobody is not one of them: name the voice"):
-        train_feedback.main(["--feedback_dir", str(feedback), "--base_model", str(run / "final_model"),
-                             "--data_dir", str(crowd), "--output_dir", str(tmp_path / "v2"), "--target_speaker",
-                             "nobody"])
+        train_feedback.main(
+            [
+                "--feedback_dir",
+                str(feedback),
+                "--base_model",
+                str(run / "final_model"),
+                "--data_dir",
+                str(crowd),
+                "--output_dir",
+                str(tmp_path / "v2"),
+                "--target_speaker",
+                "nobody",
+            ]
+        )

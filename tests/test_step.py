@@ -22,8 +22,9 @@ FP32 = Precision("fp32", None)
 def make_step(model, lr=2e-3, seed=0) -> TrainStep:
     torch.manual_seed(seed)
     settings = StepSettings(learning_rate=lr, discriminator_learning_rate=lr)
-    return TrainStep(model, Discriminator(SMALL_D), Features(FeatureConfig()), LossWeights(), settings, FP32,
-                     torch.device("cpu"))
+    return TrainStep(
+        model, Discriminator(SMALL_D), Features(FeatureConfig()), LossWeights(), settings, FP32, torch.device("cpu")
+    )
 
 
 def test_discriminator_gradients_hold_nothing_from_the_generator_loss(prepared_demo):
@@ -78,7 +79,9 @@ def test_frozen_parts_do_not_change(prepared_demo):
     loaded = tiny_generator(prepared_demo)
     model = loaded.model.train()
     freeze(model, ["text_encoder", "decoder"])
-    frozen_before = copy.deepcopy({k: v for k, v in model.state_dict().items() if k.startswith(("text_encoder", "decoder"))})
+    frozen_before = copy.deepcopy(
+        {k: v for k, v in model.state_dict().items() if k.startswith(("text_encoder", "decoder"))}
+    )
     flow_before = copy.deepcopy(model.flow.state_dict())
     assert make_step(model).run([demo_batch(prepared_demo, loaded.tokenizer)]).applied
     for key, value in frozen_before.items():
@@ -125,9 +128,15 @@ def test_a_checkpoint_without_fp16_resumes_under_fp16_and_back(prepared_demo):
     fresh scale instead of failing, and the other way round the saved scale is simply not needed."""
     model = tiny_generator(prepared_demo).model
     fp32_step = make_step(model)
-    scaled = TrainStep(model, Discriminator(SMALL_D), Features(FeatureConfig()), LossWeights(),
-                       StepSettings(learning_rate=1e-3, discriminator_learning_rate=1e-3),
-                       Precision("fp16", torch.float16), torch.device("cpu"))
+    scaled = TrainStep(
+        model,
+        Discriminator(SMALL_D),
+        Features(FeatureConfig()),
+        LossWeights(),
+        StepSettings(learning_rate=1e-3, discriminator_learning_rate=1e-3),
+        Precision("fp16", torch.float16),
+        torch.device("cpu"),
+    )
     scaled.load_state_dict(fp32_step.state_dict())
     assert scaled.scaler_g.is_enabled() and scaled.scaler_g.get_scale() == 65536.0
     fp32_step.load_state_dict(scaled.state_dict())
@@ -141,16 +150,18 @@ def test_evaluation_out_of_gpu_memory_retries_with_smaller_groups(prepared_demo)
     from finetune.reporting import evaluation
 
     loaded = tiny_generator(prepared_demo)
-    examples, _ = load_examples(prepared_demo, "metadata.csv", loaded.tokenizer, hop=256, sample_rate=16000,
-                                max_samples=6)
+    examples, _ = load_examples(
+        prepared_demo, "metadata.csv", loaded.tokenizer, hop=256, sample_rate=16000, max_samples=6
+    )
 
     def small_gpu(module, inputs):
         if inputs[0].shape[0] > 2:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 GiB")
 
     loaded.model.decoder.register_forward_pre_hook(small_gpu)
-    evaluator = evaluation.Evaluator(examples, Features(FeatureConfig()), torch.device("cpu"), 16000, None, [],
-                                     batch_size=8)
+    evaluator = evaluation.Evaluator(
+        examples, Features(FeatureConfig()), torch.device("cpu"), 16000, None, [], batch_size=8
+    )
     result = evaluator.evaluate(loaded.model, step=0)
     assert evaluator.batch_size == 2 and len(result.per_clip) == 6
     assert all(np.isfinite(v.mcd_db) for v in result.per_clip.values())
@@ -167,7 +178,9 @@ def test_a_discriminator_warm_up_step_moves_the_discriminator_and_leaves_the_gen
     for key, value in model.state_dict().items():
         assert torch.equal(value, generator_before[key]), key
     assert step.optimizer_g.state_dict()["state"] == {}  # the generator's optimizer never stepped
-    assert any(not torch.equal(value, discriminator_before[key]) for key, value in step.discriminator.state_dict().items())
+    assert any(
+        not torch.equal(value, discriminator_before[key]) for key, value in step.discriminator.state_dict().items()
+    )
 
 
 def test_a_discriminator_warm_up_step_runs_only_what_the_discriminator_needs(prepared_demo, monkeypatch):
@@ -180,8 +193,9 @@ def test_a_discriminator_warm_up_step_runs_only_what_the_discriminator_needs(pre
     step = make_step(model)
     ran = []
     for name in ("text_encoder", "flow", "duration_predictor", "posterior_encoder", "decoder"):
-        getattr(model, name).register_forward_hook(lambda module, args, out, name=name: ran.append(
-            (name, torch.is_grad_enabled())))
+        getattr(model, name).register_forward_hook(
+            lambda module, args, out, name=name: ran.append((name, torch.is_grad_enabled()))
+        )
 
     def no_alignment(*args, **kwargs):
         raise AssertionError("the warm-up ran the alignment search")
@@ -197,8 +211,9 @@ def test_a_clip_shorter_than_a_segment_reads_as_silence_past_its_end_precomputed
     from finetune.vits.objective import real_segments
 
     loaded = tiny_generator(prepared_demo)
-    examples, _ = load_examples(prepared_demo, "metadata.csv", loaded.tokenizer, hop=256, sample_rate=16000,
-                                max_samples=2)
+    examples, _ = load_examples(
+        prepared_demo, "metadata.csv", loaded.tokenizer, hop=256, sample_rate=16000, max_samples=2
+    )
     examples[0].audio = examples[0].audio[: 20 * 256]  # 20 frames, shorter than the 32 of a segment
     features = Features(FeatureConfig())
     starts = torch.zeros(2, dtype=torch.long)
@@ -246,10 +261,12 @@ def test_the_anchor_pulls_each_trained_weight_back_toward_its_start(prepared_dem
         model, batch = loaded.model.train(), demo_batch(prepared_demo, loaded.tokenizer)
         start = copy.deepcopy(model.state_dict())
         torch.manual_seed(0)
-        settings = StepSettings(learning_rate=lr, discriminator_learning_rate=lr, anchor_weight=anchor,
-                                weight_decay=0.0)
-        step = TrainStep(model, Discriminator(SMALL_D), Features(FeatureConfig()), LossWeights(), settings, FP32,
-                         torch.device("cpu"))
+        settings = StepSettings(
+            learning_rate=lr, discriminator_learning_rate=lr, anchor_weight=anchor, weight_decay=0.0
+        )
+        step = TrainStep(
+            model, Discriminator(SMALL_D), Features(FeatureConfig()), LossWeights(), settings, FP32, torch.device("cpu")
+        )
         discriminator_before = copy.deepcopy(step.discriminator.state_dict())
         torch.manual_seed(1)
         assert step.run([batch]).applied
@@ -267,8 +284,9 @@ def test_a_resumed_run_keeps_the_anchor_where_the_first_run_started(prepared_dem
     model, batch = loaded.model.train(), demo_batch(prepared_demo, loaded.tokenizer)
     start = [p.detach().clone() for p in model.parameters() if p.requires_grad]
     settings = StepSettings(learning_rate=1e-3, discriminator_learning_rate=1e-3, anchor_weight=10.0)
-    step = TrainStep(model, Discriminator(SMALL_D), Features(FeatureConfig()), LossWeights(), settings, FP32,
-                     torch.device("cpu"))
+    step = TrainStep(
+        model, Discriminator(SMALL_D), Features(FeatureConfig()), LossWeights(), settings, FP32, torch.device("cpu")
+    )
     assert step.run([batch]).applied
     saved = copy.deepcopy(step.state_dict())
     resumed = TrainStep(model, step.discriminator, step.features, LossWeights(), settings, FP32, torch.device("cpu"))

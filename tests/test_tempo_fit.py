@@ -32,10 +32,23 @@ def test_the_fit_makes_the_typical_request_as_long_as_the_recordings(voice):
     assert fit.before.length_ratio == pytest.approx(1.25, rel=0.15)
     assert 0.95 <= fit.after.length_ratio <= 1.05
     # Fresh draws at the fitted settings (another seed), one a sentence as an app makes them: the same tempo.
-    heard = duration_draws(model, ids, cpu, seed=99, draws=16, noise_scale_duration=fit.noise_scale_duration,
-                           speaking_rate=fit.speaking_rate) / np.asarray(recorded)[:, None]
+    heard = (
+        duration_draws(
+            model,
+            ids,
+            cpu,
+            seed=99,
+            draws=16,
+            noise_scale_duration=fit.noise_scale_duration,
+            speaking_rate=fit.speaking_rate,
+        )
+        / np.asarray(recorded)[:, None]
+    )
     assert 0.9 <= np.median(heard) <= 1.1
-    assert (model.speaking_rate, model.noise_scale_duration) == (fit.own["speaking_rate"], fit.own["noise_scale_duration"])
+    assert (model.speaking_rate, model.noise_scale_duration) == (
+        fit.own["speaking_rate"],
+        fit.own["noise_scale_duration"],
+    )
     assert fit.noise_scale == model.noise_scale and "->" in fit.describe()
     assert not fit.after_in_sample and "not fitted on" in fit.describe()  # 6 clips: each half fitted on the other
 
@@ -85,8 +98,12 @@ def test_the_exported_config_speaks_with_the_fitted_settings(voice, tmp_path):
     from finetune.vits.model_folder import export_model
 
     model, tokenizer, _ = voice
-    export_model(model, tokenizer, tmp_path / "voice", inference={"speaking_rate": 0.83, "noise_scale_duration": 0.5,
-                                                                   "noise_scale": model.noise_scale})
+    export_model(
+        model,
+        tokenizer,
+        tmp_path / "voice",
+        inference={"speaking_rate": 0.83, "noise_scale_duration": 0.5, "noise_scale": model.noise_scale},
+    )
     config = json.loads((tmp_path / "voice" / "config.json").read_text())
     assert (config["speaking_rate"], config["noise_scale_duration"]) == (0.83, 0.5)
     loaded = VitsModel.from_pretrained(tmp_path / "voice")

@@ -19,8 +19,21 @@ def tracked_run(prepared_demo, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("tracked")
     with pytest.MonkeyPatch.context() as patch:
         fake = micro_batches_take(patch)
-        code = train_vits.main(args(prepared_demo, run_dir, "--target_hours", "1", "--max_epochs", "2", "--val_every", "3",
-                                    "--report_to", "tensorboard"), clock=clock_for(fake))
+        code = train_vits.main(
+            args(
+                prepared_demo,
+                run_dir,
+                "--target_hours",
+                "1",
+                "--max_epochs",
+                "2",
+                "--val_every",
+                "3",
+                "--report_to",
+                "tensorboard",
+            ),
+            clock=clock_for(fake),
+        )
     assert code == 0
     return run_dir
 
@@ -28,13 +41,26 @@ def tracked_run(prepared_demo, tmp_path_factory):
 def test_tensorboard_holds_the_scalars_audio_and_images(tracked_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(tracked_run / "checkpoints" / "tensorboard"),
-                              size_guidance={"scalars": 0, "audio": 0, "images": 0})
+    events = EventAccumulator(
+        str(tracked_run / "checkpoints" / "tensorboard"), size_guidance={"scalars": 0, "audio": 0, "images": 0}
+    )
     events.Reload()
     tags = events.Tags()
-    for tag in ("train/loss/mel", "train/loss/kl", "train/loss/duration", "train/loss/discriminator", "train/lr",
-                "train/discriminator_lr", "train/grad_norm_generator", "train/samples_per_s", "eval/mcd_db",
-                "eval/length_ratio", "eval/duration_error", "eval/val_mel", "profile/generator_backward"):
+    for tag in (
+        "train/loss/mel",
+        "train/loss/kl",
+        "train/loss/duration",
+        "train/loss/discriminator",
+        "train/lr",
+        "train/discriminator_lr",
+        "train/grad_norm_generator",
+        "train/samples_per_s",
+        "eval/mcd_db",
+        "eval/length_ratio",
+        "eval/duration_error",
+        "eval/val_mel",
+        "profile/generator_backward",
+    ):
         assert tag in tags["scalars"], tag
     steps = [event.step for event in events.Scalars("train/loss/mel")]
     assert steps == list(range(1, len(steps) + 1)) and len(steps) == 10  # every step of 2 epochs of 5 batches
@@ -62,8 +88,15 @@ def test_the_run_report_shows_the_plots_the_scores_and_the_samples(tracked_run):
     run = tracked_run / "checkpoints"
     page = (run / "report.html").read_text(encoding="utf-8")
     images = re.findall(r'<img src="([^"]+)"', page)
-    assert {"report/losses.png", "report/mcd.png", "report/timing.png", "report/budget.png",
-            "report/learning_rate.png", "report/profile.png", "report/mel_latest.png"} <= set(images)
+    assert {
+        "report/losses.png",
+        "report/mcd.png",
+        "report/timing.png",
+        "report/budget.png",
+        "report/learning_rate.png",
+        "report/profile.png",
+        "report/mel_latest.png",
+    } <= set(images)
     from finetune.reporting.naturalness import available
 
     assert "report/naturalness.png" not in images or available()
@@ -105,8 +138,14 @@ def test_report_is_redrawn_after_an_evaluation_at_most_once_a_minute_and_always_
     drawn = []
     real_write = run_report.write_report
     monkeypatch.setattr(run_report, "write_report", lambda *a, **k: (drawn.append(now["t"]), real_write(*a, **k)))
-    log = run_log.RunLog(logging.getLogger("test"), Metrics(tmp_path / "metrics.jsonl"), Tracker(),
-                         StepProfile(torch.device("cpu")), tmp_path, torch.device("cpu"))
+    log = run_log.RunLog(
+        logging.getLogger("test"),
+        Metrics(tmp_path / "metrics.jsonl"),
+        Tracker(),
+        StepProfile(torch.device("cpu")),
+        tmp_path,
+        torch.device("cpu"),
+    )
     mels = ("clip", np.zeros((80, 20), np.float32), np.ones((80, 20), np.float32))
 
     def evaluate(step: int, after_s: float) -> None:

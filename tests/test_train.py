@@ -24,12 +24,38 @@ def args(data_dir, run_dir, *extra: str) -> list[str]:
     """A tiny run's flags; no TensorBoard (its mel picture an evaluation is tested in test_tracking.py, which
     asks for it); one test sentence an evaluation, not the three built-in ones (tests that need more give
     their own --test_sentences, which wins: it comes later)."""
-    return ["--data_dir", str(data_dir), "--checkpoint_dir", str(run_dir / "checkpoints"),
-            "--output_dir", str(run_dir / "final_model"), "--model_name", "scratch:tiny",
-            "--discriminator_width", "0.0625", "--discriminator_periods", "2", "3", "--batch_size", "4",
-            "--gradient_accumulation_steps", "1", "--learning_rate", "2e-3", "--benchmark_samples", "8",
-            "--val_samples", "2", "--log_every_seconds", "0.001", "--report_to", "none",
-            "--test_sentences", str(REPO / "tests" / "one_sentence.txt"), *extra]
+    return [
+        "--data_dir",
+        str(data_dir),
+        "--checkpoint_dir",
+        str(run_dir / "checkpoints"),
+        "--output_dir",
+        str(run_dir / "final_model"),
+        "--model_name",
+        "scratch:tiny",
+        "--discriminator_width",
+        "0.0625",
+        "--discriminator_periods",
+        "2",
+        "3",
+        "--batch_size",
+        "4",
+        "--gradient_accumulation_steps",
+        "1",
+        "--learning_rate",
+        "2e-3",
+        "--benchmark_samples",
+        "8",
+        "--val_samples",
+        "2",
+        "--log_every_seconds",
+        "0.001",
+        "--report_to",
+        "none",
+        "--test_sentences",
+        str(REPO / "tests" / "one_sentence.txt"),
+        *extra,
+    ]
 
 
 def metrics(run_dir, kind: str) -> list[dict]:
@@ -52,8 +78,10 @@ def wait_for_training(process, run_dir, timeout_s: float = 240) -> None:
 def test_deadline_is_kept_with_an_injected_clock_and_the_model_is_usable(prepared_demo, tmp_path, timed_work):
     fake, costs = timed_work
     target_s = 120.0
-    code = train_vits.main(args(prepared_demo, tmp_path, "--target_hours", str(target_s / 3600), "--max_samples", "12"),
-                           clock=clock_for(fake))
+    code = train_vits.main(
+        args(prepared_demo, tmp_path, "--target_hours", str(target_s / 3600), "--max_samples", "12"),
+        clock=clock_for(fake),
+    )
     assert code == 0
     end = metrics(tmp_path, "end")[0]
     assert end["stop_reason"] == "deadline"
@@ -82,8 +110,10 @@ def test_deadline_is_kept_with_an_injected_clock_and_the_model_is_usable(prepare
 
 
 def losses_by_step(run_dir) -> dict[int, dict]:
-    return {r["step"]: {k: v for k, v in r.items() if k in ("mel", "kl", "duration", "generator", "discriminator", "lr")}
-            for r in metrics(run_dir, "train")}
+    return {
+        r["step"]: {k: v for k, v in r.items() if k in ("mel", "kl", "duration", "generator", "discriminator", "lr")}
+        for r in metrics(run_dir, "train")
+    }
 
 
 def test_resume_gives_the_same_losses_as_an_uninterrupted_run(prepared_demo, tmp_path, timed_work):
@@ -121,8 +151,21 @@ def test_best_model_follows_the_evaluation_measure(prepared_demo, tmp_path, time
 
     monkeypatch.setattr(evaluation.Evaluator, "score_clips", scripted)
     fake, _ = timed_work
-    code = train_vits.main(args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "6", "--val_every", "2",
-                                "--early_stopping_patience", "3"), clock=clock_for(fake))
+    code = train_vits.main(
+        args(
+            prepared_demo,
+            tmp_path,
+            "--target_hours",
+            "1",
+            "--max_epochs",
+            "6",
+            "--val_every",
+            "2",
+            "--early_stopping_patience",
+            "3",
+        ),
+        clock=clock_for(fake),
+    )
     assert code == 0
     evals = metrics(tmp_path, "eval")
     best = min(evals, key=lambda r: r["mcd_db"])
@@ -176,16 +219,19 @@ def test_checkpoints_slower_than_steps_still_fit_the_deadline(prepared_demo, tmp
     for target_s in (150.0, 160.0, 170.0):
         run_dir = tmp_path / str(int(target_s))
         fake.t = 0.0
-        code = train_vits.main(args(prepared_demo, run_dir, "--target_hours", str(target_s / 3600), "--max_samples", "12"),
-                               clock=clock_for(fake))
+        code = train_vits.main(
+            args(prepared_demo, run_dir, "--target_hours", str(target_s / 3600), "--max_samples", "12"),
+            clock=clock_for(fake),
+        )
         assert code == 0
         end = metrics(run_dir, "end")[0]
         assert end["stop_reason"] == "deadline" and end["time_used_s"] <= target_s, (target_s, end)
         assert end["last_lr"] == pytest.approx(2e-3 * 0.1)
 
 
-def test_a_new_discriminator_warms_up_alone_before_a_pretrained_generator_trains(prepared_demo, tmp_path, timed_work,
-                                                                                 monkeypatch):
+def test_a_new_discriminator_warms_up_alone_before_a_pretrained_generator_trains(
+    prepared_demo, tmp_path, timed_work, monkeypatch
+):
     """From a pretrained (here: saved) generator with no discriminator: the warm-up trains the new one
     alone, logs its loss and margin at the start and the end, and leaves the generator as it was."""
     import torch
@@ -211,8 +257,9 @@ def test_a_new_discriminator_warms_up_alone_before_a_pretrained_generator_trains
     fake, _ = timed_work
     base = args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "2")
     base[base.index("--model_name") + 1] = str(tmp_path / "pretrained")
-    code = train_vits.main(base + ["--discriminator_warmup_steps", "4", "--discriminator_warmup_margin", "0.99"],
-                           clock=clock_for(fake))
+    code = train_vits.main(
+        base + ["--discriminator_warmup_steps", "4", "--discriminator_warmup_margin", "0.99"], clock=clock_for(fake)
+    )
     assert code == 0
     assert all(torch.equal(value, seen["after"][key]) for key, value in seen["before"].items())
     assert any(not torch.equal(value, seen["discriminator_after"][key]) for key, value in seen["discriminator"].items())

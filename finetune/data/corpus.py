@@ -77,20 +77,31 @@ class LoadReport:
         """One line for the log: how many clips were left out, why, and which (the first ten)."""
         total = sum(self.skipped.values())
         shown = "; ".join(self.examples_skipped[:10]) + ("; ..." if total > 10 else "")
-        fix = (" (to get them back: delete the damaged WAVs and run prepare_data.py again; it writes missing ones)"
-               if self.damaged else "")
-        return (f"{name}: {total} clips left out ({', '.join(f'{n} {r}' for r, n in self.skipped.items())}): "
-                f"{shown}{fix}")
+        fix = (
+            " (to get them back: delete the damaged WAVs and run prepare_data.py again; it writes missing ones)"
+            if self.damaged
+            else ""
+        )
+        return (
+            f"{name}: {total} clips left out ({', '.join(f'{n} {r}' for r, n in self.skipped.items())}): {shown}{fix}"
+        )
 
 
 def tokenize(tokenizer, text: str) -> np.ndarray:
     return np.asarray(tokenizer(text).input_ids, dtype=np.int32)
 
 
-def load_examples(data_dir: Path, metadata_name: str, tokenizer, hop: int, sample_rate: int,
-                  max_samples: int = 0, only_ids: set[str] | None = None,
-                  stop: StopRequest | None = None, speakers: dict[str, int] | None = None,
-                  ) -> tuple[list[Example], LoadReport]:
+def load_examples(
+    data_dir: Path,
+    metadata_name: str,
+    tokenizer,
+    hop: int,
+    sample_rate: int,
+    max_samples: int = 0,
+    only_ids: set[str] | None = None,
+    stop: StopRequest | None = None,
+    speakers: dict[str, int] | None = None,
+) -> tuple[list[Example], LoadReport]:
     """Examples for the metadata file's rows (the first `max_samples`, or just `only_ids`), each with its
     speaker's index in `speakers` (rows of a speaker not in it are left out; None: all, as speaker 0). A
     stop request raises StopRequested between clips."""
@@ -111,8 +122,9 @@ def load_examples(data_dir: Path, metadata_name: str, tokenizer, hop: int, sampl
             stop.check()
         if progress is not None:
             progress.update()
-        example, reason, detail = load_example(data_dir / "wavs" / f"{item_id}.wav", item_id, text, tokenizer, hop,
-                                               sample_rate)
+        example, reason, detail = load_example(
+            data_dir / "wavs" / f"{item_id}.wav", item_id, text, tokenizer, hop, sample_rate
+        )
         if example is None:
             report.skipped[reason] += 1
             if len(report.examples_skipped) < 50:
@@ -130,14 +142,17 @@ def load_examples(data_dir: Path, metadata_name: str, tokenizer, hop: int, sampl
 def check_damage(report: LoadReport, rows: int, path: Path) -> None:
     """A few damaged clips are left out; more than half means the folder is broken: a CorpusError."""
     if rows and report.damaged > MAX_DAMAGED_SHARE * rows:
-        raise CorpusError(f"{report.damaged} of the {rows} clips in {path} are missing or damaged "
-                          f"({'; '.join(report.examples_skipped[:3])}; ...): too few are left to train on. Prepare the "
-                          f"data again: delete {path.parent / 'wavs'} and run prepare_data.py --data_dir {path.parent} "
-                          "with the same input")
+        raise CorpusError(
+            f"{report.damaged} of the {rows} clips in {path} are missing or damaged "
+            f"({'; '.join(report.examples_skipped[:3])}; ...): too few are left to train on. Prepare the "
+            f"data again: delete {path.parent / 'wavs'} and run prepare_data.py --data_dir {path.parent} "
+            "with the same input"
+        )
 
 
-def load_example(wav: Path, item_id: str, text: str, tokenizer, hop: int,
-                 sample_rate: int) -> tuple[Example | None, str, str]:
+def load_example(
+    wav: Path, item_id: str, text: str, tokenizer, hop: int, sample_rate: int
+) -> tuple[Example | None, str, str]:
     """(the example, "", "") or (None, a reason to count, a detail to name)."""
     if not wav.is_file():
         return None, "missing wav", str(wav)
@@ -148,8 +163,10 @@ def load_example(wav: Path, item_id: str, text: str, tokenizer, hop: int,
     if len(audio) == 0:
         return None, "damaged wav", f"{wav.name} holds no audio"
     if rate != sample_rate:
-        raise CorpusError(f"{wav} is {rate} Hz but the model runs at {sample_rate} Hz: prepare the data again "
-                          f"for this model (prepare_data.py --model_name ... or --sample_rate {sample_rate})")
+        raise CorpusError(
+            f"{wav} is {rate} Hz but the model runs at {sample_rate} Hz: prepare the data again "
+            f"for this model (prepare_data.py --model_name ... or --sample_rate {sample_rate})"
+        )
     token_ids = tokenize(tokenizer, text)
     frames = len(audio) // hop
     if len(token_ids) == 0:
@@ -187,8 +204,14 @@ def gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
-def estimate_memory(data_dir: Path, rows: list[tuple[str, str]], linear_bins: int, n_mels: int, hop: int,
-                    available_bytes: int | None = None) -> MemoryEstimate:
+def estimate_memory(
+    data_dir: Path,
+    rows: list[tuple[str, str]],
+    linear_bins: int,
+    n_mels: int,
+    hop: int,
+    available_bytes: int | None = None,
+) -> MemoryEstimate:
     """RAM for these clips, from their WAV file sizes (16-bit PCM: 2 bytes a sample)."""
     import psutil
 
@@ -200,8 +223,12 @@ def estimate_memory(data_dir: Path, rows: list[tuple[str, str]], linear_bins: in
             pass  # missing files are reported when loading
     frames = samples // hop
     available = psutil.virtual_memory().available if available_bytes is None else available_bytes
-    return MemoryEstimate(clips=len(rows), audio_bytes=2 * samples, feature_bytes=2 * frames * (linear_bins + n_mels),
-                          available_bytes=available)
+    return MemoryEstimate(
+        clips=len(rows),
+        audio_bytes=2 * samples,
+        feature_bytes=2 * frames * (linear_bins + n_mels),
+        available_bytes=available,
+    )
 
 
 def decide_precompute(estimate: MemoryEstimate, wanted: bool) -> tuple[bool, str]:
@@ -211,21 +238,33 @@ def decide_precompute(estimate: MemoryEstimate, wanted: bool) -> tuple[bool, str
         raise CorpusError(
             f"the corpus needs about {gib(estimate.audio_bytes)} of RAM for its audio alone and "
             f"{gib(estimate.available_bytes)} is available: train on fewer clips with --max_samples "
-            f"{estimate.clips_that_fit()} (about what fits), or free memory")
+            f"{estimate.clips_that_fit()} (about what fits), or free memory"
+        )
     if wanted and not estimate.fits_features:
-        return False, (f"precomputed features would need {gib(estimate.audio_bytes + estimate.feature_bytes)} of "
-                       f"{gib(estimate.available_bytes)} available: computing them on the device per batch instead")
+        return False, (
+            f"precomputed features would need {gib(estimate.audio_bytes + estimate.feature_bytes)} of "
+            f"{gib(estimate.available_bytes)} available: computing them on the device per batch instead"
+        )
     needed = estimate.audio_bytes + (estimate.feature_bytes if wanted else 0)
     where = "precomputed" if wanted else "computed on the device per batch"
-    return wanted, f"RAM for the corpus: about {gib(needed)} of {gib(estimate.available_bytes)} available; features {where}"
+    return (
+        wanted,
+        f"RAM for the corpus: about {gib(needed)} of {gib(estimate.available_bytes)} available; features {where}",
+    )
 
 
 # ---------------------------------------------------------------- precomputed features
 
 
 @torch.no_grad()
-def precompute_features(examples: list[Example], features: Features, device: torch.device, hop: int,
-                        chunk: int = 16, stop: StopRequest | None = None) -> None:
+def precompute_features(
+    examples: list[Example],
+    features: Features,
+    device: torch.device,
+    hop: int,
+    chunk: int = 16,
+    stop: StopRequest | None = None,
+) -> None:
     """Fill each example's linear and mel spectrograms (float16, on the CPU), computed on `device` in
     chunks of similar length.
 
@@ -262,13 +301,35 @@ class Corpus:
         return sum(len(e.audio) for e in self.examples) / sample_rate / 3600
 
 
-def load_corpus(data_dir: Path, metadata_name: str, tokenizer, features: Features, sample_rate: int,
-                max_samples: int, precompute: bool, device: torch.device, stop: StopRequest | None = None,
-                speakers: dict[str, int] | None = None) -> Corpus:
+def load_corpus(
+    data_dir: Path,
+    metadata_name: str,
+    tokenizer,
+    features: Features,
+    sample_rate: int,
+    max_samples: int,
+    precompute: bool,
+    device: torch.device,
+    stop: StopRequest | None = None,
+    speakers: dict[str, int] | None = None,
+) -> Corpus:
     started = time.monotonic()
-    examples, report = load_examples(data_dir, metadata_name, tokenizer, features.config.hop_length, sample_rate,
-                                     max_samples, stop=stop, speakers=speakers)
+    examples, report = load_examples(
+        data_dir,
+        metadata_name,
+        tokenizer,
+        features.config.hop_length,
+        sample_rate,
+        max_samples,
+        stop=stop,
+        speakers=speakers,
+    )
     if precompute and examples:
         precompute_features(examples, features, device, features.config.hop_length, stop=stop)
-    return Corpus(examples=examples, report=report, precomputed=precompute, load_s=time.monotonic() - started,
-                  ram_bytes=sum(e.nbytes() for e in examples))
+    return Corpus(
+        examples=examples,
+        report=report,
+        precomputed=precompute,
+        load_s=time.monotonic() - started,
+        ram_bytes=sum(e.nbytes() for e in examples),
+    )

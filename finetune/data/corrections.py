@@ -33,8 +33,10 @@ def feedback_folder(feedback_dir: str | None) -> Path:
     for candidate in FEEDBACK_DIRS:
         if Path(candidate).is_dir():
             return Path(candidate)
-    raise FeedbackError(f"no corrections: record them into {FEEDBACK_DIRS[0]}/ as pairs <name>.wav + <name>.txt "
-                        "(or wavs/ + metadata.csv), or pass --feedback_dir")
+    raise FeedbackError(
+        f"no corrections: record them into {FEEDBACK_DIRS[0]}/ as pairs <name>.wav + <name>.txt "
+        "(or wavs/ + metadata.csv), or pass --feedback_dir"
+    )
 
 
 def corrections_source(folder: Path) -> sources.Source:
@@ -45,30 +47,44 @@ def corrections_source(folder: Path) -> sources.Source:
         elif sources.looks_like_pairs(folder):
             source = sources.pairs_source(folder, flag="--feedback_dir")
         else:
-            raise FeedbackError(f"{folder} holds no corrections: expected pairs <name>.wav + <name>.txt, or wavs/ + "
-                                "metadata.csv (see train_feedback.py --review)")
+            raise FeedbackError(
+                f"{folder} holds no corrections: expected pairs <name>.wav + <name>.txt, or wavs/ + "
+                "metadata.csv (see train_feedback.py --review)"
+            )
     except sources.SourceError as error:
         raise FeedbackError(str(error)) from error
     if source.count == 0:
-        raise FeedbackError(f"{folder}/metadata.csv lists no corrections: record some first "
-                            "(see train_feedback.py --review)")
+        raise FeedbackError(
+            f"{folder}/metadata.csv lists no corrections: record some first (see train_feedback.py --review)"
+        )
     return source
 
 
-def prepare_corrections(folder: Path, out: Path, base_model: Path, min_seconds: float, max_seconds: float,
-                        logger) -> dict:
+def prepare_corrections(
+    folder: Path, out: Path, base_model: Path, min_seconds: float, max_seconds: float, logger
+) -> dict:
     """The corrections in `folder` prepared like the corpus (the base model's vocabulary and rate) into
     `out`; returns the preparation report. FeedbackError when none is usable."""
     source = corrections_source(folder)
     model = model_source.resolve_model(str(base_model))
-    settings = prepare.ClipSettings(sample_rate=model_source.model_sample_rate(model), trim_db=40.0, trim_margin_s=0.05,
-                                    peak=0.95, min_seconds=min_seconds, max_seconds=max_seconds)
+    settings = prepare.ClipSettings(
+        sample_rate=model_source.model_sample_rate(model),
+        trim_db=40.0,
+        trim_margin_s=0.05,
+        peak=0.95,
+        min_seconds=min_seconds,
+        max_seconds=max_seconds,
+    )
     preparer = prepare.Preparer(out, TextNormalizer(model_source.model_vocabulary(model)), settings, num_workers=1)
     report = prepare.write_outputs(out, preparer.run(source), 0.0, {"source": source.description})
-    logger.info(f"corrections: {report['counts']['kept']} of {report['counts']['items']} usable"
-                + "".join(f"; {d['id']} dropped: {d['reason']} ({d['detail']})" for d in report["dropped"]))
+    logger.info(
+        f"corrections: {report['counts']['kept']} of {report['counts']['items']} usable"
+        + "".join(f"; {d['id']} dropped: {d['reason']} ({d['detail']})" for d in report["dropped"])
+    )
     if not report["counts"]["kept"]:
-        raise FeedbackError(f"none of the corrections in {folder} can be used; reasons are in {out}/prepare_report.json")
+        raise FeedbackError(
+            f"none of the corrections in {folder} can be used; reasons are in {out}/prepare_report.json"
+        )
     return report
 
 
@@ -79,16 +95,27 @@ def replay_sample(item_ids: list[str], corrections: int, ratio: float, seed: int
     return [item_ids[i] for i in sorted(chosen)]
 
 
-def replay_clips(data_dir: Path, corrections: int, ratio: float, seed: int, tokenizer, hop: int, sample_rate: int,
-                 logger, speaker: str | None = None) -> list:
+def replay_clips(
+    data_dir: Path,
+    corrections: int,
+    ratio: float,
+    seed: int,
+    tokenizer,
+    hop: int,
+    sample_rate: int,
+    logger,
+    speaker: str | None = None,
+) -> list:
     """The original corpus's replay sample as examples (none with `ratio` 0, said as a warning): clips of
     `speaker` only when the corpus has several."""
     if ratio == 0:
         logger.warning("warning: --replay_ratio 0: training on the corrections alone risks forgetting the rest")
         return []
     if not (data_dir / "metadata.csv").is_file():
-        raise FeedbackError(f"{data_dir}/metadata.csv not found: the original corpus is needed for replay "
-                            "(--data_dir), or pass --replay_ratio 0")
+        raise FeedbackError(
+            f"{data_dir}/metadata.csv not found: the original corpus is needed for replay "
+            "(--data_dir), or pass --replay_ratio 0"
+        )
     rows = [(i, text) for i, who, text in read_rows(data_dir / "metadata.csv") if speaker is None or who == speaker]
     chosen = set(replay_sample([i for i, _ in rows], corrections, ratio, seed))
     examples, _ = load_examples(data_dir, "metadata.csv", tokenizer, hop, sample_rate, only_ids=chosen)
@@ -101,8 +128,10 @@ def held_out_originals(data_dir: Path, speaker: str | None = None) -> None:
     path = data_dir / "metadata_val.csv"
     if not path.is_file() or not [r for r in read_rows(path) if speaker is None or r[1] == speaker]:
         whose = f" of speaker {speaker}" if speaker else ""
-        raise FeedbackError(f"{path} is missing or has no clips{whose}: held-out original clips are needed to check "
-                            "that nothing else got worse (prepare the corpus with --val_fraction > 0)")
+        raise FeedbackError(
+            f"{path} is missing or has no clips{whose}: held-out original clips are needed to check "
+            "that nothing else got worse (prepare the corpus with --val_fraction > 0)"
+        )
 
 
 def voice_speaker(data_dir: Path, asked: str | None, exported_for: str | None) -> str | None:
@@ -120,9 +149,14 @@ def voice_speaker(data_dir: Path, asked: str | None, exported_for: str | None) -
     wanted = asked or exported_for
     if wanted not in clips:
         top = ", ".join(f"{s} ({n} clips)" for s, n in clips.most_common(5))
-        why = (f"--target_speaker {asked} is not one of them" if asked else
-               f"the base model was exported for {exported_for}, not one of them" if exported_for else
-               "the base model names none of them")
-        raise FeedbackError(f"{path} has {len(clips)} speakers and {why}: name the voice with --target_speaker "
-                            f"(most clips: {top})")
+        why = (
+            f"--target_speaker {asked} is not one of them"
+            if asked
+            else f"the base model was exported for {exported_for}, not one of them"
+            if exported_for
+            else "the base model names none of them"
+        )
+        raise FeedbackError(
+            f"{path} has {len(clips)} speakers and {why}: name the voice with --target_speaker (most clips: {top})"
+        )
     return wanted

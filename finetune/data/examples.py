@@ -55,12 +55,18 @@ class Batch:
             return self
         tokens, frames = int(self.text_lengths[:count].max()), int(self.frame_lengths[:count].max())
         hop = self.audio.shape[1] // max(1, int(self.frame_lengths.max()))
-        return replace(self, item_ids=self.item_ids[:count], input_ids=self.input_ids[:count, :tokens],
-                       attention_mask=self.attention_mask[:count, :tokens], text_lengths=self.text_lengths[:count],
-                       audio=self.audio[:count, : frames * hop], frame_lengths=self.frame_lengths[:count],
-                       linear=None if self.linear is None else self.linear[:count, :, :frames],
-                       mel=None if self.mel is None else self.mel[:count, :, :frames],
-                       speaker_ids=None if self.speaker_ids is None else self.speaker_ids[:count])
+        return replace(
+            self,
+            item_ids=self.item_ids[:count],
+            input_ids=self.input_ids[:count, :tokens],
+            attention_mask=self.attention_mask[:count, :tokens],
+            text_lengths=self.text_lengths[:count],
+            audio=self.audio[:count, : frames * hop],
+            frame_lengths=self.frame_lengths[:count],
+            linear=None if self.linear is None else self.linear[:count, :, :frames],
+            mel=None if self.mel is None else self.mel[:count, :, :frames],
+            speaker_ids=None if self.speaker_ids is None else self.speaker_ids[:count],
+        )
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
         """Move every tensor; audio becomes float32 on arrival, features float32."""
@@ -78,8 +84,11 @@ class Batch:
 
     def pin_memory(self) -> "Batch":
         """Page-locked host tensors, so `to(cuda, non_blocking=True)` overlaps the copy with compute."""
-        pinned = {f.name: getattr(self, f.name).pin_memory() for f in fields(self)
-                  if isinstance(getattr(self, f.name), torch.Tensor)}
+        pinned = {
+            f.name: getattr(self, f.name).pin_memory()
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
         return replace(self, **pinned)
 
 
@@ -97,11 +106,17 @@ def collate(examples: list[Example], hop: int) -> Batch:
         attention_mask[i, : len(example.token_ids)] = 1
         samples = example.frame_count(hop) * hop
         audio[i, :samples] = torch.from_numpy(example.audio[:samples])
-    return Batch(item_ids=[e.item_id for e in examples], input_ids=input_ids, attention_mask=attention_mask,
-                 text_lengths=text_lengths, audio=audio, frame_lengths=frame_lengths,
-                 linear=_pad_features([e.linear for e in examples], max_frames),
-                 mel=_pad_features([e.mel for e in examples], max_frames),
-                 speaker_ids=torch.tensor([e.speaker for e in examples], dtype=torch.long))
+    return Batch(
+        item_ids=[e.item_id for e in examples],
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        text_lengths=text_lengths,
+        audio=audio,
+        frame_lengths=frame_lengths,
+        linear=_pad_features([e.linear for e in examples], max_frames),
+        mel=_pad_features([e.mel for e in examples], max_frames),
+        speaker_ids=torch.tensor([e.speaker for e in examples], dtype=torch.long),
+    )
 
 
 def _pad_features(features: list[torch.Tensor | None], max_frames: int) -> torch.Tensor | None:

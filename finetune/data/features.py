@@ -37,8 +37,9 @@ def mel_filterbank(config: FeatureConfig) -> torch.Tensor:
     """[n_mels, n_fft // 2 + 1] Slaney mel filters, as librosa makes them."""
     import librosa
 
-    basis = librosa.filters.mel(sr=config.sample_rate, n_fft=config.n_fft, n_mels=config.n_mels,
-                                fmin=config.f_min, fmax=config.f_max)
+    basis = librosa.filters.mel(
+        sr=config.sample_rate, n_fft=config.n_fft, n_mels=config.n_mels, fmin=config.f_min, fmax=config.f_max
+    )
     return torch.from_numpy(basis).float()
 
 
@@ -47,8 +48,15 @@ def linear_spectrogram(waveform: torch.Tensor, window: torch.Tensor, config: Fea
     with torch.autocast(device_type=waveform.device.type, enabled=False):
         pad = (config.n_fft - config.hop_length) // 2
         padded = F.pad(waveform.float().unsqueeze(1), (pad, pad), mode="reflect").squeeze(1)
-        spec = torch.stft(padded, config.n_fft, hop_length=config.hop_length, win_length=config.win_length,
-                          window=window, center=False, return_complex=True)
+        spec = torch.stft(
+            padded,
+            config.n_fft,
+            hop_length=config.hop_length,
+            win_length=config.win_length,
+            window=window,
+            center=False,
+            return_complex=True,
+        )
         return torch.sqrt(spec.real.pow(2) + spec.imag.pow(2) + 1e-6)
 
 

@@ -30,8 +30,15 @@ class ExampleList(torch.utils.data.Dataset):
 
 
 class MicroBatchFeed:
-    def __init__(self, examples: list[Example], sampler: BucketSampler, hop: int, num_workers: int, seed: int,
-                 device: torch.device):
+    def __init__(
+        self,
+        examples: list[Example],
+        sampler: BucketSampler,
+        hop: int,
+        num_workers: int,
+        seed: int,
+        device: torch.device,
+    ):
         self.examples, self.sampler, self.hop = examples, sampler, hop
         self.num_workers, self.seed, self.device = num_workers, seed, device
         self.wait_s = 0.0  # real seconds spent waiting for data
@@ -39,8 +46,14 @@ class MicroBatchFeed:
 
     def make_loader(self, batches: list[list[int]]) -> DataLoader:
         generator = torch.Generator().manual_seed(self.seed)  # keeps DataLoader seeding off the global RNG
-        return DataLoader(ExampleList(self.examples), batch_sampler=batches, collate_fn=partial(collate, hop=self.hop),
-                          num_workers=self.num_workers, pin_memory=self.device.type == "cuda", generator=generator)
+        return DataLoader(
+            ExampleList(self.examples),
+            batch_sampler=batches,
+            collate_fn=partial(collate, hop=self.hop),
+            num_workers=self.num_workers,
+            pin_memory=self.device.type == "cuda",
+            generator=generator,
+        )
 
     def _host_batches(self):
         """Host batches from the sampler's position on, epoch after epoch (a new loader each epoch)."""

@@ -112,9 +112,11 @@ def write_clip(path: str, samples, sample_rate: int) -> None:
     # really frees its room, enough for the cache of what is done to be saved.
     failure = detached(failure)
     Path(path).unlink(missing_ok=True)
-    raise NotWritten(f"could not write {path}: {describe_failure(failure, Path(path).parent, 'a clip', 0)}. The "
-                     "clips finished so far are kept: free space (or give --data_dir on a larger disk) and run the "
-                     "same command again to continue")
+    raise NotWritten(
+        f"could not write {path}: {describe_failure(failure, Path(path).parent, 'a clip', 0)}. The "
+        "clips finished so far are kept: free space (or give --data_dir on a larger disk) and run the "
+        "same command again to continue"
+    )
 
 
 def process_clip(job: ClipJob) -> ClipResult:
@@ -183,9 +185,14 @@ class PrepareCache:
             self.entries.pop(item_id, None)
             return
         failed = result.seconds is None
-        self.entries[item_id] = {"audio": audio_sig, "settings": settings.audio_signature(),
-                                 "seconds": result.seconds, "reason": result.reason if failed else None,
-                                 "detail": result.detail if failed else "", "quality": result.quality}
+        self.entries[item_id] = {
+            "audio": audio_sig,
+            "settings": settings.audio_signature(),
+            "seconds": result.seconds,
+            "reason": result.reason if failed else None,
+            "detail": result.detail if failed else "",
+            "quality": result.quality,
+        }
 
     def save(self) -> None:
         write_text_atomic(self.path, json.dumps({"version": CACHE_VERSION, "entries": self.entries}))
@@ -256,8 +263,9 @@ class Preparer:
                 yield None
                 continue
             self.signatures[item.item_id] = item.audio_signature()
-            yield ClipJob(item.item_id, item.audio_path, item.audio_bytes, str(self.wav_path(item.item_id)),
-                          self.settings)
+            yield ClipJob(
+                item.item_id, item.audio_path, item.audio_bytes, str(self.wav_path(item.item_id)), self.settings
+            )
 
     def settle_text(self, item: SourceItem) -> bool:
         """Normalise the text; True when that already decides the item (dropped)."""
@@ -299,8 +307,9 @@ class Preparer:
             self.tally.processed += 1
             self.cache.record(result.item_id, self.signatures.pop(result.item_id), self.settings, result)
         if result.reason is None:
-            self.tally.kept[result.item_id] = Kept(text, result.seconds or 0.0, self.speakers.get(result.item_id, ""),
-                                                   result.quality)
+            self.tally.kept[result.item_id] = Kept(
+                text, result.seconds or 0.0, self.speakers.get(result.item_id, ""), result.quality
+            )
         else:
             self.tally.drop(result.item_id, result.reason, result.detail, text)
 
@@ -342,8 +351,11 @@ class Preparer:
         try:
             self.cache.save()
         except OSError as error:
-            print(f"warning: {self.cache.path} not written ({describe_failure(error, self.data_dir, 'it', 0)}): "
-                  "the next run processes those clips again", file=sys.stderr)
+            print(
+                f"warning: {self.cache.path} not written ({describe_failure(error, self.data_dir, 'it', 0)}): "
+                "the next run processes those clips again",
+                file=sys.stderr,
+            )
 
     def results(self, jobs: Iterator[ClipJob | None], progress: Progress) -> Iterator[ClipResult]:
         """Run jobs in-process (1 worker) or in a pool, with a bounded number in flight."""
@@ -452,20 +464,33 @@ def speaker_table(tally: Tally, val_ids: set[str]) -> dict[str, dict]:
     """Per speaker: clips, hours, held-out clips and the median of each quality measure, most hours first."""
     table: dict[str, dict] = {}
     for item_id, clip in tally.kept.items():
-        entry = table.setdefault(clip.speaker or "(one speaker)", {"clips": 0, "seconds": 0.0, "val": 0, "measures": {}})
+        entry = table.setdefault(
+            clip.speaker or "(one speaker)", {"clips": 0, "seconds": 0.0, "val": 0, "measures": {}}
+        )
         entry["clips"] += 1
         entry["seconds"] += clip.seconds
         entry["val"] += item_id in val_ids
         for name, value in clip.quality.items():
             entry["measures"].setdefault(name, []).append(value)
     ordered = sorted(table.items(), key=lambda kv: -kv[1]["seconds"])
-    return {speaker: {"clips": e["clips"], "hours": round(e["seconds"] / 3600, 4), "val_clips": e["val"],
-                      **{name: quality.summary(values) for name, values in e["measures"].items()}}
-            for speaker, e in ordered}
+    return {
+        speaker: {
+            "clips": e["clips"],
+            "hours": round(e["seconds"] / 3600, 4),
+            "val_clips": e["val"],
+            **{name: quality.summary(values) for name, values in e["measures"].items()},
+        }
+        for speaker, e in ordered
+    }
 
 
-def write_outputs(data_dir: Path, tally: Tally, val_fraction: float, report_extra: dict,
-                  limits: quality.QualityLimits = quality.QualityLimits()) -> dict:
+def write_outputs(
+    data_dir: Path,
+    tally: Tally,
+    val_fraction: float,
+    report_extra: dict,
+    limits: quality.QualityLimits = quality.QualityLimits(),
+) -> dict:
     """metadata.csv, metadata_val.csv, quality.csv and prepare_report.json; returns the report. Its page,
     prepare_report.html, is the reporting layer's (finetune/reporting/prepare_page.py, written by prepare_data.py)."""
     apply_quality(tally, limits)
@@ -481,15 +506,22 @@ def write_outputs(data_dir: Path, tally: Tally, val_fraction: float, report_extr
         write_metadata(data_dir / "metadata_val.csv", val_rows, with_speakers)
         write_quality(data_dir / "quality.csv", tally, val_ids)
     except OSError as error:
-        raise NotWritten(f"could not write the metadata in {data_dir}: {describe_failure(error, data_dir, 'it', 0)}; "
-                         "the clips are kept: free space and run the same command again") from None
+        raise NotWritten(
+            f"could not write the metadata in {data_dir}: {describe_failure(error, data_dir, 'it', 0)}; "
+            "the clips are kept: free space and run the same command again"
+        ) from None
     hours = lambda rows: round(sum(tally.kept[i].seconds for i, _, _ in rows) / 3600, 4)  # noqa: E731
     report = {
         **report_extra,
         "counts": {
-            "items": len(tally.kept) + len(tally.dropped), "kept": len(ids), "train": len(train_rows),
-            "val": len(val_rows), "dropped": len(tally.dropped), "reused": tally.reused,
-            "processed": tally.processed, "speakers": len(speakers),
+            "items": len(tally.kept) + len(tally.dropped),
+            "kept": len(ids),
+            "train": len(train_rows),
+            "val": len(val_rows),
+            "dropped": len(tally.dropped),
+            "reused": tally.reused,
+            "processed": tally.processed,
+            "speakers": len(speakers),
         },
         "hours": {"kept": hours(train_rows) + hours(val_rows), "train": hours(train_rows), "val": hours(val_rows)},
         "speakers": speaker_table(tally, val_ids),
@@ -502,8 +534,10 @@ def write_outputs(data_dir: Path, tally: Tally, val_fraction: float, report_extr
     try:
         write_text_atomic(data_dir / "prepare_report.json", json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     except OSError as error:
-        raise NotWritten(f"could not write {data_dir}/prepare_report.json: "
-                         f"{describe_failure(error, data_dir, 'it', 0)}; free space and run the same command again") from None
+        raise NotWritten(
+            f"could not write {data_dir}/prepare_report.json: "
+            f"{describe_failure(error, data_dir, 'it', 0)}; free space and run the same command again"
+        ) from None
     return report
 
 
@@ -516,6 +550,7 @@ def write_quality(path: Path, tally: Tally, val_ids: set[str]) -> None:
     for item_id in sorted(tally.kept):
         clip = tally.kept[item_id]
         values = ["" if clip.quality.get(name) is None else f"{clip.quality[name]:g}" for name in QUALITY_COLUMNS]
-        lines.append("\t".join([item_id, clip.speaker, "val" if item_id in val_ids else "train",
-                                f"{clip.seconds:.3f}", *values]))
+        lines.append(
+            "\t".join([item_id, clip.speaker, "val" if item_id in val_ids else "train", f"{clip.seconds:.3f}", *values])
+        )
     write_text_atomic(path, "\n".join(lines) + "\n")

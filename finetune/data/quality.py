@@ -35,8 +35,11 @@ def frame_db(samples: np.ndarray, sample_rate: int) -> np.ndarray:
     """Energy of each 20 ms frame, in dB (a floor at -120 dB)."""
     size = max(1, int(FRAME_S * sample_rate))
     count = max(1, len(samples) // size)
-    frames = np.asarray(samples[: count * size], dtype=np.float64).reshape(count, -1) if len(samples) >= size \
+    frames = (
+        np.asarray(samples[: count * size], dtype=np.float64).reshape(count, -1)
+        if len(samples) >= size
         else np.asarray(samples, dtype=np.float64).reshape(1, -1)
+    )
     return 10 * np.log10(np.maximum(np.mean(frames**2, axis=1), 1e-12))
 
 
@@ -74,8 +77,10 @@ class QualityLimits:
         if self.max_rate_deviation and rate and speaker_rate:
             deviation = abs(rate / speaker_rate - 1)
             if deviation > self.max_rate_deviation:
-                return "speaking_rate", (f"{rate:.1f} characters a second, {100 * deviation:.0f}% from its speaker's "
-                                         f"{speaker_rate:.1f} > --max_rate_deviation {self.max_rate_deviation:g}")
+                return "speaking_rate", (
+                    f"{rate:.1f} characters a second, {100 * deviation:.0f}% from its speaker's "
+                    f"{speaker_rate:.1f} > --max_rate_deviation {self.max_rate_deviation:g}"
+                )
         dnsmos = quality.get("dnsmos")
         if self.min_dnsmos and dnsmos is not None and dnsmos < self.min_dnsmos:
             return "low_dnsmos", f"DNSMOS {dnsmos:.2f} < --min_dnsmos {self.min_dnsmos:g}"

@@ -30,8 +30,9 @@ class ResumeMismatch(ToolError):
     """A saved position that means something else in this run (another process count)."""
 
 
-def bucketed_batches(lengths: list[int] | np.ndarray, batch_size: int, seed: int, epoch: int,
-                     pool_batches: int = 32) -> list[list[int]]:
+def bucketed_batches(
+    lengths: list[int] | np.ndarray, batch_size: int, seed: int, epoch: int, pool_batches: int = 32
+) -> list[list[int]]:
     rng = np.random.default_rng([seed, epoch])
     lengths = np.asarray(lengths)
     order = rng.permutation(len(lengths))
@@ -128,17 +129,25 @@ class BucketSampler:
         return False
 
     def state_dict(self) -> dict:
-        return {"epoch": self.state.epoch, "position": self.state.position, "seed": self.seed,
-                "batch_size": self.batch_size, "micro_batch": self.micro_batch, "items": len(self.lengths),
-                "world_size": self.world_size}
+        return {
+            "epoch": self.state.epoch,
+            "position": self.state.position,
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+            "micro_batch": self.micro_batch,
+            "items": len(self.lengths),
+            "world_size": self.world_size,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Continue at the saved position. The position counts this process's batches of its share, so it
         only means the same thing with as many processes as when it was saved."""
         saved_world = int(state.get("world_size", 1))
         if saved_world != self.world_size:
-            raise ResumeMismatch(f"this checkpoint was written by a run of {saved_world} process(es) and this one has "
-                             f"{self.world_size}: resume it with the same number (torchrun --nproc_per_node="
-                             f"{saved_world}), or start a new run in another --checkpoint_dir")
+            raise ResumeMismatch(
+                f"this checkpoint was written by a run of {saved_world} process(es) and this one has "
+                f"{self.world_size}: resume it with the same number (torchrun --nproc_per_node="
+                f"{saved_world}), or start a new run in another --checkpoint_dir"
+            )
         self.micro_batch = int(state.get("micro_batch", self.batch_size))  # the position counts these
         self.state = SamplerState(epoch=int(state["epoch"]), position=int(state["position"]))

@@ -78,8 +78,10 @@ def pick_column(columns: list[str], wanted: str | None, guesses: tuple[str, ...]
     for guess in guesses:
         if guess in columns:
             return guess
-    raise SourceError(f"no {what} column found (tried {', '.join(guesses)}); the columns are: "
-                      f"{', '.join(columns)}. Name it with {flag}")
+    raise SourceError(
+        f"no {what} column found (tried {', '.join(guesses)}); the columns are: "
+        f"{', '.join(columns)}. Name it with {flag}"
+    )
 
 
 SPEAKER_COLUMN_GUESSES = ("client_id", "speaker_id", "speaker")  # Common Voice's first
@@ -134,8 +136,10 @@ def ljspeech_source(input_dir: str | Path, max_samples: int = 0, flag: str = "--
     if not folder.is_dir():
         raise SourceError(f"{flag} {input_dir}: no such folder")
     if not metadata.is_file():
-        raise SourceError(f"{flag} {input_dir}: no metadata.csv (expected an LJSpeech layout: "
-                          "metadata.csv with id|text lines and wavs/<id>.wav)")
+        raise SourceError(
+            f"{flag} {input_dir}: no metadata.csv (expected an LJSpeech layout: "
+            "metadata.csv with id|text lines and wavs/<id>.wav)"
+        )
     rows = []
     for line in metadata.read_text(encoding="utf-8-sig").splitlines():
         if not line.strip():
@@ -233,9 +237,15 @@ def audiofolder_manifest(folder: Path, split: str) -> Path | None:
     return None
 
 
-def manifest_source(path: str | Path, audio_column: str | None, text_column: str | None,
-                    id_column: str | None, speaker_column: str | None, speaker: str | None,
-                    max_samples: int = 0) -> Source:
+def manifest_source(
+    path: str | Path,
+    audio_column: str | None,
+    text_column: str | None,
+    id_column: str | None,
+    speaker_column: str | None,
+    speaker: str | None,
+    max_samples: int = 0,
+) -> Source:
     manifest = Path(path)
     columns, rows = read_manifest(manifest)
     audio_col = pick_column(columns, audio_column, AUDIO_COLUMN_GUESSES, "--audio_column", "audio path")
@@ -245,8 +255,10 @@ def manifest_source(path: str | Path, audio_column: str | None, text_column: str
     notes = {}
     speaker_col = find_speaker_column(columns, speaker_column)
     if speaker and not speaker_col:
-        raise SourceError(f"--speaker {speaker!r}: {manifest} has no speaker column; name it with --speaker_column "
-                          f"(its columns: {', '.join(columns)})")
+        raise SourceError(
+            f"--speaker {speaker!r}: {manifest} has no speaker column; name it with --speaker_column "
+            f"(its columns: {', '.join(columns)})"
+        )
     if speaker_col:
         keep, notes["speaker"] = speaker_rows([r[speaker_col] for r in rows], speaker, speaker_col)
         rows = [rows[i] for i in keep]
@@ -257,8 +269,12 @@ def manifest_source(path: str | Path, audio_column: str | None, text_column: str
         for row in rows:
             audio = resolve_manifest_path(manifest.parent, row[audio_col] or "")
             item_id = safe_id(row[id_column] if id_column else row[audio_col] or "item")
-            yield SourceItem(item_id=item_id, text=row[text_col] or "", audio_path=audio,
-                             speaker=str(row[speaker_col]) if speaker_col else "")
+            yield SourceItem(
+                item_id=item_id,
+                text=row[text_col] or "",
+                audio_path=audio,
+                speaker=str(row[speaker_col]) if speaker_col else "",
+            )
 
     description = f"manifest {manifest} (audio: {audio_col}, text: {text_col})"
     return Source(description=description, count=len(rows), iterate=iterate, notes=notes)
@@ -283,8 +299,10 @@ def load_any_dataset(spec: str, split: str):
         try:
             loaded = datasets.load_dataset(str(folder))
         except (ValueError, OSError, FileNotFoundError) as error:
-            raise SourceError(f"--dataset {spec}: not a save_to_disk folder, an audiofolder, or a dataset snapshot "
-                              f"that datasets can read ({error})") from error
+            raise SourceError(
+                f"--dataset {spec}: not a save_to_disk folder, an audiofolder, or a dataset snapshot "
+                f"that datasets can read ({error})"
+            ) from error
     elif folder.exists() or spec.startswith((".", "/", "~")):
         raise SourceError(f"--dataset {spec}: not a dataset folder, an audiofolder or a .csv/.tsv/.jsonl manifest")
     else:
@@ -305,8 +323,9 @@ def load_hub_dataset(repo_id: str):
 
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
     if not offline and not hub_reachable():
-        raise SourceError(offline_advice("dataset", repo_id, "--dataset")
-                          + " (or, if it is in the local cache, set HF_HUB_OFFLINE=1)")
+        raise SourceError(
+            offline_advice("dataset", repo_id, "--dataset") + " (or, if it is in the local cache, set HF_HUB_OFFLINE=1)"
+        )
     try:
         return datasets.load_dataset(repo_id, download_mode="reuse_dataset_if_exists")
     except (ConnectionError, OSError, ValueError) as error:
@@ -324,9 +343,16 @@ def audio_reference(value, base: Path | None) -> tuple[bytes | None, str | None]
     return data, path
 
 
-def dataset_source(spec: str, split: str, audio_column: str | None, text_column: str | None,
-                   id_column: str | None, speaker_column: str | None, speaker: str | None,
-                   max_samples: int = 0) -> Source:
+def dataset_source(
+    spec: str,
+    split: str,
+    audio_column: str | None,
+    text_column: str | None,
+    id_column: str | None,
+    speaker_column: str | None,
+    speaker: str | None,
+    max_samples: int = 0,
+) -> Source:
     import datasets
 
     dataset = load_any_dataset(spec, split)
@@ -340,8 +366,10 @@ def dataset_source(spec: str, split: str, audio_column: str | None, text_column:
     notes = {}
     speaker_col = find_speaker_column(columns, speaker_column)
     if speaker and not speaker_col:
-        raise SourceError(f"--speaker {speaker!r}: {spec} has no speaker column; name it with --speaker_column "
-                          f"(its columns: {', '.join(columns)})")
+        raise SourceError(
+            f"--speaker {speaker!r}: {spec} has no speaker column; name it with --speaker_column "
+            f"(its columns: {', '.join(columns)})"
+        )
     if speaker_col:
         keep, notes["speaker"] = speaker_rows(dataset[speaker_col], speaker, speaker_col)
         if len(keep) < len(dataset):
@@ -356,8 +384,13 @@ def dataset_source(spec: str, split: str, audio_column: str | None, text_column:
         for index, row in enumerate(dataset):
             data, path = audio_reference(row[audio_col], base)
             raw_id = str(row[id_column]) if id_column else (Path(path).name if path else f"{split}_{index:06d}")
-            yield SourceItem(item_id=safe_id(raw_id), text=str(row[text_col] or ""), audio_bytes=data, audio_path=path,
-                             speaker=str(row[speaker_col]) if speaker_col else "")
+            yield SourceItem(
+                item_id=safe_id(raw_id),
+                text=str(row[text_col] or ""),
+                audio_bytes=data,
+                audio_path=path,
+                speaker=str(row[speaker_col]) if speaker_col else "",
+            )
 
     description = f"dataset {spec} split {split} (audio: {audio_col}, text: {text_col})"
     return Source(description=description, count=len(dataset), iterate=iterate, notes=notes)
@@ -370,8 +403,10 @@ def refuse_column_flags(options: dict, what: str) -> None:
     """Column and speaker flags mean nothing to an LJSpeech folder: refuse them rather than ignore them."""
     given = [f"--{name}" for name in COLUMN_FLAGS if options.get(name)]
     if given:
-        raise SourceError(f"{what} (id|text lines, one speaker): {', '.join(given)} only apply to datasets and "
-                          "manifests; leave them out, or give only the clips you want in metadata.csv")
+        raise SourceError(
+            f"{what} (id|text lines, one speaker): {', '.join(given)} only apply to datasets and "
+            "manifests; leave them out, or give only the clips you want in metadata.csv"
+        )
 
 
 def open_source(input_dir: str | None, dataset: str | None, **options) -> Source:

@@ -55,11 +55,16 @@ class Speakers:
         return {name: index for index, name in enumerate(self.names)}
 
     def describe(self) -> str:
-        how = {"conditioned": "each under its own speaker embedding", "pooled": "all as one voice",
-               "target_only": "the target's clips only"}[self.mode]
-        return (f"speakers: {len(self.names)} in the training data, trained {how} (--speakers {self.mode}); the voice "
-                f"judged and exported: {self.target} ({self.hours.get(self.target, 0.0):.2f} h, "
-                f"{self.held_out.get(self.target, 0)} held-out clips)")
+        how = {
+            "conditioned": "each under its own speaker embedding",
+            "pooled": "all as one voice",
+            "target_only": "the target's clips only",
+        }[self.mode]
+        return (
+            f"speakers: {len(self.names)} in the training data, trained {how} (--speakers {self.mode}); the voice "
+            f"judged and exported: {self.target} ({self.hours.get(self.target, 0.0):.2f} h, "
+            f"{self.held_out.get(self.target, 0)} held-out clips)"
+        )
 
 
 def clip_hours(data_dir: Path, rows: list[tuple[str, str, str]], sample_rate: int) -> dict[str, float]:
@@ -74,8 +79,9 @@ def clip_hours(data_dir: Path, rows: list[tuple[str, str, str]], sample_rate: in
     return hours
 
 
-def find_speakers(data_dir: Path, target: str | None, mode: str, sample_rate: int,
-                  saved_names: list[str] | None = None) -> Speakers | None:
+def find_speakers(
+    data_dir: Path, target: str | None, mode: str, sample_rate: int, saved_names: list[str] | None = None
+) -> Speakers | None:
     """The corpus's speakers with the target first; None for a single-speaker corpus (no speaker named, or
     one). `saved_names`: a resumed run's list, kept as it was. A --target_speaker that is not in the
     training data is a ConfigError listing the speakers with most hours."""
@@ -85,8 +91,12 @@ def find_speakers(data_dir: Path, target: str | None, mode: str, sample_rate: in
     hours = clip_hours(data_dir, rows, sample_rate)
     if len(hours) < 2:
         if target:
-            raise ConfigError([f"--target_speaker {target}: {data_dir}/metadata.csv names no speakers (one voice); "
-                               "prepare a multi-speaker corpus (prepare_data.py --speaker_column) or leave it out"])
+            raise ConfigError(
+                [
+                    f"--target_speaker {target}: {data_dir}/metadata.csv names no speakers (one voice); "
+                    "prepare a multi-speaker corpus (prepare_data.py --speaker_column) or leave it out"
+                ]
+            )
         return None
     by_hours = sorted(hours, key=lambda name: (-hours[name], name))
     if target is not None and target not in hours:
@@ -108,10 +118,14 @@ def weighted_for_target(examples: list, share: float) -> tuple[list, str]:
     target = [e for e in examples if e.speaker == TARGET_SPEAKER]
     others = len(examples) - len(target)
     if not target or not others or len(target) >= share * len(examples):
-        return examples, (f"speakers: the target's {len(target)} clips are {len(target) / len(examples):.0%} of the "
-                          f"training clips, at least --target_share {share:g}: drawn once an epoch")
+        return examples, (
+            f"speakers: the target's {len(target)} clips are {len(target) / len(examples):.0%} of the "
+            f"training clips, at least --target_share {share:g}: drawn once an epoch"
+        )
     repeats = max(1, round(share * others / ((1 - share) * len(target))))
     weighted = examples + target * (repeats - 1)
-    return weighted, (f"speakers: the target's {len(target)} clips ({len(target) / len(examples):.0%} of the training "
-                      f"clips) drawn {repeats} times an epoch: {repeats * len(target) / len(weighted):.0%} of the draws "
-                      f"(--target_share {share:g}; 0 draws each clip once)")
+    return weighted, (
+        f"speakers: the target's {len(target)} clips ({len(target) / len(examples):.0%} of the training "
+        f"clips) drawn {repeats} times an epoch: {repeats * len(target) / len(weighted):.0%} of the draws "
+        f"(--target_share {share:g}; 0 draws each clip once)"
+    )

@@ -103,7 +103,9 @@ class EvalResult:
     sentences_planned: int = 0
     others: dict[str, dict] = field(default_factory=dict)  # other speakers of the crowd, reported beside it
     mcd_se_db: float = float("nan")  # standard error of the mean MCD over the clips scored: the measure's own noise
-    choice_scores: dict[str, float] = field(default_factory=dict)  # each clip's MCD behind `mcd_db`, paired by the choice
+    choice_scores: dict[str, float] = field(
+        default_factory=dict
+    )  # each clip's MCD behind `mcd_db`, paired by the choice
 
     @property
     def clips_scored(self) -> int:
@@ -115,27 +117,46 @@ class EvalResult:
         return not self.per_clip
 
     def summary(self) -> dict:
-        return {"step": self.step, "mcd_db": round(self.mcd_db, 4),
-                **({"mcd_se_db": round(self.mcd_se_db, 4)} if np.isfinite(self.mcd_se_db) else {}),
-                "length_ratio": round(self.length_ratio, 4),
-                "draw_spread": round(self.draw_spread, 4),
-                **({"naturalness": round(self.naturalness, 4)} if self.naturalness is not None else {}),
-                "duration_error": round(self.duration_error, 4), "eligible": self.eligible,
-                **({"ineligible_reason": self.ineligible_reason} if not self.eligible else {}),
-                "clips_scored": self.clips_scored, "clips_planned": self.clips_planned,
-                "sentences_written": len(self.samples), "sentences_planned": self.sentences_planned,
-                **({"cut_short": self.cut_short} if self.cut_short else {}),
-                "seconds": round(self.seconds, 2), **{f"val_{k}": round(v, 4) for k, v in self.val_losses.items()},
-                **{k: round(v, 4) for k, v in self.extra.items()}, **({"others": self.others} if self.others else {})}
+        return {
+            "step": self.step,
+            "mcd_db": round(self.mcd_db, 4),
+            **({"mcd_se_db": round(self.mcd_se_db, 4)} if np.isfinite(self.mcd_se_db) else {}),
+            "length_ratio": round(self.length_ratio, 4),
+            "draw_spread": round(self.draw_spread, 4),
+            **({"naturalness": round(self.naturalness, 4)} if self.naturalness is not None else {}),
+            "duration_error": round(self.duration_error, 4),
+            "eligible": self.eligible,
+            **({"ineligible_reason": self.ineligible_reason} if not self.eligible else {}),
+            "clips_scored": self.clips_scored,
+            "clips_planned": self.clips_planned,
+            "sentences_written": len(self.samples),
+            "sentences_planned": self.sentences_planned,
+            **({"cut_short": self.cut_short} if self.cut_short else {}),
+            "seconds": round(self.seconds, 2),
+            **{f"val_{k}": round(v, 4) for k, v in self.val_losses.items()},
+            **{k: round(v, 4) for k, v in self.extra.items()},
+            **({"others": self.others} if self.others else {}),
+        }
 
     def per_clip_dict(self) -> dict[str, dict]:
-        return {name: {k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(score).items()
-                       if k != "length_draws" and v is not None}
-                for name, score in self.per_clip.items()}
+        return {
+            name: {
+                k: (round(v, 4) if isinstance(v, float) else v)
+                for k, v in asdict(score).items()
+                if k != "length_draws" and v is not None
+            }
+            for name, score in self.per_clip.items()
+        }
 
 
-def judge(step: int, scores: dict[str, ClipScore], val_losses: dict[str, float], seconds: float,
-          rule: TimingRule | None, planned: int | None = None) -> EvalResult:
+def judge(
+    step: int,
+    scores: dict[str, ClipScore],
+    val_losses: dict[str, float],
+    seconds: float,
+    rule: TimingRule | None,
+    planned: int | None = None,
+) -> EvalResult:
     """Per-clip scores -> one evaluation: means, the median length ratio of a single draw, and eligibility
     by the timing rule (and only when every one of the `planned` clips was scored). `rule` None: the
     recordings are not at the voice's tempo (other people's), so the length is reported, not judged."""
@@ -152,12 +173,22 @@ def judge(step: int, scores: dict[str, ClipScore], val_losses: dict[str, float],
     elif rule is not None and not rule.accepts(ratio):
         digits = next((d for d in range(2, 7) if not rule.accepts(round(ratio, d))), 6)  # never "0.80 is outside 0.80-"
         reason = f"median length ratio {ratio:.{digits}f} is outside {rule.describe()}"
-    return EvalResult(step=step, mcd_db=mcd, per_clip=scores, val_losses=val_losses, seconds=seconds,
-                      length_ratio=ratio, draw_spread=median_draw_spread(scores), duration_error=error,
-                      eligible=not reason, ineligible_reason=reason,
-                      naturalness=float(np.mean(natural)) if natural else None, clips_planned=planned,
-                      mcd_se_db=standard_error([s.mcd_db for s in scores.values()]),
-                      choice_scores={name: s.mcd_db for name, s in scores.items()})
+    return EvalResult(
+        step=step,
+        mcd_db=mcd,
+        per_clip=scores,
+        val_losses=val_losses,
+        seconds=seconds,
+        length_ratio=ratio,
+        draw_spread=median_draw_spread(scores),
+        duration_error=error,
+        eligible=not reason,
+        ineligible_reason=reason,
+        naturalness=float(np.mean(natural)) if natural else None,
+        clips_planned=planned,
+        mcd_se_db=standard_error([s.mcd_db for s in scores.values()]),
+        choice_scores={name: s.mcd_db for name, s in scores.items()},
+    )
 
 
 def standard_error(values: list[float]) -> float:
@@ -183,8 +214,10 @@ def describe_cut(result: EvalResult) -> str:
     """What a cut-short evaluation left out ("" for a whole one)."""
     if not result.cut_short:
         return ""
-    return (f"; cut short by {result.cut_short}: {result.clips_scored} of {result.clips_planned} clips, "
-            f"{len(result.samples)} of {result.sentences_planned} test sentences")
+    return (
+        f"; cut short by {result.cut_short}: {result.clips_scored} of {result.clips_planned} clips, "
+        f"{len(result.samples)} of {result.sentences_planned} test sentences"
+    )
 
 
 def describe_timing(result: EvalResult) -> str:
@@ -199,16 +232,30 @@ class Evaluator:
     @staticmethod
     def describe(result: EvalResult) -> str:
         natural = f", naturalness {result.naturalness:.2f}" if result.naturalness is not None else ""
-        others = "".join(f"; {name}: MCD {o['mcd_db']:.2f}, length x{o['length_ratio']:.2f}"
-                         for name, o in result.others.items())
+        others = "".join(
+            f"; {name}: MCD {o['mcd_db']:.2f}, length x{o['length_ratio']:.2f}" for name, o in result.others.items()
+        )
         noise = f" ±{result.mcd_se_db:.3f}" if np.isfinite(result.mcd_se_db) else ""  # one standard error
         return f"MCD {result.mcd_db:.3f}{noise} dB{natural}, {describe_timing(result)}{describe_cut(result)}{others}"
 
-    def __init__(self, examples: list[Example], features: Features, device: torch.device, sample_rate: int,
-                 samples_dir: Path | None, test_sentences: list[tuple[str, np.ndarray]], seed: int = 0,
-                 batch_size: int = 8, segment_frames: int = 32, rule: TimingRule | None = TimingRule(),
-                 duration_draws: int = DURATION_DRAWS, naturalness=None, speaker: int | None = None,
-                 others: dict[str, "Evaluator"] | None = None, across_speakers: bool = False):
+    def __init__(
+        self,
+        examples: list[Example],
+        features: Features,
+        device: torch.device,
+        sample_rate: int,
+        samples_dir: Path | None,
+        test_sentences: list[tuple[str, np.ndarray]],
+        seed: int = 0,
+        batch_size: int = 8,
+        segment_frames: int = 32,
+        rule: TimingRule | None = TimingRule(),
+        duration_draws: int = DURATION_DRAWS,
+        naturalness=None,
+        speaker: int | None = None,
+        others: dict[str, "Evaluator"] | None = None,
+        across_speakers: bool = False,
+    ):
         self.examples, self.features, self.device = examples, features, device
         self.speaker = speaker  # whose voice a speaker-conditioned model speaks in (None: a plain model)
         # The recordings are other people's (corrections): the MCD compares them as another speaker's
@@ -252,8 +299,11 @@ class Evaluator:
             other.group_s = other.group_s or self.group_s  # its first group is timed like the target's
             scored = other.evaluate(model, step, stop, limit)
             if not scored.cut_short:
-                result.others[name] = {"mcd_db": round(scored.mcd_db, 4), "length_ratio": round(scored.length_ratio, 4),
-                                       "clips": scored.clips_scored}
+                result.others[name] = {
+                    "mcd_db": round(scored.mcd_db, 4),
+                    "length_ratio": round(scored.length_ratio, 4),
+                    "clips": scored.clips_scored,
+                }
         return result
 
     def fit_tempo(self, model):
@@ -265,8 +315,15 @@ class Evaluator:
         modes = {module: module.training for module in model.modules()}
         model.eval()
         try:
-            return fit_tempo(model, [e.token_ids for e in self.examples], [e.frame_count(hop) for e in self.examples],
-                             self.device, self.seed + TEMPO_SEED_OFFSET, speaker=self.speaker, draws=self.duration_draws)
+            return fit_tempo(
+                model,
+                [e.token_ids for e in self.examples],
+                [e.frame_count(hop) for e in self.examples],
+                self.device,
+                self.seed + TEMPO_SEED_OFFSET,
+                speaker=self.speaker,
+                draws=self.duration_draws,
+            )
         finally:
             for module, training in modes.items():
                 module.training = training
@@ -297,10 +354,13 @@ class Evaluator:
         caller restores training mode."""
         model.eval()
         if self.examples:
+
             def score_first_group() -> float:
                 started = limit.now()
                 group = self.examples[: self.batch_size]
-                _, aligned = self.validation_losses(model, collate(group, self.features.config.hop_length).to(self.device), 0)
+                _, aligned = self.validation_losses(
+                    model, collate(group, self.features.config.hop_length).to(self.device), 0
+                )
                 self.score_group(model, group, aligned, 0)
                 return limit.now() - started
 
@@ -310,8 +370,14 @@ class Evaluator:
 
             def say_first_sentence() -> float:
                 started = limit.now()
-                speak(model, [ids], self.device, self.seed, [min(TEST_SENTENCE_MAX_S, ceiling_for_text(len(ids)))],
-                      speaker=self.speaker)
+                speak(
+                    model,
+                    [ids],
+                    self.device,
+                    self.seed,
+                    [min(TEST_SENTENCE_MAX_S, ceiling_for_text(len(ids)))],
+                    speaker=self.speaker,
+                )
                 return limit.now() - started
 
             self.repeat_twice_within(say_first_sentence, limit, "sentence_s")
@@ -331,11 +397,14 @@ class Evaluator:
         """What a whole evaluation should cost at the latest estimates (0 when none is known yet)."""
         groups = -(-len(self.examples) // self.batch_size)
         sentences = len(self.test_sentences) if self.samples_dir is not None else 0
-        others = sum(-(-len(o.examples) // o.batch_size) * (o.group_s or self.group_s or 0.0) for o in self.others.values())
+        others = sum(
+            -(-len(o.examples) // o.batch_size) * (o.group_s or self.group_s or 0.0) for o in self.others.values()
+        )
         return groups * (self.group_s or 0.0) + sentences * (self.sentence_s or 0.0) + others
 
-    def score_clips(self, model, stop: StopRequest | None = None, limit: TimeLimit | None = None
-                    ) -> tuple[dict[str, ClipScore], dict[str, float], bool]:
+    def score_clips(
+        self, model, stop: StopRequest | None = None, limit: TimeLimit | None = None
+    ) -> tuple[dict[str, ClipScore], dict[str, float], bool]:
         """Per-clip scores and the mean validation losses of the clips scored, and whether `limit` cut
         the clips short (a group runs only when, at the slowest group so far, it ends in time)."""
         limit = limit or TimeLimit.none()
@@ -359,15 +428,23 @@ class Evaluator:
             self.group_s = max(groups.seen)  # as it goes: a stop mid-evaluation still leaves the estimate
         return scores, {k: v / max(1, len(scores)) for k, v in totals.items()}, cut
 
-    def score_group(self, model, group: list[Example], aligned: list[np.ndarray], seed_offset: int) -> dict[str, ClipScore]:
+    def score_group(
+        self, model, group: list[Example], aligned: list[np.ndarray], seed_offset: int
+    ) -> dict[str, ClipScore]:
         """Synthesise a group of clips from their text (each capped at MAX_LENGTH_VS_RECORDING times its
         recording) and score each against its recording."""
         hop = self.features.config.hop_length
         ceilings = [MAX_LENGTH_VS_RECORDING * len(e.audio) / self.sample_rate for e in group]
         tokens = [e.token_ids for e in group]
         speech = speak(model, tokens, self.device, self.seed + seed_offset, ceilings, speaker=self.speaker)
-        draws = duration_draws(model, tokens, self.device, self.seed + seed_offset + DRAW_SEED_OFFSET, self.duration_draws,
-                               speaker=self.speaker)
+        draws = duration_draws(
+            model,
+            tokens,
+            self.device,
+            self.seed + seed_offset + DRAW_SEED_OFFSET,
+            self.duration_draws,
+            speaker=self.speaker,
+        )
         scores = {}
         for i, example in enumerate(group):
             synthesised = self.features.mel(torch.from_numpy(speech.waveforms[i]).unsqueeze(0).to(self.device))
@@ -377,9 +454,15 @@ class Evaluator:
             ratios = tuple(length_ratio(frames, example.frame_count(hop)) for frames in draws[i])
             scores[example.item_id] = ClipScore(
                 mcd_db=self.distance(example, synthesised[0].cpu().numpy(), real[0].cpu().numpy()),
-                length_ratio=float(np.median(ratios)), duration_error=duration_error(speech.token_frames[i], aligned[i]),
-                capped=speech.capped[i], length_draws=ratios, draw_spread=geometric_spread(ratios),
-                naturalness=self.naturalness.overall(speech.waveforms[i], self.sample_rate) if self.naturalness else None)
+                length_ratio=float(np.median(ratios)),
+                duration_error=duration_error(speech.token_frames[i], aligned[i]),
+                capped=speech.capped[i],
+                length_draws=ratios,
+                draw_spread=geometric_spread(ratios),
+                naturalness=self.naturalness.overall(speech.waveforms[i], self.sample_rate)
+                if self.naturalness
+                else None,
+            )
         return scores
 
     def distance(self, example: Example, synthesised: np.ndarray, real: np.ndarray) -> float:
@@ -388,6 +471,7 @@ class Evaluator:
         if not self.across_speakers:
             return mcd_dtw(synthesised, real)
         if example.item_id not in self.references:
+
             def log_mel(audio: np.ndarray) -> np.ndarray:
                 return self.features.mel(torch.from_numpy(audio).float().unsqueeze(0).to(self.device))[0].cpu().numpy()
 
@@ -408,8 +492,9 @@ class Evaluator:
         aligned = [durations[i, : int(n)] for i, n in enumerate(batch.text_lengths)]
         return {"mel": terms.mel.item(), "kl": terms.kl.item(), "duration": terms.duration.item()}, aligned
 
-    def write_samples(self, model, step: int, stop: StopRequest | None = None, limit: TimeLimit | None = None
-                      ) -> tuple[list[str], bool]:
+    def write_samples(
+        self, model, step: int, stop: StopRequest | None = None, limit: TimeLimit | None = None
+    ) -> tuple[list[str], bool]:
         """The test sentences as WAVs, one at a time, and whether `limit` left some out (a stop request
         raises StopRequested between two)."""
         if self.samples_dir is None or not self.test_sentences:
@@ -423,8 +508,14 @@ class Evaluator:
             if not costs.next_fits(limit):
                 break
             started = limit.now()
-            speech = speak(model, [ids], self.device, self.seed, [min(TEST_SENTENCE_MAX_S, ceiling_for_text(len(ids)))],
-                      speaker=self.speaker)
+            speech = speak(
+                model,
+                [ids],
+                self.device,
+                self.seed,
+                [min(TEST_SENTENCE_MAX_S, ceiling_for_text(len(ids)))],
+                speaker=self.speaker,
+            )
             path = folder / f"{name}.wav"
             try:
                 folder.mkdir(parents=True, exist_ok=True)

@@ -29,8 +29,12 @@ class LogFileHandler(logging.FileHandler):
         error = sys.exc_info()[1]
         if error is None or not is_write_failure(error):
             return super().handleError(record)
-        OPTIONAL.failed("train.log lines", Path(self.baseFilename).parent, error,
-                        lambda line: print(line, file=sys.stderr, flush=True))
+        OPTIONAL.failed(
+            "train.log lines",
+            Path(self.baseFilename).parent,
+            error,
+            lambda line: print(line, file=sys.stderr, flush=True),
+        )
 
     def close(self) -> None:
         try:
@@ -100,17 +104,41 @@ def peak_memory(device: torch.device) -> dict:
     return {"rss_gib": round(psutil.Process().memory_info().rss / 2**30, 3)}
 
 
-SHORT_NAMES = {"mel": "mel", "kl": "kl", "duration": "dur", "adversarial": "adv", "feature_matching": "fm",
-               "generator": "gen", "discriminator": "disc"}
+SHORT_NAMES = {
+    "mel": "mel",
+    "kl": "kl",
+    "duration": "dur",
+    "adversarial": "adv",
+    "feature_matching": "fm",
+    "generator": "gen",
+    "discriminator": "disc",
+}
 
 
-def progress_line(step: int, total: int, epoch: float, epochs: float, losses: dict[str, float], lr: float,
-                  samples_per_s: float, memory: str, epoch_eta_s: float, run_eta_s: float, deadline_s: float) -> str:
+def progress_line(
+    step: int,
+    total: int,
+    epoch: float,
+    epochs: float,
+    losses: dict[str, float],
+    lr: float,
+    samples_per_s: float,
+    memory: str,
+    epoch_eta_s: float,
+    run_eta_s: float,
+    deadline_s: float,
+) -> str:
     terms = " ".join(f"{SHORT_NAMES.get(k, k)} {v:.3f}" for k, v in losses.items())
-    planned = f"step {step}/{total} | epoch {epoch:.2f}/{epochs:.1f}" if total else f"step {step} (benchmark) | epoch {epoch:.2f}"
-    return (f"{planned} | {terms} | lr {lr:.2e} | "
-            f"{samples_per_s:.1f} samples/s | {memory} | epoch ETA {format_duration(epoch_eta_s)} | "
-            f"ETA {format_duration(run_eta_s)} | deadline in {format_duration(deadline_s)}")
+    planned = (
+        f"step {step}/{total} | epoch {epoch:.2f}/{epochs:.1f}"
+        if total
+        else f"step {step} (benchmark) | epoch {epoch:.2f}"
+    )
+    return (
+        f"{planned} | {terms} | lr {lr:.2e} | "
+        f"{samples_per_s:.1f} samples/s | {memory} | epoch ETA {format_duration(epoch_eta_s)} | "
+        f"ETA {format_duration(run_eta_s)} | deadline in {format_duration(deadline_s)}"
+    )
 
 
 class ProgressDisplay:

@@ -92,14 +92,18 @@ def normalised_cepstrum(log_mel: np.ndarray, coefficients: int = 24) -> np.ndarr
     return cepstra - cepstra.mean(axis=1, keepdims=True)
 
 
-def warped_references(audio: np.ndarray, sample_rate: int, log_mel, warps: tuple[float, ...] = WARPS) -> list[np.ndarray]:
+def warped_references(
+    audio: np.ndarray, sample_rate: int, log_mel, warps: tuple[float, ...] = WARPS
+) -> list[np.ndarray]:
     """A recording [samples] as another speaker's: its normalised cepstra at each warp (the audio resampled
     to play `warp` times longer, which scales its formants and pitch by 1 / warp). `log_mel(audio)` gives
     [n_mels, frames]."""
     import soxr
 
-    return [normalised_cepstrum(log_mel(audio if warp == 1.0 else soxr.resample(audio, sample_rate, sample_rate * warp)))
-            for warp in warps]
+    return [
+        normalised_cepstrum(log_mel(audio if warp == 1.0 else soxr.resample(audio, sample_rate, sample_rate * warp)))
+        for warp in warps
+    ]
 
 
 def mcd_across_speakers(log_mel_synthesised: np.ndarray, references: list[np.ndarray]) -> float:
@@ -150,6 +154,8 @@ def few_held_out(clips: int, fix: str, whose: str = "") -> str | None:
     None when enough."""
     if clips >= MIN_DECIDING_CLIPS:
         return None
-    return (f"warning: {clips} held-out clip{'s' if clips != 1 else ''}{whose} judge every evaluation: too few to tell "
-            f"close models apart (each evaluation reports its MCD's standard error, ±); {fix} "
-            f"(at least {MIN_DECIDING_CLIPS})")
+    return (
+        f"warning: {clips} held-out clip{'s' if clips != 1 else ''}{whose} judge every evaluation: too few to tell "
+        f"close models apart (each evaluation reports its MCD's standard error, ±); {fix} "
+        f"(at least {MIN_DECIDING_CLIPS})"
+    )

@@ -74,8 +74,10 @@ def card_facts(base_model: str, data_hours: float, data_clips: int, script: str 
         language = inherited.get("language") or (mms.group("language") if mms else "unknown")  # a hub card has none
     elif mms:
         licence, language = MMS_LICENCE, mms.group("language")
-        note = ("Meta's MMS-TTS checkpoints are released under CC-BY-NC 4.0, and a voice fine-tuned from one keeps "
-                "that licence: attribution, no commercial use")
+        note = (
+            "Meta's MMS-TTS checkpoints are released under CC-BY-NC 4.0, and a voice fine-tuned from one keeps "
+            "that licence: attribution, no commercial use"
+        )
     elif base_model.startswith("scratch"):
         licence, language = "other", "unknown"
         note = "trained from new weights: the licence is that of the recordings it was trained on"
@@ -93,14 +95,22 @@ def licence_sentence(facts: CardFacts) -> str:
 def _figures(evaluation: dict | None) -> str:
     if not evaluation:
         return "Not evaluated on held-out clips."
-    rows = [("step", evaluation.get("step")), ("MCD-DTW, dB (lower is better)", evaluation.get("mcd_db")),
-            ("MCD's standard error over the clips (the evaluation's noise)", evaluation.get("mcd_se_db")),
-            ("median length ratio of one request (synthesised / recorded; 1 = the recordings' tempo)",
-             evaluation.get("length_ratio")),
-            ("how much one request's length varies from the next (geometric sd between draws)", evaluation.get("draw_spread")),
-            ("duration error (share of frames the predicted rhythm misplaces)", evaluation.get("duration_error")),
-            ("naturalness, DNSMOS OVRL 1..5 (higher is better)", evaluation.get("naturalness")),
-            ("within the timing rule", evaluation.get("eligible"))]
+    rows = [
+        ("step", evaluation.get("step")),
+        ("MCD-DTW, dB (lower is better)", evaluation.get("mcd_db")),
+        ("MCD's standard error over the clips (the evaluation's noise)", evaluation.get("mcd_se_db")),
+        (
+            "median length ratio of one request (synthesised / recorded; 1 = the recordings' tempo)",
+            evaluation.get("length_ratio"),
+        ),
+        (
+            "how much one request's length varies from the next (geometric sd between draws)",
+            evaluation.get("draw_spread"),
+        ),
+        ("duration error (share of frames the predicted rhythm misplaces)", evaluation.get("duration_error")),
+        ("naturalness, DNSMOS OVRL 1..5 (higher is better)", evaluation.get("naturalness")),
+        ("within the timing rule", evaluation.get("eligible")),
+    ]
     table = "\n".join(f"| {name} | {value} |" for name, value in rows if value is not None)
     chosen = f"\n\nKept as: {evaluation['chosen_as']}." if evaluation.get("chosen_as") else ""
     return f"| figure | value |\n| --- | --- |\n{table}{chosen}"
@@ -109,25 +119,32 @@ def _figures(evaluation: dict | None) -> str:
 def _tempo(evaluation: dict) -> str:
     """The Timing section: the tempo as evaluated, and the inference settings config.json speaks with."""
     ratio, fit = evaluation.get("length_ratio"), evaluation.get("inference_settings")
-    measured = (f"At the model's own settings, one request speaks the held-out sentences at a median x{ratio:.2f} "
-                "the recordings' length (below 1 is faster speech, above 1 slower)." if isinstance(ratio, float)
-                else "Its tempo was not measured.")
+    measured = (
+        f"At the model's own settings, one request speaks the held-out sentences at a median x{ratio:.2f} "
+        "the recordings' length (below 1 is faster speech, above 1 slower)."
+        if isinstance(ratio, float)
+        else "Its tempo was not measured."
+    )
     if not fit:
-        return (f"{measured} config.json keeps the model's own inference settings. VITS samples each sound's "
-                "duration: `noise_scale_duration` in config.json narrows that sampling (steadier, and after a short "
-                "training shorter), `speaking_rate` changes the pace evenly (0.9 = 10% slower).")
+        return (
+            f"{measured} config.json keeps the model's own inference settings. VITS samples each sound's "
+            "duration: `noise_scale_duration` in config.json narrows that sampling (steadier, and after a short "
+            "training shorter), `speaking_rate` changes the pace evenly (0.9 = 10% slower)."
+        )
     before, after, own = fit["before"], fit["after"], fit["model_own"]
-    return (f"{measured}\n\nconfig.json's inference settings were fitted on {fit['clips']} held-out recordings so that "
-            "one request speaks at their tempo, steadily:\n\n| setting | model's own | fitted |\n| --- | --- | --- |\n"
-            f"| speaking_rate | {own['speaking_rate']:g} | {fit['speaking_rate']:g} |\n"
-            f"| noise_scale_duration | {own['noise_scale_duration']:g} | {fit['noise_scale_duration']:g} |\n"
-            f"| noise_scale | {own['noise_scale']:g} | {fit['noise_scale']:g} (kept: it varies the timbre, not the length) |\n\n"
-            f"Median length of one request x{before['length_ratio']:.2f} -> x{after['length_ratio']:.2f} the recordings'; "
-            f"variation between requests x{before['draw_spread']:.2f} -> x{after['draw_spread']:.2f} (after: measured on "
-            f"{fit.get('after_measured_on', 'the clips it was fitted on')})."
-            + (f" Note: {fit['note']}." if fit.get("note") else "")
-            + " To speak with the model's own settings, set them back in config.json (or train with "
-            "--inference_settings model).")
+    return (
+        f"{measured}\n\nconfig.json's inference settings were fitted on {fit['clips']} held-out recordings so that "
+        "one request speaks at their tempo, steadily:\n\n| setting | model's own | fitted |\n| --- | --- | --- |\n"
+        f"| speaking_rate | {own['speaking_rate']:g} | {fit['speaking_rate']:g} |\n"
+        f"| noise_scale_duration | {own['noise_scale_duration']:g} | {fit['noise_scale_duration']:g} |\n"
+        f"| noise_scale | {own['noise_scale']:g} | {fit['noise_scale']:g} (kept: it varies the timbre, not the length) |\n\n"
+        f"Median length of one request x{before['length_ratio']:.2f} -> x{after['length_ratio']:.2f} the recordings'; "
+        f"variation between requests x{before['draw_spread']:.2f} -> x{after['draw_spread']:.2f} (after: measured on "
+        f"{fit.get('after_measured_on', 'the clips it was fitted on')})."
+        + (f" Note: {fit['note']}." if fit.get("note") else "")
+        + " To speak with the model's own settings, set them back in config.json (or train with "
+        "--inference_settings model)."
+    )
 
 
 def card_text(facts: CardFacts, role: str, steps: int, evaluation: dict | None) -> str:

@@ -99,10 +99,16 @@ class Naturalness:
 
     def _window(self, segment: np.ndarray, with_p808: bool) -> tuple[float, float, float, float]:
         sig, bak, ovr = self.p835.run(None, {"input_1": segment[np.newaxis, :]})[0][0]
-        p808 = (self.p808.run(None, {"input_1": _p808_features(segment[:-160])[np.newaxis]})[0][0][0] if with_p808
-                else float("nan"))
+        p808 = (
+            self.p808.run(None, {"input_1": _p808_features(segment[:-160])[np.newaxis]})[0][0][0]
+            if with_p808
+            else float("nan")
+        )
         # The published polynomial mapping of raw P.835 outputs to the MOS scale (DNSMOS, not personalised).
-        ovr, sig = np.polyval([-0.06766283, 1.11546468, 0.04602535], ovr), np.polyval([-0.08397278, 1.22083953, 0.0052439], sig)
+        ovr, sig = (
+            np.polyval([-0.06766283, 1.11546468, 0.04602535], ovr),
+            np.polyval([-0.08397278, 1.22083953, 0.0052439], sig),
+        )
         bak = np.polyval([-0.13166888, 1.60915514, -0.39604546], bak)
         return float(ovr), float(sig), float(bak), float(p808)
 

@@ -44,20 +44,33 @@ def mel_comparison_rgb(generated: np.ndarray, recorded: np.ndarray, title: str) 
     return np.asarray(Image.open(io.BytesIO(_save(pyplot, figure, None))).convert("RGB"))
 
 
-def curves(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, tuple[list, list]],
-           log_y: bool = False, bands: list[tuple[float, float, str]] = (),
-           errors: dict[str, list[float]] | None = None) -> None:
+def curves(
+    path: Path,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    series: dict[str, tuple[list, list]],
+    log_y: bool = False,
+    bands: list[tuple[float, float, str]] = (),
+    errors: dict[str, list[float]] | None = None,
+) -> None:
     """Line plot of named (x, y) series to a PNG; `bands` shade horizontal ranges (low, high, label);
     `errors` shade each named series' y +/- its error (one per point, nan: none)."""
     pyplot, figure = _figure()
     axis = figure.add_subplot(1, 1, 1)
     for name, (xs, ys) in series.items():
         if xs:
-            line, = axis.plot(xs, ys, label=name, marker="o" if len(xs) < 30 else None, markersize=3)
+            (line,) = axis.plot(xs, ys, label=name, marker="o" if len(xs) < 30 else None, markersize=3)
             spread = np.nan_to_num(np.asarray((errors or {}).get(name, []), dtype=float))
             if len(spread) == len(ys) and spread.any():
-                axis.fill_between(xs, np.asarray(ys) - spread, np.asarray(ys) + spread, alpha=0.2,
-                                  color=line.get_color(), label=f"{name} ± its standard error")
+                axis.fill_between(
+                    xs,
+                    np.asarray(ys) - spread,
+                    np.asarray(ys) + spread,
+                    alpha=0.2,
+                    color=line.get_color(),
+                    label=f"{name} ± its standard error",
+                )
     for low, high, label in bands:
         axis.axhspan(low, high, alpha=0.12, color="green", label=label)
     if log_y:

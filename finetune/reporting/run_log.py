@@ -26,9 +26,20 @@ REPORT_EVERY_S = 60.0
 
 
 class RunLog:
-    def __init__(self, logger, metrics: Metrics, tracker: Tracker, profile: StepProfile, run_dir: Path, device,
-                 is_main: bool = True, report_title: str = "", max_length_ratio: float = 1.25, sample_rate: int = 16000,
-                 best_dir: Path | None = None):
+    def __init__(
+        self,
+        logger,
+        metrics: Metrics,
+        tracker: Tracker,
+        profile: StepProfile,
+        run_dir: Path,
+        device,
+        is_main: bool = True,
+        report_title: str = "",
+        max_length_ratio: float = 1.25,
+        sample_rate: int = 16000,
+        best_dir: Path | None = None,
+    ):
         self.logger, self.metrics, self.tracker, self.profile = logger, metrics, tracker, profile
         self.run_dir, self.device, self.is_main = run_dir, device, is_main
         self.report_title, self.max_length_ratio, self.sample_rate = report_title, max_length_ratio, sample_rate
@@ -51,8 +62,9 @@ class RunLog:
 
     # ------------------------------------------------------------ steps
 
-    def step(self, now_s: float, fields: dict, used: int, planned: int, losses: dict[str, float],
-             scalars: dict[str, float]) -> None:
+    def step(
+        self, now_s: float, fields: dict, used: int, planned: int, losses: dict[str, float], scalars: dict[str, float]
+    ) -> None:
         """One optimizer step: to the trackers always; as a progress line and a metrics record when due.
         `fields` are progress_line's (step, total, epoch, epochs, lr, samples_per_s and the ETAs)."""
         if not self.is_main:
@@ -64,24 +76,40 @@ class RunLog:
             line += f" | {used} of {planned} micro-batches"
         postfix = f"mel {losses.get('mel', float('nan')):.3f} lr {fields['lr']:.1e} {fields['samples_per_s']:.1f}/s"
         if self.display is not None and self.display.step(now_s, line, postfix):
-            self.metrics.write("train", step=step, epoch=round(fields["epoch"], 4), lr=fields["lr"],
-                               samples_per_s=round(fields["samples_per_s"], 2),
-                               time_used_s=round(scalars["time_used_s"], 2), micro_batches=used,
-                               **{k: round(v, 5) for k, v in losses.items()},
-                               **{k: scalars[k] for k in SCALER_FIGURES if k in scalars})
+            self.metrics.write(
+                "train",
+                step=step,
+                epoch=round(fields["epoch"], 4),
+                lr=fields["lr"],
+                samples_per_s=round(fields["samples_per_s"], 2),
+                time_used_s=round(scalars["time_used_s"], 2),
+                micro_batches=used,
+                **{k: round(v, 5) for k, v in losses.items()},
+                **{k: scalars[k] for k in SCALER_FIGURES if k in scalars},
+            )
 
     # ------------------------------------------------------------ evaluations
 
-    def evaluation(self, result: EvalResult, described: str, improved: bool, best_note: str, best_score: float,
-                   example_mels, report: bool = True) -> bool:
+    def evaluation(
+        self,
+        result: EvalResult,
+        described: str,
+        improved: bool,
+        best_note: str,
+        best_score: float,
+        example_mels,
+        report: bool = True,
+    ) -> bool:
         """An evaluation logged everywhere; report.html redrawn when a minute has passed since the last time
         (never with `report` False: the final evaluation, after which the closing report is drawn anyway).
         Whether it was redrawn."""
         if not self.is_main:
             return False
         self.metrics.write("eval", **result.summary(), best=improved, best_mcd_db=round(best_score, 4))
-        self.logger.info(f"eval step {result.step}: {described} ({best_note}); "
-                         f"val mel {result.val_losses.get('mel', float('nan')):.3f}; {result.seconds:.1f}s")
+        self.logger.info(
+            f"eval step {result.step}: {described} ({best_note}); "
+            f"val mel {result.val_losses.get('mel', float('nan')):.3f}; {result.seconds:.1f}s"
+        )
         numbers = {k: v for k, v in result.summary().items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         numbers.pop("step", None)
         self.tracker.scalars(result.step, numbers, prefix="eval/")
@@ -147,10 +175,14 @@ class RunLog:
     def end(self, summary: dict) -> dict:
         """Profile shares and time totals into the summary; to metrics, the trackers and the report."""
         self.profile.flush()
-        summary = {**summary, "profile_shares": {k: round(v, 4) for k, v in self.profile.shares().items()},
-                   "profile_s": {k: round(v, 4) for k, v in self.profile.totals.items()},
-                   "evaluation_s": round(self.eval_s, 2), "checkpoint_s": round(self.checkpoint_s, 2),
-                   "export_s": round(self.export_s, 2)}
+        summary = {
+            **summary,
+            "profile_shares": {k: round(v, 4) for k, v in self.profile.shares().items()},
+            "profile_s": {k: round(v, 4) for k, v in self.profile.totals.items()},
+            "evaluation_s": round(self.eval_s, 2),
+            "checkpoint_s": round(self.checkpoint_s, 2),
+            "export_s": round(self.export_s, 2),
+        }
         if self.is_main:
             self.metrics.write("end", **summary)
             self.tracker.scalars(int(summary.get("steps", 0)), summary["profile_shares"], prefix="profile/")

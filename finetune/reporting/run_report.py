@@ -44,32 +44,64 @@ def draw(run_dir: Path, records: list[dict], max_length_ratio: float) -> list[tu
     made = []
     train = [r for r in records if r.get("kind") == "train"]
     if train:
-        curves(folder / "losses.png", "Loss terms (before weighting)", "optimizer step", "loss",
-               {t: _series(records, "train", t) for t in LOSS_TERMS if any(t in r for r in train)}, log_y=True)
-        curves(folder / "learning_rate.png", "Learning rate", "optimizer step", "lr",
-               {"generator": _series(records, "train", "lr")})
+        curves(
+            folder / "losses.png",
+            "Loss terms (before weighting)",
+            "optimizer step",
+            "loss",
+            {t: _series(records, "train", t) for t in LOSS_TERMS if any(t in r for r in train)},
+            log_y=True,
+        )
+        curves(
+            folder / "learning_rate.png",
+            "Learning rate",
+            "optimizer step",
+            "lr",
+            {"generator": _series(records, "train", "lr")},
+        )
         made += [("losses.png", "Loss terms"), ("learning_rate.png", "Learning rate")]
         made += _loss_scale(folder, records)
     if any(r.get("kind") == "eval" for r in records):
         evals = [r for r in records if r.get("kind") == "eval" and r.get("mcd_db") is not None]
-        curves(folder / "mcd.png", "Held-out MCD-DTW (lower is better), with the evaluation's noise", "optimizer step",
-               "dB", {"MCD": _series(records, "eval", "mcd_db")},
-               errors={"MCD": [r.get("mcd_se_db", float("nan")) for r in evals]})
-        curves(folder / "timing.png", "Held-out timing: one request's median length ratio (synthesised / recorded)",
-               "optimizer step", "ratio", {"length ratio": _series(records, "eval", "length_ratio"),
-                         "spread between requests (x)": _series(records, "eval", "draw_spread"),
-                         "duration error": _series(records, "eval", "duration_error")},
-               bands=[(1 / max_length_ratio, max_length_ratio, "timing rule")])
+        curves(
+            folder / "mcd.png",
+            "Held-out MCD-DTW (lower is better), with the evaluation's noise",
+            "optimizer step",
+            "dB",
+            {"MCD": _series(records, "eval", "mcd_db")},
+            errors={"MCD": [r.get("mcd_se_db", float("nan")) for r in evals]},
+        )
+        curves(
+            folder / "timing.png",
+            "Held-out timing: one request's median length ratio (synthesised / recorded)",
+            "optimizer step",
+            "ratio",
+            {
+                "length ratio": _series(records, "eval", "length_ratio"),
+                "spread between requests (x)": _series(records, "eval", "draw_spread"),
+                "duration error": _series(records, "eval", "duration_error"),
+            },
+            bands=[(1 / max_length_ratio, max_length_ratio, "timing rule")],
+        )
         made += [("mcd.png", "MCD per evaluation"), ("timing.png", "Timing per evaluation")]
         if any(r.get("naturalness") is not None for r in records if r.get("kind") == "eval"):
-            curves(folder / "naturalness.png", "Held-out naturalness: DNSMOS OVRL (higher is better)", "optimizer step",
-                   "MOS", {"DNSMOS OVRL": _series(records, "eval", "naturalness")})
+            curves(
+                folder / "naturalness.png",
+                "Held-out naturalness: DNSMOS OVRL (higher is better)",
+                "optimizer step",
+                "MOS",
+                {"DNSMOS OVRL": _series(records, "eval", "naturalness")},
+            )
             made.append(("naturalness.png", "Naturalness per evaluation"))
     made += _budget(folder, records)
     end = next((r for r in reversed(records) if r.get("kind") == "end"), None)
     if end and end.get("profile_shares"):
-        bars(folder / "profile.png", "Where step time went", {k.replace("_", " "): 100 * v
-                                                               for k, v in end["profile_shares"].items()}, "% of step time")
+        bars(
+            folder / "profile.png",
+            "Where step time went",
+            {k.replace("_", " "): 100 * v for k, v in end["profile_shares"].items()},
+            "% of step time",
+        )
         made.append(("profile.png", "Step profile"))
     if (folder / "mel_latest.png").is_file():
         made.append(("mel_latest.png", "Latest evaluation: a held-out sentence, synthesised and recorded"))
@@ -81,11 +113,21 @@ def _loss_scale(folder: Path, records: list[dict]) -> list[tuple[str, str]]:
     scales = {name: _series(records, "train", f"loss_scale_{name}") for name in ("generator", "discriminator")}
     if not scales["generator"][0]:
         return []
-    curves(folder / "loss_scale.png", "fp16 loss scale (halved when gradients overflow; that step is skipped)",
-           "optimizer step", "scale", scales, log_y=True)
+    curves(
+        folder / "loss_scale.png",
+        "fp16 loss scale (halved when gradients overflow; that step is skipped)",
+        "optimizer step",
+        "scale",
+        scales,
+        log_y=True,
+    )
     skipped = _series(records, "train", "fp16_overflow_skips")[1]
-    return [("loss_scale.png", f"fp16 loss scale; {int(skipped[-1]) if skipped else 0} steps skipped on overflow "
-                               "by the last logged step")]
+    return [
+        (
+            "loss_scale.png",
+            f"fp16 loss scale; {int(skipped[-1]) if skipped else 0} steps skipped on overflow by the last logged step",
+        )
+    ]
 
 
 def _budget(folder: Path, records: list[dict]) -> list[tuple[str, str]]:
@@ -107,8 +149,11 @@ def _audio(run_dir: Path, step: int | None, label: str) -> str:
     if step is None:
         return ""
     folder = run_dir / "samples" / f"step_{step:06d}"
-    players = "".join(f'<figure><figcaption>{html.escape(p.stem)}</figcaption><audio controls src="{p.relative_to(run_dir)}">'
-                      "</audio></figure>" for p in sorted(folder.glob("*.wav")))
+    players = "".join(
+        f'<figure><figcaption>{html.escape(p.stem)}</figcaption><audio controls src="{p.relative_to(run_dir)}">'
+        "</audio></figure>"
+        for p in sorted(folder.glob("*.wav"))
+    )
     return f"<h3>{html.escape(label)} (step {step})</h3>{players}" if players else ""
 
 
@@ -118,30 +163,43 @@ def _clip_table(best_dir: Path) -> str:
         return "<p>No best model yet.</p>"
     best = json.loads(path.read_text(encoding="utf-8"))
     why = f" Kept as {best['chosen_as']}." if best.get("chosen_as") else ""
-    rows = "".join(f"<tr><td>{html.escape(name)}</td><td>{s['mcd_db']:.2f}</td><td>{s['length_ratio']:.2f}</td>"
-                   f"<td>{s['duration_error']:.2f}</td></tr>" for name, s in best.get("per_clip", {}).items())
+    rows = "".join(
+        f"<tr><td>{html.escape(name)}</td><td>{s['mcd_db']:.2f}</td><td>{s['length_ratio']:.2f}</td>"
+        f"<td>{s['duration_error']:.2f}</td></tr>"
+        for name, s in best.get("per_clip", {}).items()
+    )
     noise = f" ±{best['mcd_se_db']:.3f}" if best.get("mcd_se_db") is not None else ""
     spread = f" (x{best['draw_spread']:.2f} between requests)" if best.get("draw_spread") is not None else ""
     because = f" Decided: {best['chosen_because']}." if best.get("chosen_because") else ""
-    return (f"<p>Best model: step {best['step']}, MCD {best['mcd_db']:.3f}{noise} dB (± one standard error over its "
-            f"{len(best.get('per_clip', {}))} held-out clips), length x{best['length_ratio']:.2f}{spread}"
-            f"{_naturalness_text(best)}.{html.escape(why + because)}</p>{_tempo_fit(best)}"
-            "<table><tr><th>held-out clip</th><th>MCD dB</th><th>length ratio</th><th>duration error</th></tr>"
-            f"{rows}</table>")
+    return (
+        f"<p>Best model: step {best['step']}, MCD {best['mcd_db']:.3f}{noise} dB (± one standard error over its "
+        f"{len(best.get('per_clip', {}))} held-out clips), length x{best['length_ratio']:.2f}{spread}"
+        f"{_naturalness_text(best)}.{html.escape(why + because)}</p>{_tempo_fit(best)}"
+        "<table><tr><th>held-out clip</th><th>MCD dB</th><th>length ratio</th><th>duration error</th></tr>"
+        f"{rows}</table>"
+    )
 
 
 def _summary(end: dict) -> str:
     """The end record: a sentence for what matters most, then every other figure in a table."""
-    best = (f"best MCD {end['best_mcd_db']:.3f} dB at step {end['best_step']}" if end.get("best_step", -1) >= 0
-            else "no best model (no evaluation had a finite score)")
+    best = (
+        f"best MCD {end['best_mcd_db']:.3f} dB at step {end['best_step']}"
+        if end.get("best_step", -1) >= 0
+        else "no best model (no evaluation had a finite score)"
+    )
     if end.get("best_step", -1) >= 0 and not end.get("best_within_timing_rule", True):
         best += " (a fallback: no evaluation met the timing rule; it is the one nearest to it)"
-    sentence = (f"Finished ({end.get('stop_reason')}): {end.get('steps')} steps, {end.get('epochs')} epochs, "
-                f"{end.get('time_used_s', 0):.1f} s of {end.get('budget_s', 0):.0f} s; {best}; last learning rate "
-                f"{end.get('last_lr', 0):.2e}.")
+    sentence = (
+        f"Finished ({end.get('stop_reason')}): {end.get('steps')} steps, {end.get('epochs')} epochs, "
+        f"{end.get('time_used_s', 0):.1f} s of {end.get('budget_s', 0):.0f} s; {best}; last learning rate "
+        f"{end.get('last_lr', 0):.2e}."
+    )
     shown = {"kind", "stop_reason", "steps", "epochs", "time_used_s", "budget_s", "best_mcd_db", "best_step", "last_lr"}
-    rows = "".join(f"<tr><td>{html.escape(key.replace('_', ' '))}</td><td>{html.escape(_figure(value))}</td></tr>"
-                   for key, value in end.items() if key not in shown and not isinstance(value, dict))
+    rows = "".join(
+        f"<tr><td>{html.escape(key.replace('_', ' '))}</td><td>{html.escape(_figure(value))}</td></tr>"
+        for key, value in end.items()
+        if key not in shown and not isinstance(value, dict)
+    )
     return f"<p>{html.escape(sentence)}</p><table>{rows}</table>"
 
 
@@ -151,12 +209,14 @@ def _tempo_fit(best: dict) -> str:
     if not fit:
         return ""
     own, before, after = fit["model_own"], fit["before"], fit["after"]
-    return (f"<p>Its config.json speaks with speaking_rate {fit['speaking_rate']:g} and noise_scale_duration "
-            f"{fit['noise_scale_duration']:g} (the model's own: {own['speaking_rate']:g}, {own['noise_scale_duration']:g}), "
-            f"fitted on {fit['clips']} held-out recordings: one request's median length x{before['length_ratio']:.2f} -> "
-            f"x{after['length_ratio']:.2f} the recordings', variation between requests x{before['draw_spread']:.2f} -> "
-            f"x{after['draw_spread']:.2f} (after: on {html.escape(fit.get('after_measured_on', 'the clips it was fitted on'))})"
-            f"{html.escape('; ' + fit['note'] if fit.get('note') else '')}.</p>")
+    return (
+        f"<p>Its config.json speaks with speaking_rate {fit['speaking_rate']:g} and noise_scale_duration "
+        f"{fit['noise_scale_duration']:g} (the model's own: {own['speaking_rate']:g}, {own['noise_scale_duration']:g}), "
+        f"fitted on {fit['clips']} held-out recordings: one request's median length x{before['length_ratio']:.2f} -> "
+        f"x{after['length_ratio']:.2f} the recordings', variation between requests x{before['draw_spread']:.2f} -> "
+        f"x{after['draw_spread']:.2f} (after: on {html.escape(fit.get('after_measured_on', 'the clips it was fitted on'))})"
+        f"{html.escape('; ' + fit['note'] if fit.get('note') else '')}.</p>"
+    )
 
 
 def _naturalness_text(best: dict) -> str:
@@ -173,9 +233,13 @@ def _skipped(records: list[dict]) -> str:
     if not data or not (data.get("skipped") or data.get("val_skipped")):
         return ""
     counts = {**data.get("skipped", {}), **{f"held-out: {k}": v for k, v in data.get("val_skipped", {}).items()}}
-    items = "".join(f"<li>{html.escape(c)}</li>" for c in data.get("skipped_clips", []) + data.get("val_skipped_clips", []))
-    return (f"<h2>Clips left out at loading</h2><p>{html.escape(', '.join(f'{n} {r}' for r, n in counts.items()))}"
-            f"</p><ul>{items}</ul>")
+    items = "".join(
+        f"<li>{html.escape(c)}</li>" for c in data.get("skipped_clips", []) + data.get("val_skipped_clips", [])
+    )
+    return (
+        f"<h2>Clips left out at loading</h2><p>{html.escape(', '.join(f'{n} {r}' for r, n in counts.items()))}"
+        f"</p><ul>{items}</ul>"
+    )
 
 
 def _licence(records: list[dict]) -> str:
@@ -183,8 +247,10 @@ def _licence(records: list[dict]) -> str:
     record = next((r for r in reversed(records) if r.get("kind") == "licence"), None)
     if record is None:
         return ""
-    return (f"<p><b>Licence: {html.escape(record['licence'])}</b>. {html.escape(record['note'])}: the voice made in "
-            f"this run, fine-tuned from {html.escape(record['base_model'])}, inherits it.</p>")
+    return (
+        f"<p><b>Licence: {html.escape(record['licence'])}</b>. {html.escape(record['note'])}: the voice made in "
+        f"this run, fine-tuned from {html.escape(record['base_model'])}, inherits it.</p>"
+    )
 
 
 def write_report(run_dir: Path, title: str, max_length_ratio: float = 1.25, best_dir: Path | None = None) -> Path:
@@ -196,8 +262,11 @@ def write_report(run_dir: Path, title: str, max_length_ratio: float = 1.25, best
     best_step = next((r["step"] for r in reversed(evals) if r.get("best")), None)
     end = next((r for r in reversed(records) if r.get("kind") == "end"), None)
     summary = _summary(end) if end else "<p>Running (this page is rewritten at each evaluation).</p>"
-    images = "".join(f'<figure><img src="report/{name}" alt="{html.escape(caption)}"><figcaption>'
-                     f"{html.escape(caption)}</figcaption></figure>" for name, caption in figures)
+    images = "".join(
+        f'<figure><img src="report/{name}" alt="{html.escape(caption)}"><figcaption>'
+        f"{html.escape(caption)}</figcaption></figure>"
+        for name, caption in figures
+    )
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;max-width:980px;margin:2em auto;color:#222}}img{{max-width:100%}}

@@ -72,13 +72,20 @@ def timing_error(length_ratio: float, max_length_ratio: float) -> float:
     return max(0.0, abs(math.log(length_ratio)) - math.log(max_length_ratio))
 
 
-def standing(eligible: bool, length_ratio: float, score: float, max_length_ratio: float, clips: dict | None = None,
-             step: int = -1) -> Standing | None:
+def standing(
+    eligible: bool,
+    length_ratio: float,
+    score: float,
+    max_length_ratio: float,
+    clips: dict | None = None,
+    step: int = -1,
+) -> Standing | None:
     """The standing of one evaluation; None when it may never be kept (a score that is not finite)."""
     if not math.isfinite(score):
         return None
-    return Standing(eligible, 0.0 if eligible else timing_error(length_ratio, max_length_ratio), score,
-                    dict(clips or {}), step)
+    return Standing(
+        eligible, 0.0 if eligible else timing_error(length_ratio, max_length_ratio), score, dict(clips or {}), step
+    )
 
 
 @dataclass(frozen=True)
@@ -109,8 +116,12 @@ def paired(before: dict[str, float], after: dict[str, float], confidence: float 
     n = len(differences)
     mean = sum(differences) / n if n else (mean_of(before) - mean_of(after))
     if n < MIN_PAIRED_CLIPS:
-        return Comparison(mean, math.nan, n, f"{n} clip{'s' if n != 1 else ''} in common, at least "
-                                             f"{MIN_PAIRED_CLIPS} are needed to know the noise")
+        return Comparison(
+            mean,
+            math.nan,
+            n,
+            f"{n} clip{'s' if n != 1 else ''} in common, at least {MIN_PAIRED_CLIPS} are needed to know the noise",
+        )
     sd = math.sqrt(sum((d - mean) ** 2 for d in differences) / (n - 1))
     if sd < NO_SPREAD_DB:
         return Comparison(mean, math.nan, n, f"the {n} clips' differences do not vary, so their noise is unknown")
@@ -159,8 +170,10 @@ def judge_candidate(candidate: Standing | None, kept: Standing, confidence: floa
         return Verdict(True, f"better beyond the noise: {against.describe()}")
     if against.cannot_tell:  # the noise unknown: the lower mean, said as such (a tie to the longer-trained)
         lower = against.advantage_db >= 0
-        return Verdict(lower, f"{'the lower' if lower else 'a higher'} mean, no more: {against.describe()} against "
-                              f"step {kept.step}")
+        return Verdict(
+            lower,
+            f"{'the lower' if lower else 'a higher'} mean, no more: {against.describe()} against step {kept.step}",
+        )
     return Verdict(True, f"the longer-trained model, within the noise of step {kept.step}: {against.describe()}")
 
 
@@ -173,7 +186,11 @@ def chosen_as(kept: Standing, length_ratio: float, reason: str) -> str:
     """One line for eval.json, the log and the report: why this model was kept (`reason`: why it is not
     eligible, when it is not)."""
     if kept.eligible:
-        return ("within the timing rule, and no evaluation within it so far better beyond the noise (a tie goes "
-                "to the model that trained longer)")
-    return (f"fallback: no evaluation so far was eligible ({reason}); this one, length x{length_ratio:.2f}, is the "
-            "nearest to the timing rule (then the MCD, beyond the noise)")
+        return (
+            "within the timing rule, and no evaluation within it so far better beyond the noise (a tie goes "
+            "to the model that trained longer)"
+        )
+    return (
+        f"fallback: no evaluation so far was eligible ({reason}); this one, length x{length_ratio:.2f}, is the "
+        "nearest to the timing rule (then the MCD, beyond the noise)"
+    )

@@ -32,8 +32,9 @@ def check_trackers(names: list[str]) -> list[str]:
     problems = [f"--report_to {n}: unknown; choose from {', '.join(TRACKERS)}" for n in names if n not in TRACKERS]
     for name, package in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
         if name in names and not installed(package):
-            problems.append(f"--report_to {name}: the {package} package is not installed (pip install {package}), "
-                            "or leave it out")
+            problems.append(
+                f"--report_to {name}: the {package} package is not installed (pip install {package}), or leave it out"
+            )
     return problems
 
 
@@ -112,8 +113,12 @@ class Tracker:
             except OSError as error:
                 self.sinks.remove(sink)
                 folder = getattr(sink, "folder", Path("."))
-                OPTIONAL.failed(f"{type(sink).__name__.removesuffix('Sink')} files", folder, error,
-                                logging.getLogger("finetune").warning)
+                OPTIONAL.failed(
+                    f"{type(sink).__name__.removesuffix('Sink')} files",
+                    folder,
+                    error,
+                    logging.getLogger("finetune").warning,
+                )
 
     @property
     def names(self) -> list[str]:

@@ -76,6 +76,7 @@ def robust_z(values: np.ndarray, reference: np.ndarray) -> np.ndarray:
 def flag_outliers(costs: list[ClipCost], max_z: float) -> list[ClipCost]:
     """Each clip's z within its speaker (or, for a speaker with few clips, among the small speakers' clips,
     or all clips: see the module docstring); flagged above max_z. Worst first."""
+
     def finite(clips: list[ClipCost]) -> np.ndarray:
         return np.array([c.cost for c in clips if np.isfinite(c.cost)])
 
@@ -89,8 +90,10 @@ def flag_outliers(costs: list[ClipCost], max_z: float) -> list[ClipCost]:
             against, reference = SMALL, pools[SMALL]
         else:
             against, reference = EVERYONE, pools[EVERYONE]
-        scores = robust_z(np.array([c.cost if np.isfinite(c.cost) else np.inf for c in mine]),
-                          reference if len(reference) else np.array([0.0]))
+        scores = robust_z(
+            np.array([c.cost if np.isfinite(c.cost) else np.inf for c in mine]),
+            reference if len(reference) else np.array([0.0]),
+        )
         for clip, z in zip(mine, scores):
             clip.z, clip.flagged, clip.judged_against = float(z), bool(z > max_z), against
     return sorted(costs, key=lambda c: -c.z)
@@ -98,22 +101,29 @@ def flag_outliers(costs: list[ClipCost], max_z: float) -> list[ClipCost]:
 
 def how_judged(costs: list[ClipCost]) -> str:
     """One line: how many speakers (and clips) were measured against their own clips, and how the small ones were."""
-    speakers = {against: {c.speaker for c in costs if c.judged_against == against} for against in (OWN, SMALL, EVERYONE)}
+    speakers = {
+        against: {c.speaker for c in costs if c.judged_against == against} for against in (OWN, SMALL, EVERYONE)
+    }
     clips = {against: sum(c.judged_against == against for c in costs) for against in speakers}
     parts = [f"{len(speakers[OWN])} speaker(s) against their own clips ({clips[OWN]} clips)"] if speakers[OWN] else []
     if speakers[SMALL]:
-        parts.append(f"{len(speakers[SMALL])} speaker(s) with fewer than {MIN_CLIPS_PER_SPEAKER} clips against the "
-                     f"{clips[SMALL]} clips of all such speakers together")
+        parts.append(
+            f"{len(speakers[SMALL])} speaker(s) with fewer than {MIN_CLIPS_PER_SPEAKER} clips against the "
+            f"{clips[SMALL]} clips of all such speakers together"
+        )
     if speakers[EVERYONE]:
-        parts.append(f"{len(speakers[EVERYONE])} speaker(s) with fewer than {MIN_CLIPS_PER_SPEAKER} clips against all "
-                     f"{len(costs)} clips (the small speakers together have too few to compare with)")
+        parts.append(
+            f"{len(speakers[EVERYONE])} speaker(s) with fewer than {MIN_CLIPS_PER_SPEAKER} clips against all "
+            f"{len(costs)} clips (the small speakers together have too few to compare with)"
+        )
     return "; ".join(parts)
 
 
 def write_report(data_dir: Path, costs: list[ClipCost]) -> Path:
     path = data_dir / REPORT_NAME
     lines = ["id,speaker,alignment_cost,z,flagged,judged_against"] + [
-        f"{c.item_id},{c.speaker},{c.cost:.4f},{c.z:.2f},{int(c.flagged)},{c.judged_against}" for c in costs]
+        f"{c.item_id},{c.speaker},{c.cost:.4f},{c.z:.2f},{int(c.flagged)},{c.judged_against}" for c in costs
+    ]
     write_text_atomic(path, "\n".join(lines) + "\n")
     return path
 
@@ -145,5 +155,9 @@ def read_report(data_dir: Path) -> list[dict]:
 
 def speakers_of(data_dir: Path) -> dict[str, str]:
     """id -> speaker ("" for a single-speaker corpus) over both metadata files."""
-    return {item_id: speaker for name in METADATA_NAMES if (data_dir / name).is_file()
-            for item_id, speaker, _ in read_rows(data_dir / name)}
+    return {
+        item_id: speaker
+        for name in METADATA_NAMES
+        if (data_dir / name).is_file()
+        for item_id, speaker, _ in read_rows(data_dir / name)
+    }

@@ -37,8 +37,11 @@ def read_cpu_use(cpus: list[int]) -> CpuUse:
     import psutil
 
     per_cpu = psutil.cpu_times(percpu=True)
-    busy = sum(t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
-               + getattr(t, "steal", 0.0) for i, t in enumerate(per_cpu) if i in cpus)
+    busy = sum(
+        t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0) + getattr(t, "steal", 0.0)
+        for i, t in enumerate(per_cpu)
+        if i in cpus
+    )
     process = psutil.Process()
     own = 0.0
     for p in [process, *process.children(recursive=True)]:
@@ -59,9 +62,15 @@ class CpuThreads:
     """Call `adjust()` between pieces of work (each micro-batch): at most every `every_s` it compares the
     machine's CPU use with this process's since the last look and sets the thread count."""
 
-    def __init__(self, logger, get_threads: Callable[[], int], set_threads: Callable[[int], None],
-                 every_s: float = 3.0, cpus: list[int] | None = None,
-                 read: Callable[[list[int]], CpuUse] = read_cpu_use):
+    def __init__(
+        self,
+        logger,
+        get_threads: Callable[[], int],
+        set_threads: Callable[[int], None],
+        every_s: float = 3.0,
+        cpus: list[int] | None = None,
+        read: Callable[[list[int]], CpuUse] = read_cpu_use,
+    ):
         self.logger, self.get_threads, self.set_threads = logger, get_threads, set_threads
         self.every_s, self.read = every_s, read
         self.cpus = cpus if cpus is not None else sorted(os.sched_getaffinity(0))
@@ -104,5 +113,7 @@ class CpuThreads:
         self.set_threads(wanted)
         self.changes += 1
         why = "the machine got busy" if wanted < current else "cores are free again"
-        self.logger.info(f"cpu: {why} (other processes use {others_cores:.1f} of {len(self.cpus)} cores): "
-                         f"training on {wanted} thread{'s' if wanted > 1 else ''}, was {current}")
+        self.logger.info(
+            f"cpu: {why} (other processes use {others_cores:.1f} of {len(self.cpus)} cores): "
+            f"training on {wanted} thread{'s' if wanted > 1 else ''}, was {current}"
+        )

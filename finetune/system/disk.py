@@ -26,9 +26,19 @@ class DiskTooSmall(ToolError):
 
 
 # Messages of the RuntimeErrors torch's and libsndfile's writers raise when the bytes do not reach the disk.
-WRITE_FAILURE_MARKERS = ("unexpected pos", "basic_ios::clear", "iostream error", "file write failed",
-                         "PytorchStreamWriter failed", "No space left", "os error 28", "Error opening",
-                         "Write error", "error writing", "System error")
+WRITE_FAILURE_MARKERS = (
+    "unexpected pos",
+    "basic_ios::clear",
+    "iostream error",
+    "file write failed",
+    "PytorchStreamWriter failed",
+    "No space left",
+    "os error 28",
+    "Error opening",
+    "Write error",
+    "error writing",
+    "System error",
+)
 SPACE_MARKERS = ("No space left", "os error 28", "Disk quota exceeded", "os error 122")
 
 
@@ -106,8 +116,10 @@ class OptionalWrites:
         if kind in self.warned:
             return
         self.warned.add(kind)
-        warn(f"warning: {kind} not written: {describe_failure(error, folder, kind, 0)}; skipped until there is room "
-             f"(training goes on). To keep them, {FREE_SPACE_FIX}")
+        warn(
+            f"warning: {kind} not written: {describe_failure(error, folder, kind, 0)}; skipped until there is room "
+            f"(training goes on). To keep them, {FREE_SPACE_FIX}"
+        )
 
 
 OPTIONAL = OptionalWrites()  # one per process: each kind is said once a run

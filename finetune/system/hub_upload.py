@@ -44,18 +44,24 @@ def check_ready(repo_id: str) -> str:
     except ValueError as error:
         raise HubError(f"--push_to_hub {repo_id}: not a repository id ({error}); use NAME or OWNER/NAME") from error
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
-        raise HubError("--push_to_hub: HF_HUB_OFFLINE is set, so nothing can be uploaded; unset it, or train "
-                       "without --push_to_hub and upload the folder later with `hf upload`")
+        raise HubError(
+            "--push_to_hub: HF_HUB_OFFLINE is set, so nothing can be uploaded; unset it, or train "
+            "without --push_to_hub and upload the folder later with `hf upload`"
+        )
     token = huggingface_hub.get_token()
     if not token:
-        raise HubError("--push_to_hub: no Hugging Face token: run `hf auth login` (or set HF_TOKEN to a token with "
-                       "write access), or train without --push_to_hub and upload later")
+        raise HubError(
+            "--push_to_hub: no Hugging Face token: run `hf auth login` (or set HF_TOKEN to a token with "
+            "write access), or train without --push_to_hub and upload later"
+        )
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
     try:
         account = huggingface_hub.HfApi().whoami(token=token)
     except _transport_errors() as error:
-        raise HubError(f"--push_to_hub: the Hub at {endpoint} cannot be reached or refused the token ({error}); "
-                       "check the network and the token, or train without --push_to_hub and upload later") from error
+        raise HubError(
+            f"--push_to_hub: the Hub at {endpoint} cannot be reached or refused the token ({error}); "
+            "check the network and the token, or train without --push_to_hub and upload later"
+        ) from error
     return str(account.get("name", "?"))
 
 
@@ -67,9 +73,15 @@ def push_folder(folder: Path, repo_id: str, private: bool = True) -> str:
     api = huggingface_hub.HfApi()
     try:
         url = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-        api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type="model",
-                          commit_message="Upload a voice trained with train_vits.py")
+        api.upload_folder(
+            folder_path=str(folder),
+            repo_id=repo_id,
+            repo_type="model",
+            commit_message="Upload a voice trained with train_vits.py",
+        )
     except _transport_errors() as error:
-        raise HubError(f"could not upload {folder} to {repo_id} ({error}); the folder is saved as it was: upload it "
-                       f"later with `{upload_command(folder, repo_id, private)}`") from error
+        raise HubError(
+            f"could not upload {folder} to {repo_id} ({error}); the folder is saved as it was: upload it "
+            f"later with `{upload_command(folder, repo_id, private)}`"
+        ) from error
     return str(url)

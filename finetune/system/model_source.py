@@ -45,8 +45,10 @@ def parse_scratch(name: str) -> str | None:
         return None
     size = name.partition(":")[2] or "tiny"
     if size not in SCRATCH_SIZES:
-        raise ModelSourceError(f"unknown scratch size {size!r} in --model_name {name}: use one of "
-                               + ", ".join(f"scratch:{s}" for s in SCRATCH_SIZES))
+        raise ModelSourceError(
+            f"unknown scratch size {size!r} in --model_name {name}: use one of "
+            + ", ".join(f"scratch:{s}" for s in SCRATCH_SIZES)
+        )
     return size
 
 
@@ -69,8 +71,10 @@ def hub_reachable(timeout_s: float = HUB_PROBE_TIMEOUT_S) -> bool:
 def offline_advice(kind: str, repo_id: str, flag: str) -> str:
     host, _ = hub_endpoint()
     command = f"hf download {repo_id}" + (" --repo-type dataset" if kind == "dataset" else "") + " --local-dir DIR"
-    return (f"cannot reach the Hugging Face hub ({host}) to download the {kind} {repo_id!r}, and it is not in "
-            f"the local hub cache. On a machine with network run `{command}`, copy DIR here and pass {flag} DIR")
+    return (
+        f"cannot reach the Hugging Face hub ({host}) to download the {kind} {repo_id!r}, and it is not in "
+        f"the local hub cache. On a machine with network run `{command}`, copy DIR here and pass {flag} DIR"
+    )
 
 
 def download_model(repo_id: str) -> Path:
@@ -84,8 +88,9 @@ def download_model(repo_id: str) -> Path:
     except LocalEntryNotFoundError:
         pass
     if not hub_reachable():
-        raise ModelSourceError(offline_advice("model", repo_id, "--model_name")
-                               + ", or train from scratch with --model_name scratch:tiny")
+        raise ModelSourceError(
+            offline_advice("model", repo_id, "--model_name") + ", or train from scratch with --model_name scratch:tiny"
+        )
     return Path(snapshot_download(repo_id, allow_patterns=patterns))
 
 
@@ -97,8 +102,10 @@ def resolve_model(name: str) -> ModelSource:
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file() and not (path / "vocab.json").is_file():
-            raise ModelSourceError(f"--model_name {name}: the folder has no config.json or vocab.json; "
-                                   "give a folder written by save_pretrained (or by this tool)")
+            raise ModelSourceError(
+                f"--model_name {name}: the folder has no config.json or vocab.json; "
+                "give a folder written by save_pretrained (or by this tool)"
+            )
         return ModelSource(name=name, local_dir=path, scratch_size=None)
     if path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
         raise ModelSourceError(f"--model_name {name}: no such model folder")
@@ -110,15 +117,20 @@ def load_tokenizer(source: ModelSource):
     from transformers import VitsTokenizer
 
     if source.local_dir is None or not (source.local_dir / "vocab.json").is_file():
-        raise ModelSourceError(f"--model_name {source.name}: no vocab.json, so no tokenizer to take the "
-                               "vocabulary from")
+        raise ModelSourceError(
+            f"--model_name {source.name}: no vocab.json, so no tokenizer to take the vocabulary from"
+        )
     tokenizer = VitsTokenizer.from_pretrained(str(source.local_dir))
     if tokenizer.phonemize:
-        raise ModelSourceError(f"{source.name}: its tokenizer turns text into phonemes with espeak "
-                               "(phonemizer); only character-vocabulary models such as MMS are supported")
+        raise ModelSourceError(
+            f"{source.name}: its tokenizer turns text into phonemes with espeak "
+            "(phonemizer); only character-vocabulary models such as MMS are supported"
+        )
     if getattr(tokenizer, "is_uroman", False):
-        raise ModelSourceError(f"{source.name}: its tokenizer romanises text with uroman; give text already "
-                               "in Latin script and a model without is_uroman")
+        raise ModelSourceError(
+            f"{source.name}: its tokenizer romanises text with uroman; give text already "
+            "in Latin script and a model without is_uroman"
+        )
     return tokenizer
 
 

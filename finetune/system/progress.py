@@ -50,8 +50,10 @@ class Progress:
         if self.total:
             eta = (self.total - self.done) / rate if rate > 0 else float("inf")
             eta_text = format_duration(eta) if eta != float("inf") else "?"
-            return (f"{self.label}: {self.done}/{self.total} ({100 * self.done / self.total:.1f}%) "
-                    f"{rate:.1f} {self.unit}/s ETA {eta_text}")
+            return (
+                f"{self.label}: {self.done}/{self.total} ({100 * self.done / self.total:.1f}%) "
+                f"{rate:.1f} {self.unit}/s ETA {eta_text}"
+            )
         return f"{self.label}: {self.done} {self.unit} {rate:.1f} {self.unit}/s"
 
     def close(self) -> None:

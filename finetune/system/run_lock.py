@@ -42,8 +42,12 @@ class Holder:
 
     @staticmethod
     def this_process() -> "Holder":
-        return Holder(os.getpid(), socket.gethostname(), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                      " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:300])
+        return Holder(
+            os.getpid(),
+            socket.gethostname(),
+            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:300],
+        )
 
     def describe(self) -> str:
         return f"process {self.pid} on {self.host}, started {self.started} ({self.command})"
@@ -105,8 +109,9 @@ class RunLock:
         holder = read_holder(self.path)
         who = holder.describe() if holder else "a process that has not yet written its name"
         stop = f" or stop it (kill {holder.pid})" if holder and holder.host == socket.gethostname() else ""
-        return (f"another run holds {self.folder}: {who}. Wait for it to finish{stop}, or give this run "
-                f"another {self.flag}")
+        return (
+            f"another run holds {self.folder}: {who}. Wait for it to finish{stop}, or give this run another {self.flag}"
+        )
 
     def took_over(self) -> str | None:
         """A sentence for the log when the lock was left by a process that is gone."""

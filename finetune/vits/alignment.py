@@ -63,7 +63,9 @@ def _maximum_path_batch(paths, values, frame_lengths, token_lengths):  # pragma:
         _maximum_path_one(paths[i], values[i], frame_lengths[i], token_lengths[i])
 
 
-def maximum_path(log_likelihood: torch.Tensor, frame_lengths: torch.Tensor, token_lengths: torch.Tensor) -> torch.Tensor:
+def maximum_path(
+    log_likelihood: torch.Tensor, frame_lengths: torch.Tensor, token_lengths: torch.Tensor
+) -> torch.Tensor:
     """Best monotonic path for each clip.
 
     log_likelihood: [batch, frames, tokens]; frame_lengths, token_lengths: [batch] (valid sizes).

@@ -39,8 +39,10 @@ class DiscriminatorConfig:
 
     def __post_init__(self):
         if self.scales < 0 or (self.scales == 0 and not self.periods):
-            raise ValueError(f"a discriminator needs at least one sub-discriminator: scales {self.scales}, "
-                             f"periods {list(self.periods)}")
+            raise ValueError(
+                f"a discriminator needs at least one sub-discriminator: scales {self.scales}, "
+                f"periods {list(self.periods)}"
+            )
 
     def to_dict(self) -> dict:
         return {**asdict(self), "periods": list(self.periods)}
@@ -91,11 +93,18 @@ class ScaleDiscriminator(nn.Module):
         for i in range(6):
             groups = max(1, int(round(SCALE_GROUPS[i] * width))) if SCALE_GROUPS[i] > 1 else 1
             if channels[i] % groups or channels[i + 1] % groups:
-                raise ValueError(f"discriminator width {width} gives {channels[i]}->{channels[i + 1]} channels "
-                                 f"in {groups} groups; use a power-of-two width such as 1, 0.5, 0.25, 0.0625")
+                raise ValueError(
+                    f"discriminator width {width} gives {channels[i]}->{channels[i + 1]} channels "
+                    f"in {groups} groups; use a power-of-two width such as 1, 0.5, 0.25, 0.0625"
+                )
             kernel = SCALE_KERNELS[i]
-            convs.append(weight_norm(nn.Conv1d(channels[i], channels[i + 1], kernel, SCALE_STRIDES[i],
-                                               groups=groups, padding=(kernel - 1) // 2)))
+            convs.append(
+                weight_norm(
+                    nn.Conv1d(
+                        channels[i], channels[i + 1], kernel, SCALE_STRIDES[i], groups=groups, padding=(kernel - 1) // 2
+                    )
+                )
+            )
         self.convs = nn.ModuleList(convs)
         self.conv_post = weight_norm(nn.Conv1d(channels[-1], 1, 3, 1, padding=1))
 
@@ -137,8 +146,15 @@ def parameter_count(module: nn.Module) -> int:
 
 def save_discriminator(discriminator: Discriminator, path: str | Path) -> None:
     """Our format: {"format", "version", "config", "state_dict"} (written by the caller atomically)."""
-    torch.save({"format": FORMAT_NAME, "version": 1, "config": discriminator.config.to_dict(),
-                "state_dict": discriminator.state_dict()}, str(path))
+    torch.save(
+        {
+            "format": FORMAT_NAME,
+            "version": 1,
+            "config": discriminator.config.to_dict(),
+            "state_dict": discriminator.state_dict(),
+        },
+        str(path),
+    )
 
 
 def to_original_layout(discriminator: Discriminator) -> dict[str, torch.Tensor]:
@@ -146,8 +162,9 @@ def to_original_layout(discriminator: Discriminator) -> dict[str, torch.Tensor]:
     original D_*.pth's "model" holds them."""
     renamed = {}
     for key, value in discriminator.state_dict().items():
-        key = key.replace("parametrizations.weight.original0", "weight_g").replace("parametrizations.weight.original1",
-                                                                                  "weight_v")
+        key = key.replace("parametrizations.weight.original0", "weight_g").replace(
+            "parametrizations.weight.original1", "weight_v"
+        )
         renamed[key] = value
     return renamed
 
@@ -193,10 +210,14 @@ def load_discriminator(path: str | Path) -> LoadedDiscriminator:
         discriminator.load_state_dict(saved["state_dict"])
         return LoadedDiscriminator(discriminator, f"{path} (this tool's format)")
     state = saved.get("model", saved) if isinstance(saved, dict) else None
-    if not isinstance(state, dict) or not any(str(k).removeprefix("module.").startswith("discriminators.") for k in state):
+    if not isinstance(state, dict) or not any(
+        str(k).removeprefix("module.").startswith("discriminators.") for k in state
+    ):
         found = sorted(saved)[:8] if isinstance(saved, dict) else type(saved).__name__
-        raise ModelSourceError(f"--discriminator {path}: neither this tool's discriminator.pt nor an original VITS "
-                         f"D_*.pth (found keys {found})")
+        raise ModelSourceError(
+            f"--discriminator {path}: neither this tool's discriminator.pt nor an original VITS "
+            f"D_*.pth (found keys {found})"
+        )
     state = from_original_layout(state)
     discriminator = Discriminator(infer_original_config(state))
     discriminator.load_state_dict(state)

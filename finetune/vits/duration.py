@@ -31,7 +31,9 @@ import torch.nn.functional as F
 LOG_2PI = math.log(2 * math.pi)
 
 
-def vits_order_flows(flows, z: torch.Tensor, mask: torch.Tensor, conditioning: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def vits_order_flows(
+    flows, z: torch.Tensor, mask: torch.Tensor, conditioning: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """z through [EA, CF1, ..., CFn] forwards with a flip after each ConvFlow and none after the
     elementwise affine (flows[0]). Returns (z, log-determinant [batch])."""
     log_det = torch.zeros(z.shape[0], device=z.device, dtype=z.dtype)
@@ -54,8 +56,9 @@ def with_anchor(x: torch.Tensor) -> torch.Tensor:
     return F.pad(x, (0, 1))
 
 
-def stochastic_duration_nll(predictor, hidden: torch.Tensor, mask: torch.Tensor, durations: torch.Tensor,
-                            speaker: torch.Tensor | None = None) -> torch.Tensor:
+def stochastic_duration_nll(
+    predictor, hidden: torch.Tensor, mask: torch.Tensor, durations: torch.Tensor, speaker: torch.Tensor | None = None
+) -> torch.Tensor:
     """Negative log-likelihood bound of the aligned `durations` (frames per token) under a transformers
     VitsStochasticDurationPredictor, per clip [batch]; `speaker` is the global conditioning g [batch,
     embedding, 1] of a multi-speaker model (added after conv_pre, detached, as transformers does)."""

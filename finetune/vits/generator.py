@@ -33,14 +33,32 @@ SCRATCH_SAMPLE_RATE = 16_000  # a scratch model's rate, as MMS's (a pretrained m
 
 # Architectures for --model_name scratch:<size>. "mms" is VitsConfig's default, the MMS-TTS shape.
 SCRATCH_CONFIGS: dict[str, dict] = {
-    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, ffn_dim=128, flow_size=48,
-                 upsample_initial_channel=64, resblock_kernel_sizes=[3], resblock_dilation_sizes=[[1, 3]],
-                 posterior_encoder_num_wavenet_layers=4, prior_encoder_num_flows=2,
-                 prior_encoder_num_wavenet_layers=2, duration_predictor_filter_channels=64,
-                 duration_predictor_num_flows=2, depth_separable_num_layers=2),
-    "small": dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=2, ffn_dim=512, flow_size=128,
-                  upsample_initial_channel=256, posterior_encoder_num_wavenet_layers=8,
-                  duration_predictor_filter_channels=128),
+    "tiny": dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        ffn_dim=128,
+        flow_size=48,
+        upsample_initial_channel=64,
+        resblock_kernel_sizes=[3],
+        resblock_dilation_sizes=[[1, 3]],
+        posterior_encoder_num_wavenet_layers=4,
+        prior_encoder_num_flows=2,
+        prior_encoder_num_wavenet_layers=2,
+        duration_predictor_filter_channels=64,
+        duration_predictor_num_flows=2,
+        depth_separable_num_layers=2,
+    ),
+    "small": dict(
+        hidden_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        ffn_dim=512,
+        flow_size=128,
+        upsample_initial_channel=256,
+        posterior_encoder_num_wavenet_layers=8,
+        duration_predictor_filter_channels=128,
+    ),
     "mms": {},
 }
 
@@ -59,19 +77,25 @@ def scratch_tokenizer(vocabulary: list[str]) -> VitsTokenizer:
     with tempfile.TemporaryDirectory() as tmp:
         vocab_file = Path(tmp) / "vocab.json"
         vocab_file.write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-        return VitsTokenizer(str(vocab_file), pad_token=BLANK_TOKEN, add_blank=True, normalize=True,
-                             phonemize=False, is_uroman=False)
+        return VitsTokenizer(
+            str(vocab_file), pad_token=BLANK_TOKEN, add_blank=True, normalize=True, phonemize=False, is_uroman=False
+        )
 
 
 def scratch_generator(size: str, vocabulary: list[str], sample_rate: int) -> LoadedGenerator:
     tokenizer = scratch_tokenizer(vocabulary)
-    config = VitsConfig(vocab_size=len(tokenizer.encoder), pad_token_id=None, sampling_rate=sample_rate,
-                        **SCRATCH_CONFIGS[size])
+    config = VitsConfig(
+        vocab_size=len(tokenizer.encoder), pad_token_id=None, sampling_rate=sample_rate, **SCRATCH_CONFIGS[size]
+    )
     model = VitsModel(config)
     params = sum(p.numel() for p in model.parameters()) / 1e6
-    return LoadedGenerator(model, tokenizer, pretrained=False,
-                           description=f"new scratch:{size} VITS ({params:.2f}M parameters, "
-                                       f"{len(tokenizer.encoder)} tokens from the training text)")
+    return LoadedGenerator(
+        model,
+        tokenizer,
+        pretrained=False,
+        description=f"new scratch:{size} VITS ({params:.2f}M parameters, "
+        f"{len(tokenizer.encoder)} tokens from the training text)",
+    )
 
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
@@ -92,27 +116,37 @@ def load_complete_model(folder: Path, name: str, speakers: bool = False) -> Vits
     named with what it lacks."""
     missing = missing_model_files(Path(folder))
     if missing:
-        raise ModelSourceError(f"{name}: the model folder is incomplete, it has no {', '.join(missing)}; download it "
-                               "again (hf download facebook/mms-tts-kmr-script_latin --local-dir DIR) or export it again")
+        raise ModelSourceError(
+            f"{name}: the model folder is incomplete, it has no {', '.join(missing)}; download it "
+            "again (hf download facebook/mms-tts-kmr-script_latin --local-dir DIR) or export it again"
+        )
     config = VitsConfig.from_pretrained(str(folder))
     if config.num_speakers > 1 and not speakers:
-        raise ModelSourceError(f"{name}: a multi-speaker VITS model ({config.num_speakers} speakers); this tool "
-                               "fine-tunes single-speaker models such as MMS-TTS (a multi_speaker/ folder that "
-                               "train_vits.py exported: give the folder that holds it, the target's voice alone)")
+        raise ModelSourceError(
+            f"{name}: a multi-speaker VITS model ({config.num_speakers} speakers); this tool "
+            "fine-tunes single-speaker models such as MMS-TTS (a multi_speaker/ folder that "
+            "train_vits.py exported: give the folder that holds it, the target's voice alone)"
+        )
     model, info = quiet_from_pretrained(folder)
-    mismatched = [f"{key}: {tuple(saved)} in the folder, {tuple(expected)} in this model"
-                  for key, saved, expected in sorted(info.get("mismatched_keys") or [], key=lambda m: m[0])]
+    mismatched = [
+        f"{key}: {tuple(saved)} in the folder, {tuple(expected)} in this model"
+        for key, saved, expected in sorted(info.get("mismatched_keys") or [], key=lambda m: m[0])
+    ]
     if mismatched:
         count = f"{len(mismatched)} weight{'s have' if len(mismatched) > 1 else ' has'}"
-        raise ModelSourceError(f"{name}: {count} the wrong shape for its config.json "
-                               f"({'; '.join(mismatched[:3])}{'; ...' if len(mismatched) > 3 else ''}): the weights and "
-                               "config.json come from different models; download or export the folder again")
+        raise ModelSourceError(
+            f"{name}: {count} the wrong shape for its config.json "
+            f"({'; '.join(mismatched[:3])}{'; ...' if len(mismatched) > 3 else ''}): the weights and "
+            "config.json come from different models; download or export the folder again"
+        )
     missing = info.get("missing_keys") or []
     if missing:
         names = sorted(str(k) for k in missing)
-        raise ModelSourceError(f"{name}: {len(names)} weights are missing from the saved model "
-                               f"({', '.join(names[:6])}{', ...' if len(names) > 6 else ''}); the folder is incomplete or "
-                               "not a VITS model: download or export it again")
+        raise ModelSourceError(
+            f"{name}: {len(names)} weights are missing from the saved model "
+            f"({', '.join(names[:6])}{', ...' if len(names) > 6 else ''}); the folder is incomplete or "
+            "not a VITS model: download or export it again"
+        )
     return model
 
 
@@ -131,8 +165,11 @@ def shape_mismatches(module: torch.nn.Module, state: dict) -> list[str]:
     """'name: (saved shape) saved, (expected shape) expected' for each weight of `state` that `module` has
     with another shape (load_state_dict would raise a RuntimeError listing them all, far from the user)."""
     expected = module.state_dict()
-    return [f"{key}: {tuple(value.shape)} saved, {tuple(expected[key].shape)} expected" for key, value in state.items()
-            if key in expected and hasattr(value, "shape") and tuple(value.shape) != tuple(expected[key].shape)]
+    return [
+        f"{key}: {tuple(value.shape)} saved, {tuple(expected[key].shape)} expected"
+        for key, value in state.items()
+        if key in expected and hasattr(value, "shape") and tuple(value.shape) != tuple(expected[key].shape)
+    ]
 
 
 def pretrained_generator(source: ModelSource) -> LoadedGenerator:
@@ -140,14 +177,17 @@ def pretrained_generator(source: ModelSource) -> LoadedGenerator:
     tokenizer = load_tokenizer(source)
     model = load_complete_model(source.local_dir, source.name)
     if len(tokenizer.encoder) > model.config.vocab_size:
-        raise ModelSourceError(f"{source.name}: tokenizer has {len(tokenizer.encoder)} tokens but the model embeds "
-                         f"only {model.config.vocab_size}")
+        raise ModelSourceError(
+            f"{source.name}: tokenizer has {len(tokenizer.encoder)} tokens but the model embeds "
+            f"only {model.config.vocab_size}"
+        )
     params = sum(p.numel() for p in model.parameters()) / 1e6
-    return LoadedGenerator(model, tokenizer, pretrained=True,
-                           description=f"{source.name} ({params:.1f}M parameters)")
+    return LoadedGenerator(model, tokenizer, pretrained=True, description=f"{source.name} ({params:.1f}M parameters)")
 
 
-def load_generator(source: ModelSource, vocabulary: list[str], sample_rate: int = SCRATCH_SAMPLE_RATE) -> LoadedGenerator:
+def load_generator(
+    source: ModelSource, vocabulary: list[str], sample_rate: int = SCRATCH_SAMPLE_RATE
+) -> LoadedGenerator:
     """Pretrained weights from a local folder, or a scratch model whose vocabulary is `vocabulary`."""
     if source.is_scratch:
         return scratch_generator(source.scratch_size or "tiny", vocabulary, sample_rate)

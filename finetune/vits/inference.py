@@ -54,8 +54,9 @@ class Speech:
         return [requested > rendered for requested, rendered in zip(self.requested_frames, self.rendered_frames)]
 
 
-def cap_durations(frames: torch.Tensor, mask: torch.Tensor, max_token_frames: float,
-                  max_clip_frames: torch.Tensor) -> torch.Tensor:
+def cap_durations(
+    frames: torch.Tensor, mask: torch.Tensor, max_token_frames: float, max_clip_frames: torch.Tensor
+) -> torch.Tensor:
     """frames [batch, 1, tokens] as predicted (float, possibly huge or non-finite), mask [batch, 1, tokens],
     max_clip_frames [batch] -> whole frames per token, each at most `max_token_frames`, each clip's sum
     at most its `max_clip_frames` (scaled down together when over it)."""
@@ -81,8 +82,14 @@ def expand_to_frames(durations: torch.Tensor, mask: torch.Tensor) -> tuple[torch
 
 
 @torch.no_grad()
-def speak_tokens(model, token_ids: list[np.ndarray], device: torch.device, max_clip_s: list[float],
-                 max_token_s: float = MAX_TOKEN_S, speaker: int | None = None) -> Speech:
+def speak_tokens(
+    model,
+    token_ids: list[np.ndarray],
+    device: torch.device,
+    max_clip_s: list[float],
+    max_token_s: float = MAX_TOKEN_S,
+    speaker: int | None = None,
+) -> Speech:
     """Waveforms for token id sequences with a VitsModel in eval mode, each clip at most its
     `max_clip_s`. Random numbers come from the global generator (callers seed it), drawn as stock
     transformers draws them. `speaker`: whose voice, for a model conditioned on speakers."""
@@ -91,7 +98,9 @@ def speak_tokens(model, token_ids: list[np.ndarray], device: torch.device, max_c
     frames_per_s = config.sampling_rate / hop
     count = len(token_ids)
     dtype = model.text_encoder.embed_tokens.weight.dtype
-    encoded, hidden, mask = encode_text(model, token_ids, device)  # hidden [batch, hidden, tokens], mask [batch, 1, tokens]
+    encoded, hidden, mask = encode_text(
+        model, token_ids, device
+    )  # hidden [batch, hidden, tokens], mask [batch, 1, tokens]
     g = speaker_conditioning(model, speaker, count, device)
     log_duration = predict_log_duration(model, hidden, mask, g, model.noise_scale_duration)
     length_scale = 1.0 / model.speaking_rate
@@ -106,15 +115,25 @@ def speak_tokens(model, token_ids: list[np.ndarray], device: torch.device, max_c
     waveform = model.decoder(latents * frame_mask, g).squeeze(1).float().cpu().numpy()  # [batch, samples]
     rendered = torch.clamp_min(durations.sum(dim=(1, 2)), 1).long().tolist()
     wanted = torch.ceil(torch.nan_to_num(requested, nan=float("inf"))).sum(dim=(1, 2)).tolist()
-    return Speech(waveforms=[waveform[i, : rendered[i] * hop] for i in range(count)],
-                  requested_frames=[float(w) for w in wanted], rendered_frames=rendered,
-                  token_frames=[durations[i, 0, : len(token_ids[i])].long().cpu().numpy() for i in range(count)])
+    return Speech(
+        waveforms=[waveform[i, : rendered[i] * hop] for i in range(count)],
+        requested_frames=[float(w) for w in wanted],
+        rendered_frames=rendered,
+        token_frames=[durations[i, 0, : len(token_ids[i])].long().cpu().numpy() for i in range(count)],
+    )
 
 
 @torch.no_grad()
-def duration_draws(model, token_ids: list[np.ndarray], device: torch.device, seed: int, draws: int,
-                   speaker: int | None = None, noise_scale_duration: float | None = None,
-                   speaking_rate: float | None = None) -> np.ndarray:
+def duration_draws(
+    model,
+    token_ids: list[np.ndarray],
+    device: torch.device,
+    seed: int,
+    draws: int,
+    speaker: int | None = None,
+    noise_scale_duration: float | None = None,
+    speaking_rate: float | None = None,
+) -> np.ndarray:
     """Frames the duration predictor asks for, [texts, draws]: each text's length (before any cap) under
     `draws` independent noise draws, as stock transformers computes it (ceil(exp(log duration)) per token,
     summed), at the model's own `noise_scale_duration` and `speaking_rate` unless others are given. Each
@@ -145,8 +164,9 @@ def speaker_conditioning(model, speaker: int | None, count: int, device: torch.d
     return conditioning(model, ids)
 
 
-def predict_log_duration(model, hidden: torch.Tensor, mask: torch.Tensor, g: torch.Tensor | None,
-                         noise_scale_w) -> torch.Tensor:
+def predict_log_duration(
+    model, hidden: torch.Tensor, mask: torch.Tensor, g: torch.Tensor | None, noise_scale_w
+) -> torch.Tensor:
     """log frames per token [batch, 1, tokens], drawn as stock transformers draws them (a deterministic
     predictor is never conditioned on the speaker: finetune/vits/speakers.py)."""
     if model.config.use_stochastic_duration_prediction:
@@ -174,8 +194,14 @@ def fork_rng(device: torch.device):
     return torch.random.fork_rng(devices=devices)
 
 
-def speak(model, token_ids: list[np.ndarray], device: torch.device, seed: int, max_clip_s: list[float],
-          speaker: int | None = None) -> Speech:
+def speak(
+    model,
+    token_ids: list[np.ndarray],
+    device: torch.device,
+    seed: int,
+    max_clip_s: list[float],
+    speaker: int | None = None,
+) -> Speech:
     """`speak_tokens` seeded with `seed`, inside a forked RNG: the same input gives the same audio, and
     a training run's random state is left exactly as it was (so a resumed run matches an uninterrupted one)."""
     with fork_rng(device):
@@ -183,9 +209,15 @@ def speak(model, token_ids: list[np.ndarray], device: torch.device, seed: int, m
         return speak_tokens(model, token_ids, device, max_clip_s, speaker=speaker)
 
 
-def synthesise_graph(model, input_ids: torch.Tensor, noise_scale: torch.Tensor, length_scale: torch.Tensor,
-                     noise_scale_w: torch.Tensor, token_count: torch.Tensor | None = None,
-                     speaker_ids: torch.Tensor | None = None) -> torch.Tensor:
+def synthesise_graph(
+    model,
+    input_ids: torch.Tensor,
+    noise_scale: torch.Tensor,
+    length_scale: torch.Tensor,
+    noise_scale_w: torch.Tensor,
+    token_count: torch.Tensor | None = None,
+    speaker_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
     """One text's waveform [1, 1, samples] from token ids [1, tokens], written with tensor operations only
     (no Python numbers taken from tensors), so that it traces into an ONNX graph with dynamic lengths.
     The scales are [1]-shaped tensors (sherpa-onnx's inputs); the same ceilings as `speak_tokens` apply:
@@ -205,8 +237,9 @@ def synthesise_graph(model, input_ids: torch.Tensor, noise_scale: torch.Tensor, 
     encoded = model.text_encoder(input_ids=input_ids, padding_mask=token_mask, attention_mask=ones)
     hidden, mask = encoded.last_hidden_state.transpose(1, 2), token_mask.transpose(1, 2)  # [1, H, T], [1, 1, T]
     if config.use_stochastic_duration_prediction:
-        log_duration = model.duration_predictor(hidden, mask, duration_conditioning(model, g), reverse=True,
-                                                noise_scale=noise_scale_w)
+        log_duration = model.duration_predictor(
+            hidden, mask, duration_conditioning(model, g), reverse=True, noise_scale=noise_scale_w
+        )
     else:
         log_duration = model.duration_predictor(hidden, mask, duration_conditioning(model, g))
     frames = torch.ceil(torch.exp(log_duration) * mask * length_scale)  # [1, 1, T]

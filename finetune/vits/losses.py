@@ -28,8 +28,9 @@ def _fp32(*tensors: torch.Tensor) -> list[torch.Tensor]:
 
 
 @in_fp32
-def kl_loss(z_p: torch.Tensor, logs_q: torch.Tensor, m_p: torch.Tensor, logs_p: torch.Tensor,
-            mask: torch.Tensor) -> torch.Tensor:
+def kl_loss(
+    z_p: torch.Tensor, logs_q: torch.Tensor, m_p: torch.Tensor, logs_p: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
     """KL(q || p) per the VITS single-sample estimate: summed over channels, averaged over valid frames.
 
     z_p, logs_q: [batch, channels, frames] posterior sample through the flow, posterior log std
@@ -49,8 +50,9 @@ def mel_loss(mel_generated: torch.Tensor, mel_real: torch.Tensor) -> torch.Tenso
 
 
 @in_fp32
-def deterministic_duration_loss(log_duration_predicted: torch.Tensor, durations: torch.Tensor,
-                                mask: torch.Tensor) -> torch.Tensor:
+def deterministic_duration_loss(
+    log_duration_predicted: torch.Tensor, durations: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
     """Squared error of log durations. log_duration_predicted, durations, mask: [batch, 1, tokens]."""
     predicted, durations, mask = _fp32(log_duration_predicted, durations, mask)
     target = torch.log(durations + 1e-6) * mask
@@ -77,7 +79,9 @@ def generator_adversarial_loss(fake_scores: list[torch.Tensor]) -> torch.Tensor:
 
 
 @in_fp32
-def feature_matching_loss(real_features: list[list[torch.Tensor]], fake_features: list[list[torch.Tensor]]) -> torch.Tensor:
+def feature_matching_loss(
+    real_features: list[list[torch.Tensor]], fake_features: list[list[torch.Tensor]]
+) -> torch.Tensor:
     """L1 between every discriminator layer's features for real and generated audio (x2, as in VITS).
     Real features are constants here: the generator must move towards them, not move them."""
     total = torch.zeros((), device=real_features[0][0].device)

@@ -19,9 +19,14 @@ from finetune.vits.discriminator import save_discriminator
 from finetune.vits.generator import inference_copy
 
 
-def export_model(model: VitsModel, tokenizer: VitsTokenizer, out_dir: str | Path,
-                 discriminator=None, extra_json: dict[str, dict | str] | None = None,
-                 inference: dict[str, float] | None = None) -> None:
+def export_model(
+    model: VitsModel,
+    tokenizer: VitsTokenizer,
+    out_dir: str | Path,
+    discriminator=None,
+    extra_json: dict[str, dict | str] | None = None,
+    inference: dict[str, float] | None = None,
+) -> None:
     """Write a Hugging Face folder (config.json, model.safetensors, tokenizer files) and, when given, the
     discriminator beside it (discriminator.pt) so training can continue. `inference`: config values the
     voice speaks with (speaking_rate, noise_scale_duration, noise_scale) instead of the model's own; a

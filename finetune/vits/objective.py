@@ -51,12 +51,17 @@ class TextEncoding:
 def encode_text(model: VitsModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> TextEncoding:
     mask = attention_mask.unsqueeze(-1).float()  # [batch, tokens, 1], the layout transformers expects
     out = model.text_encoder(input_ids=input_ids, padding_mask=mask, attention_mask=attention_mask)
-    return TextEncoding(hidden=out.last_hidden_state.transpose(1, 2), m_p=out.prior_means.transpose(1, 2),
-                        logs_p=out.prior_log_variances.transpose(1, 2), mask=mask.transpose(1, 2))
+    return TextEncoding(
+        hidden=out.last_hidden_state.transpose(1, 2),
+        m_p=out.prior_means.transpose(1, 2),
+        logs_p=out.prior_log_variances.transpose(1, 2),
+        mask=mask.transpose(1, 2),
+    )
 
 
-def duration_loss(model: VitsModel, text: TextEncoding, durations: torch.Tensor,
-                  speaker: torch.Tensor | None = None) -> torch.Tensor:
+def duration_loss(
+    model: VitsModel, text: TextEncoding, durations: torch.Tensor, speaker: torch.Tensor | None = None
+) -> torch.Tensor:
     """durations: [batch, 1, tokens] frames per token from the alignment. Runs in fp32. The stochastic
     predictor trains in the original VITS flow order (finetune/vits/duration.py says why); `speaker`
     is its conditioning g (finetune/vits/speakers.py), if any."""
@@ -118,13 +123,23 @@ def generator_forward(model: VitsModel, batch: Batch, features: Features, segmen
     starts = pick_segment_starts(batch.frame_lengths, segment_frames)
     audio = model.decoder(slice_segments(z, starts, segment_frames), g)  # [batch, 1, segment_frames * hop]
     duration = duration_loss(model, text, durations, duration_conditioning(model, g))
-    return GeneratorForward(audio=audio, segment_starts=starts, z_p=z_p, logs_q=logs_q, m_p=m_p, logs_p=logs_p,
-                            frame_mask=frame_mask, duration_loss=duration,
-                            durations=durations)
+    return GeneratorForward(
+        audio=audio,
+        segment_starts=starts,
+        z_p=z_p,
+        logs_q=logs_q,
+        m_p=m_p,
+        logs_p=logs_p,
+        frame_mask=frame_mask,
+        duration_loss=duration,
+        durations=durations,
+    )
 
 
 @torch.no_grad()
-def generated_segments(model: VitsModel, batch: Batch, features: Features, segment_frames: int) -> tuple[torch.Tensor, torch.Tensor]:
+def generated_segments(
+    model: VitsModel, batch: Batch, features: Features, segment_frames: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """What a discriminator training alone needs of the generator: random segments decoded from the
     posterior sample, ([batch, 1, segment_samples] audio, [batch] first frames). No text encoder, flow,
     alignment search or duration loss (their results would be thrown away), no gradients."""
@@ -136,7 +151,9 @@ def generated_segments(model: VitsModel, batch: Batch, features: Features, segme
     return model.decoder(slice_segments(z, starts, segment_frames), g), starts
 
 
-def real_segments(batch: Batch, features: Features, starts: torch.Tensor, segment_frames: int) -> tuple[torch.Tensor, torch.Tensor]:
+def real_segments(
+    batch: Batch, features: Features, starts: torch.Tensor, segment_frames: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The real audio [batch, 1, samples] and log-mel [batch, n_mels, frames] matching the generated segments."""
     hop = features.config.hop_length
     audio = slice_segments(batch.audio.unsqueeze(1), starts * hop, segment_frames * hop)
@@ -160,24 +177,45 @@ class GeneratorLosses:
     total: torch.Tensor  # weighted sum, what the generator minimises
 
     def terms(self) -> dict[str, torch.Tensor]:
-        return {"mel": self.mel, "kl": self.kl, "duration": self.duration, "adversarial": self.adversarial,
-                "feature_matching": self.feature_matching, "generator": self.total}
+        return {
+            "mel": self.mel,
+            "kl": self.kl,
+            "duration": self.duration,
+            "adversarial": self.adversarial,
+            "feature_matching": self.feature_matching,
+            "generator": self.total,
+        }
 
 
-def generator_losses(out: GeneratorForward, mel_real: torch.Tensor, mel_generated: torch.Tensor,
-                     fake_scores: list[torch.Tensor] | None, fake_features: list[list[torch.Tensor]] | None,
-                     real_features: list[list[torch.Tensor]] | None, weights: losses.LossWeights) -> GeneratorLosses:
+def generator_losses(
+    out: GeneratorForward,
+    mel_real: torch.Tensor,
+    mel_generated: torch.Tensor,
+    fake_scores: list[torch.Tensor] | None,
+    fake_features: list[list[torch.Tensor]] | None,
+    real_features: list[list[torch.Tensor]] | None,
+    weights: losses.LossWeights,
+) -> GeneratorLosses:
     """Weighted generator loss; without discriminator outputs (warm-up) the adversarial terms are 0."""
     mel = losses.mel_loss(mel_generated, mel_real)
     kl = losses.kl_loss(out.z_p, out.logs_q, out.m_p, out.logs_p, out.frame_mask)
     zero = torch.zeros((), device=mel.device)
     adversarial = losses.generator_adversarial_loss(fake_scores) if fake_scores is not None else zero
-    matching = (losses.feature_matching_loss(real_features, fake_features)
-                if fake_features is not None and real_features is not None else zero)
-    total = (weights.mel * mel + weights.kl * kl + weights.duration * out.duration_loss
-             + weights.adversarial * adversarial + weights.feature_matching * matching)
-    return GeneratorLosses(mel=mel, kl=kl, duration=out.duration_loss, adversarial=adversarial,
-                           feature_matching=matching, total=total)
+    matching = (
+        losses.feature_matching_loss(real_features, fake_features)
+        if fake_features is not None and real_features is not None
+        else zero
+    )
+    total = (
+        weights.mel * mel
+        + weights.kl * kl
+        + weights.duration * out.duration_loss
+        + weights.adversarial * adversarial
+        + weights.feature_matching * matching
+    )
+    return GeneratorLosses(
+        mel=mel, kl=kl, duration=out.duration_loss, adversarial=adversarial, feature_matching=matching, total=total
+    )
 
 
 @torch.no_grad()

@@ -58,9 +58,11 @@ SHERPA_DEFAULTS = {"noise_scale": 0.667, "noise_scale_w": 0.8, "length_scale": 1
 def folded_settings(model) -> dict[str, float]:
     """Each graph input's factor: the voice's own setting (config.json's, as the stock pipeline reads it) over
     sherpa-onnx's default, so that its defaults give the voice's settings."""
-    return {"noise_scale": float(model.noise_scale) / SHERPA_DEFAULTS["noise_scale"],
-            "noise_scale_w": float(model.noise_scale_duration) / SHERPA_DEFAULTS["noise_scale_w"],
-            "length_scale": 1.0 / float(model.speaking_rate) / SHERPA_DEFAULTS["length_scale"]}
+    return {
+        "noise_scale": float(model.noise_scale) / SHERPA_DEFAULTS["noise_scale"],
+        "noise_scale_w": float(model.noise_scale_duration) / SHERPA_DEFAULTS["noise_scale_w"],
+        "length_scale": 1.0 / float(model.speaking_rate) / SHERPA_DEFAULTS["length_scale"],
+    }
 
 
 class OnnxVoice(torch.nn.Module):
@@ -75,8 +77,15 @@ class OnnxVoice(torch.nn.Module):
 
     def forward(self, x, x_length, noise_scale, length_scale, noise_scale_w, sid=None):
         f = self.factors
-        return synthesise_graph(self.model, x, noise_scale * f["noise_scale"], length_scale * f["length_scale"],
-                                noise_scale_w * f["noise_scale_w"], token_count=x_length, speaker_ids=sid)
+        return synthesise_graph(
+            self.model,
+            x,
+            noise_scale * f["noise_scale"],
+            length_scale * f["length_scale"],
+            noise_scale_w * f["noise_scale_w"],
+            token_count=x_length,
+            speaker_ids=sid,
+        )
 
 
 def tokens_lines(vocab: dict[str, int]) -> list[str]:
@@ -99,13 +108,22 @@ def metadata(model, tokenizer, language: str, licence: str = "unknown") -> dict[
     """The graph's metadata. noise_scale, noise_scale_w and length_scale are what to give sherpa-onnx for the
     voice's own settings: its defaults (the voice's settings are folded into the graph); folded_* are those
     settings."""
-    return {"model_type": "vits", "comment": "mms", "frontend": "characters", "add_blank": "1", "use_eos_bos": "0",
-            "blank_id": str(tokenizer.pad_token_id or 0), "n_speakers": str(speakers(model)),
-            "sample_rate": str(int(model.config.sampling_rate)), "language": language, "licence": licence,
-            **{name: str(value) for name, value in SHERPA_DEFAULTS.items()},
-            "folded_speaking_rate": str(float(model.speaking_rate)),
-            "folded_noise_scale_duration": str(float(model.noise_scale_duration)),
-            "folded_noise_scale": str(float(model.noise_scale))}
+    return {
+        "model_type": "vits",
+        "comment": "mms",
+        "frontend": "characters",
+        "add_blank": "1",
+        "use_eos_bos": "0",
+        "blank_id": str(tokenizer.pad_token_id or 0),
+        "n_speakers": str(speakers(model)),
+        "sample_rate": str(int(model.config.sampling_rate)),
+        "language": language,
+        "licence": licence,
+        **{name: str(value) for name, value in SHERPA_DEFAULTS.items()},
+        "folded_speaking_rate": str(float(model.speaking_rate)),
+        "folded_noise_scale_duration": str(float(model.noise_scale_duration)),
+        "folded_noise_scale": str(float(model.noise_scale)),
+    }
 
 
 def card(model, source: str, licence: str, licence_note: str) -> str:
@@ -138,8 +156,14 @@ def speakers(model) -> int:
 def example_inputs(tokens: int, with_speaker: bool = False) -> tuple[torch.Tensor, ...]:
     x = torch.randint(1, 5, (1, tokens), dtype=torch.int64)
     sid = (torch.tensor([0], dtype=torch.int64),) if with_speaker else ()
-    return (x, torch.tensor([tokens], dtype=torch.int64), torch.tensor([0.667]), torch.tensor([1.0]),
-            torch.tensor([0.8]), *sid)
+    return (
+        x,
+        torch.tensor([tokens], dtype=torch.int64),
+        torch.tensor([0.667]),
+        torch.tensor([1.0]),
+        torch.tensor([0.8]),
+        *sid,
+    )
 
 
 def export_voice(model, tokenizer, out_dir: Path, language: str, licence: str = "unknown", card: str = "") -> Path:
@@ -170,18 +194,37 @@ def write_export(model, tokenizer, staging: Path, language: str, licence: str = 
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
         warnings.filterwarnings("ignore", message="(Exporting aten::index|Constant folding)")
         several = speakers(model) > 0
-        torch.onnx.export(voice, example_inputs(23, several), str(onnx_path), dynamo=False, opset_version=OPSET,
-                          input_names=["x", "x_length", "noise_scale", "length_scale", "noise_scale_w",
-                                       *(["sid"] if several else [])],
-                          output_names=["y"], dynamic_axes={"x": {1: "tokens"}, "y": {2: "samples"}})
+        torch.onnx.export(
+            voice,
+            example_inputs(23, several),
+            str(onnx_path),
+            dynamo=False,
+            opset_version=OPSET,
+            input_names=[
+                "x",
+                "x_length",
+                "noise_scale",
+                "length_scale",
+                "noise_scale_w",
+                *(["sid"] if several else []),
+            ],
+            output_names=["y"],
+            dynamic_axes={"x": {1: "tokens"}, "y": {2: "samples"}},
+        )
     graph = onnx.load(str(onnx_path))
     for key, value in metadata(model, tokenizer, language, licence).items():
         entry = graph.metadata_props.add()
         entry.key, entry.value = key, value
     onnx.save(graph, str(onnx_path))
     write_text_atomic(staging / "tokens.txt", "\n".join(tokens_lines(tokenizer.get_vocab())) + "\n")
-    write_text_atomic(staging / "voice.json", json.dumps({"format": "sherpa-onnx vits (mms)", "onnx_opset": OPSET,
-                                                         **metadata(model, tokenizer, language, licence)}, indent=2) + "\n")
+    write_text_atomic(
+        staging / "voice.json",
+        json.dumps(
+            {"format": "sherpa-onnx vits (mms)", "onnx_opset": OPSET, **metadata(model, tokenizer, language, licence)},
+            indent=2,
+        )
+        + "\n",
+    )
 
 
 SHERPA_PROGRAM = """
@@ -216,8 +259,14 @@ print(json.dumps({"samples": samples, "sample_rate": rate, "peak": peak}))
 """
 
 
-def sherpa_run(out_dir: Path, texts: list[str], noise_scale: float | None = 0.0, noise_scale_w: float | None = 0.0,
-               sid: int = 0, repeats: int = 1) -> dict:
+def sherpa_run(
+    out_dir: Path,
+    texts: list[str],
+    noise_scale: float | None = 0.0,
+    noise_scale_w: float | None = 0.0,
+    sid: int = 0,
+    repeats: int = 1,
+) -> dict:
     """Have sherpa-onnx load the export and speak each of `texts` `repeats` times (as speaker `sid` of a
     multi-speaker export) in a child process (a model it cannot load ends its process, not ours). Noise
     None: sherpa-onnx's documented snippet, which sets nothing (its defaults; the voice's settings are
@@ -225,18 +274,31 @@ def sherpa_run(out_dir: Path, texts: list[str], noise_scale: float | None = 0.0,
     import subprocess
     import sys
 
-    request = {"folder": str(out_dir), "texts": texts, "noise": noise_scale, "noise_w": noise_scale_w, "sid": sid,
-               "repeats": repeats}
-    done = subprocess.run([sys.executable, "-c", SHERPA_PROGRAM, json.dumps(request)], capture_output=True, text=True,
-                          timeout=300 + 30 * len(texts) * repeats)
+    request = {
+        "folder": str(out_dir),
+        "texts": texts,
+        "noise": noise_scale,
+        "noise_w": noise_scale_w,
+        "sid": sid,
+        "repeats": repeats,
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", SHERPA_PROGRAM, json.dumps(request)],
+        capture_output=True,
+        text=True,
+        timeout=300 + 30 * len(texts) * repeats,
+    )
     if done.returncode != 0:
-        raise ExportError(f"sherpa-onnx could not load or run {out_dir} (exit {done.returncode}): "
-                          f"{(done.stderr or done.stdout).strip()[-300:]}")
+        raise ExportError(
+            f"sherpa-onnx could not load or run {out_dir} (exit {done.returncode}): "
+            f"{(done.stderr or done.stdout).strip()[-300:]}"
+        )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def sherpa_speech(out_dir: Path, text: str, noise_scale: float | None = 0.0, noise_scale_w: float | None = 0.0,
-                  sid: int = 0) -> dict:
+def sherpa_speech(
+    out_dir: Path, text: str, noise_scale: float | None = 0.0, noise_scale_w: float | None = 0.0, sid: int = 0
+) -> dict:
     """One text once: {"samples", "sample_rate", "peak"}. Pauses are kept at their length."""
     speech = sherpa_run(out_dir, [text], noise_scale, noise_scale_w, sid)
     return {**speech, "samples": speech["samples"][0][0]}
@@ -289,7 +351,9 @@ def absolute_to_relative_traceable(self, x: torch.Tensor) -> torch.Tensor:
     positions = _positions(x)
     index = positions.view(-1, 1) + _offsets(positions).view(1, -1)
     inside = ((index >= 0) & (index <= positions[-1])).to(x.dtype)
-    gathered = torch.gather(x, 2, torch.clamp(index, min=0).minimum(positions[-1]).unsqueeze(0).expand(x.shape[0], -1, -1))
+    gathered = torch.gather(
+        x, 2, torch.clamp(index, min=0).minimum(positions[-1]).unsqueeze(0).expand(x.shape[0], -1, -1)
+    )
     return gathered * inside.unsqueeze(0)
 
 
@@ -298,16 +362,24 @@ def traceable_attention():
     """VitsAttention with the equivalents above, for the duration of an export."""
     from transformers.models.vits.modeling_vits import VitsAttention
 
-    names = ("forward", "_get_relative_embeddings", "_relative_position_to_absolute_position",
-             "_absolute_position_to_relative_position")
+    names = (
+        "forward",
+        "_get_relative_embeddings",
+        "_relative_position_to_absolute_position",
+        "_absolute_position_to_relative_position",
+    )
     saved = {name: getattr(VitsAttention, name) for name in names}
 
     def forward(self, hidden_states, *args, **kwargs):
         self._export_positions = _positions(hidden_states)
         return saved["forward"](self, hidden_states, *args, **kwargs)
 
-    replacements = (forward, relative_embeddings_traceable, relative_to_absolute_traceable,
-                    absolute_to_relative_traceable)
+    replacements = (
+        forward,
+        relative_embeddings_traceable,
+        relative_to_absolute_traceable,
+        absolute_to_relative_traceable,
+    )
     for name, replacement in zip(names, replacements):
         setattr(VitsAttention, name, replacement)
     try:

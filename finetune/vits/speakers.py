@@ -134,17 +134,24 @@ def single_speaker(model: VitsModel, speaker: int) -> VitsModel:
     state = source.state_dict()
     names = getattr(model.config, "speaker_names", None) or []
     settings = {k: v for k, v in model.config.to_dict().items() if k != "speaker_names"}
-    config = VitsConfig.from_dict({**settings, "num_speakers": 1, "speaker_embedding_size": 0,
-                                   **({"speaker": names[speaker]} if speaker < len(names) else {})})
+    config = VitsConfig.from_dict(
+        {
+            **settings,
+            "num_speakers": 1,
+            "speaker_embedding_size": 0,
+            **({"speaker": names[speaker]} if speaker < len(names) else {}),
+        }
+    )
     with torch.random.fork_rng(devices=[]):
         plain = VitsModel(config)
     offsets = {}
     for prefix, wavenet in [("posterior_encoder.wavenet", source.posterior_encoder.wavenet)] + [
-            (f"flow.flows.{i}.wavenet", flow.wavenet) for i, flow in enumerate(source.flow.flows)]:
+        (f"flow.flows.{i}.wavenet", flow.wavenet) for i, flow in enumerate(source.flow.flows)
+    ]:
         shift = wavenet.cond_layer(g)[0, :, 0]  # [2 * hidden * layers], one slice per layer
         width = 2 * wavenet.hidden_size
         for layer in range(wavenet.num_layers):
-            offsets[f"{prefix}.in_layers.{layer}.bias"] = shift[layer * width:(layer + 1) * width]
+            offsets[f"{prefix}.in_layers.{layer}.bias"] = shift[layer * width : (layer + 1) * width]
     offsets["decoder.conv_pre.bias"] = source.decoder.cond(g)[0, :, 0]
     if model.config.use_stochastic_duration_prediction:
         offsets["duration_predictor.conv_pre.bias"] = source.duration_predictor.cond(g)[0, :, 0]
@@ -164,9 +171,15 @@ def save_conditioned(model: VitsModel, tokenizer, folder: Path) -> None:
     inference_copy(model).save_pretrained(str(folder), safe_serialization=True)
     tokenizer.save_pretrained(str(folder))
     names = list(getattr(model.config, "speaker_names", None) or [])
-    (folder / "speakers.json").write_text(json.dumps({"speakers": {name: i for i, name in enumerate(names)},
-                                                      "target": names[0] if names else None}, indent=2,
-                                                     ensure_ascii=False) + "\n", encoding="utf-8")
+    (folder / "speakers.json").write_text(
+        json.dumps(
+            {"speakers": {name: i for i, name in enumerate(names)}, "target": names[0] if names else None},
+            indent=2,
+            ensure_ascii=False,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
 
 
 def speaker_id(folder: Path, name: str) -> int:
@@ -175,6 +188,8 @@ def speaker_id(folder: Path, name: str) -> int:
     if name not in speakers:
         if name.isdigit() and int(name) < len(speakers):
             return int(name)
-        raise ValueError(f"--speaker {name}: not in {folder / 'speakers.json'}; its speakers: "
-                         f"{', '.join(list(speakers)[:10])}{', ...' if len(speakers) > 10 else ''}")
+        raise ValueError(
+            f"--speaker {name}: not in {folder / 'speakers.json'}; its speakers: "
+            f"{', '.join(list(speakers)[:10])}{', ...' if len(speakers) > 10 else ''}"
+        )
     return int(speakers[name])

@@ -29,8 +29,9 @@ class Voice:
     speaker: int | None = None  # the speaker id a multi-speaker model speaks as
 
 
-def load_voice(model_dir: str | Path, device: torch.device, speaking_rate: float = 1.0,
-               speaker: str | None = None) -> Voice:
+def load_voice(
+    model_dir: str | Path, device: torch.device, speaking_rate: float = 1.0, speaker: str | None = None
+) -> Voice:
     """The folder's voice, with the inference settings of its config.json (fitted to its recordings: the tempo
     the stock pipeline speaks at), `speaking_rate` times faster; with `speaker` (a name or id in
     speakers.json), that speaker of the multi-speaker model the folder holds (train_vits.py writes it in
@@ -44,8 +45,10 @@ def load_voice(model_dir: str | Path, device: torch.device, speaking_rate: float
     if speaker is not None:
         folder = folder / MULTI_SPEAKER_DIR if (folder / MULTI_SPEAKER_DIR).is_dir() else folder
         if not (folder / "speakers.json").is_file():
-            raise ValueError(f"--speaker {speaker}: {model_dir} holds one voice (no {MULTI_SPEAKER_DIR}/speakers.json); "
-                             "leave --speaker out")
+            raise ValueError(
+                f"--speaker {speaker}: {model_dir} holds one voice (no {MULTI_SPEAKER_DIR}/speakers.json); "
+                "leave --speaker out"
+            )
         speaker_index = speaker_id(folder, speaker)
     model = load_complete_model(folder, str(folder), speakers=speaker is not None).to(device).eval()
     model.speaking_rate = float(model.config.speaking_rate) * speaking_rate  # relative to the voice's own tempo

@@ -66,25 +66,40 @@ class TempoFit:
 
     def config_values(self) -> dict[str, float]:
         """What config.json gets."""
-        return {"speaking_rate": round(self.speaking_rate, 4), "noise_scale_duration": round(self.noise_scale_duration, 4),
-                "noise_scale": round(self.noise_scale, 4)}
+        return {
+            "speaking_rate": round(self.speaking_rate, 4),
+            "noise_scale_duration": round(self.noise_scale_duration, 4),
+            "noise_scale": round(self.noise_scale, 4),
+        }
 
     def to_dict(self) -> dict:
-        return {**self.config_values(), "before": asdict(self.before), "after": asdict(self.after), "clips": self.clips,
-                "after_measured_on": self.after_measured_on, "model_own": self.own, **({"note": self.note} if self.note else {})}
+        return {
+            **self.config_values(),
+            "before": asdict(self.before),
+            "after": asdict(self.after),
+            "clips": self.clips,
+            "after_measured_on": self.after_measured_on,
+            "model_own": self.own,
+            **({"note": self.note} if self.note else {}),
+        }
 
     @property
     def after_measured_on(self) -> str:
-        return ("the clips it was fitted on (too few to hold some out)" if self.after_in_sample
-                else "clips it was not fitted on (two-fold cross-fitting)")
+        return (
+            "the clips it was fitted on (too few to hold some out)"
+            if self.after_in_sample
+            else "clips it was not fitted on (two-fold cross-fitting)"
+        )
 
     def describe(self) -> str:
         """One line: what was set and what it changed."""
-        return (f"speaking_rate {self.speaking_rate:.3f}, noise_scale_duration {self.noise_scale_duration:.3f} (the "
-                f"model's own: {self.own['speaking_rate']:g}, {self.own['noise_scale_duration']:g}) on {self.clips} held-out "
-                f"clips: typical length x{self.before.length_ratio:.2f} -> x{self.after.length_ratio:.2f} the recordings', "
-                f"spread between draws x{self.before.draw_spread:.2f} -> x{self.after.draw_spread:.2f} (after: on "
-                f"{self.after_measured_on})" + (f"; {self.note}" if self.note else ""))
+        return (
+            f"speaking_rate {self.speaking_rate:.3f}, noise_scale_duration {self.noise_scale_duration:.3f} (the "
+            f"model's own: {self.own['speaking_rate']:g}, {self.own['noise_scale_duration']:g}) on {self.clips} held-out "
+            f"clips: typical length x{self.before.length_ratio:.2f} -> x{self.after.length_ratio:.2f} the recordings', "
+            f"spread between draws x{self.before.draw_spread:.2f} -> x{self.after.draw_spread:.2f} (after: on "
+            f"{self.after_measured_on})" + (f"; {self.note}" if self.note else "")
+        )
 
 
 def geometric_spread(ratios) -> float:
@@ -107,8 +122,16 @@ def figures(draws: np.ndarray, recorded_frames: np.ndarray) -> TempoFigures:
     return TempoFigures(length_ratio=ratio, draw_spread=float(np.median([geometric_spread(r) for r in ratios])))
 
 
-def fit_tempo(model, token_ids: list[np.ndarray], recorded_frames: list[int], device: torch.device, seed: int,
-              speaker: int | None = None, draws: int = 8, max_spread: float = MAX_DRAW_SPREAD) -> TempoFit | None:
+def fit_tempo(
+    model,
+    token_ids: list[np.ndarray],
+    recorded_frames: list[int],
+    device: torch.device,
+    seed: int,
+    speaker: int | None = None,
+    draws: int = 8,
+    max_spread: float = MAX_DRAW_SPREAD,
+) -> TempoFit | None:
     """The fitted settings for `model` (eval mode) from held-out clips, with the figures after them measured
     out of sample (see the module docstring); None without clips. Seeded, in a forked RNG: the caller's
     random state is left as it was."""
@@ -117,43 +140,70 @@ def fit_tempo(model, token_ids: list[np.ndarray], recorded_frames: list[int], de
     if not token_ids:
         return None
     frames = np.asarray(recorded_frames, dtype=np.float64)
-    own = {"speaking_rate": float(model.speaking_rate), "noise_scale_duration": float(model.noise_scale_duration),
-           "noise_scale": float(model.noise_scale)}
+    own = {
+        "speaking_rate": float(model.speaking_rate),
+        "noise_scale_duration": float(model.noise_scale_duration),
+        "noise_scale": float(model.noise_scale),
+    }
 
     def measure(clips: list[int], noise: float, rate: float, offset: int) -> np.ndarray:
         """Frames asked for [clips, draws] at these settings."""
-        return duration_draws(model, [token_ids[i] for i in clips], device, seed + offset, draws, speaker=speaker,
-                              noise_scale_duration=noise, speaking_rate=rate)
+        return duration_draws(
+            model,
+            [token_ids[i] for i in clips],
+            device,
+            seed + offset,
+            draws,
+            speaker=speaker,
+            noise_scale_duration=noise,
+            speaking_rate=rate,
+        )
 
     everything = list(range(len(token_ids)))
     before = figures(measure(everything, own["noise_scale_duration"], own["speaking_rate"], 0), frames)
-    fitted = settings_for(everything, frames, measure, own, bool(model.config.use_stochastic_duration_prediction),
-                          max_spread)
+    fitted = settings_for(
+        everything, frames, measure, own, bool(model.config.use_stochastic_duration_prediction), max_spread
+    )
     if fitted is None:
         note = "the predicted lengths are not finite: the model's own settings are kept"
-        return TempoFit(own["speaking_rate"], own["noise_scale_duration"], own["noise_scale"], before, before,
-                        len(token_ids), own, note, after_in_sample=True)
+        return TempoFit(
+            own["speaking_rate"],
+            own["noise_scale_duration"],
+            own["noise_scale"],
+            before,
+            before,
+            len(token_ids),
+            own,
+            note,
+            after_in_sample=True,
+        )
     rate, noise, note, in_sample_after = fitted
     halves = [everything[0::2], everything[1::2]]
     if min(len(half) for half in halves) < MIN_FIT_CLIPS:
-        return TempoFit(rate, noise, own["noise_scale"], before, in_sample_after, len(token_ids), own, note,
-                        after_in_sample=True)
+        return TempoFit(
+            rate, noise, own["noise_scale"], before, in_sample_after, len(token_ids), own, note, after_in_sample=True
+        )
     held_out = np.full((len(token_ids), 1 if not model.config.use_stochastic_duration_prediction else draws), np.nan)
     for half, other in ((halves[0], halves[1]), (halves[1], halves[0])):
-        other_fit = settings_for(other, frames, measure, own, bool(model.config.use_stochastic_duration_prediction),
-                                 max_spread)
+        other_fit = settings_for(
+            other, frames, measure, own, bool(model.config.use_stochastic_duration_prediction), max_spread
+        )
         half_rate, half_noise = (other_fit[0], other_fit[1]) if other_fit else (rate, noise)
         held_out[half] = measure(half, half_noise, half_rate, 10)
     return TempoFit(rate, noise, own["noise_scale"], before, figures(held_out, frames), len(token_ids), own, note)
 
 
-def settings_for(clips: list[int], frames: np.ndarray, measure, own: dict, stochastic: bool, max_spread: float
-                 ) -> tuple[float, float, str, TempoFigures] | None:
+def settings_for(
+    clips: list[int], frames: np.ndarray, measure, own: dict, stochastic: bool, max_spread: float
+) -> tuple[float, float, str, TempoFigures] | None:
     """Steps 1-3 of the module docstring on `clips`: (speaking_rate, noise_scale_duration, a note on a
     limit hit, the figures at them on these same clips); None when the lengths are not finite."""
     mine = frames[clips]
-    grid = sorted({*NOISE_SCALE_GRID, own["noise_scale_duration"]}, reverse=True) if stochastic else [
-        own["noise_scale_duration"]]  # a deterministic predictor: its noise setting does nothing
+    grid = (
+        sorted({*NOISE_SCALE_GRID, own["noise_scale_duration"]}, reverse=True)
+        if stochastic
+        else [own["noise_scale_duration"]]
+    )  # a deterministic predictor: its noise setting does nothing
     at_rate_one = {noise: figures(measure(clips, noise, 1.0, 1), mine) for noise in grid}
     steady = [noise for noise in grid if at_rate_one[noise].draw_spread <= max_spread]
     noise = steady[0] if steady else min(grid, key=lambda n: at_rate_one[n].draw_spread)
@@ -165,8 +215,10 @@ def settings_for(clips: list[int], frames: np.ndarray, measure, own: dict, stoch
             break
         rate = rate * after.length_ratio
         if not MIN_RATE <= rate <= MAX_RATE:
-            note = (f"speaking_rate {rate:.2f} would be needed: held at {min(MAX_RATE, max(MIN_RATE, rate)):g} "
-                    "(a voice this far from its recordings' tempo needs more training, not a setting)")
+            note = (
+                f"speaking_rate {rate:.2f} would be needed: held at {min(MAX_RATE, max(MIN_RATE, rate)):g} "
+                "(a voice this far from its recordings' tempo needs more training, not a setting)"
+            )
             rate = min(MAX_RATE, max(MIN_RATE, rate))
         after = figures(measure(clips, noise, rate, 2 + refinement), mine)
     return rate, noise, note, after
