@@ -44,7 +44,7 @@ from finetune.training.batch_fit import OUT_OF_MEMORY_ADVICE, BatchFitter
 from finetune.training.budget import Plan, StepTimer
 from finetune.training.checkpointing import Checkpoints
 from finetune.training.context import LoopContext
-from finetune.training.ending import LoopResult, summary
+from finetune.training.ending import LoopResult, RunFigures, summary
 from finetune.training.evaluating import Evaluations
 from finetune.training.exports import Exports
 from finetune.training.feedback import FeedbackEvaluator
@@ -85,35 +85,76 @@ class SaveExtras:
 
 
 class TrainingLoop:
-    def __init__(self, parts: TrainingParts, context: LoopContext, settings: LoopSettings, state: TrainingState,
-                 plan: Plan | None = None, saves: SaveExtras | None = None,
-                 step_callback: Callable[["TrainingLoop"], None] | None = None):
+    def __init__(
+        self,
+        parts: TrainingParts,
+        context: LoopContext,
+        settings: LoopSettings,
+        state: TrainingState,
+        plan: Plan | None = None,
+        saves: SaveExtras | None = None,
+        step_callback: Callable[["TrainingLoop"], None] | None = None,
+    ):
         self.parts, self.context, self.settings, self.state = parts, context, settings, state
         self.step, self.sampler = parts.step, parts.sampler
         self.model, self.discriminator = parts.step.model, parts.step.discriminator
         self.saves, self.step_callback = saves or SaveExtras(), step_callback
         estimates, budget = state.estimates, context.budget
-        self.timer = StepTimer(settings.batch.accumulation, prior_micro_batch_s=estimates.micro_batch_s or None,
-                               prior_update_s=estimates.update_s or None)
-        self.costs = Costs(eval_s=estimates.eval_s, export_s=estimates.export_s, checkpoint_s=estimates.checkpoint_s,
-                           after_loop_s=settings.reserve_after_s, checkpoints=settings.checkpoints.enabled)
-        self.pacer = Pacer(budget, self.timer, self.costs, settings.checkpoints.every_s, settings.max_epochs,
-                           settings.schedule, plan)
+        self.timer = StepTimer(
+            settings.batch.accumulation,
+            prior_micro_batch_s=estimates.micro_batch_s or None,
+            prior_update_s=estimates.update_s or None,
+        )
+        self.costs = Costs(
+            eval_s=estimates.eval_s,
+            export_s=estimates.export_s,
+            checkpoint_s=estimates.checkpoint_s,
+            after_loop_s=settings.reserve_after_s,
+            checkpoints=settings.checkpoints.enabled,
+        )
+        self.pacer = Pacer(
+            budget, self.timer, self.costs, settings.checkpoints.every_s, settings.max_epochs, settings.schedule, plan
+        )
         device = parts.step.device
-        self.feed = MicroBatchFeed(parts.examples, self.sampler, parts.step.features.config.hop_length,
-                                   settings.batch.num_workers, settings.batch.seed, device)
+        self.feed = MicroBatchFeed(
+            parts.examples,
+            self.sampler,
+            parts.step.features.config.hop_length,
+            settings.batch.num_workers,
+            settings.batch.seed,
+            device,
+        )
         # On CPU, fewer torch threads while other processes take the cores (finetune/system/cpu_threads.py).
-        cpu_threads = CpuThreads(context.logger, torch.get_num_threads, torch.set_num_threads) if device.type == "cpu" else None
+        cpu_threads = (
+            CpuThreads(context.logger, torch.get_num_threads, torch.set_num_threads) if device.type == "cpu" else None
+        )
         self.windows = WindowRunner(self.step, self.feed, self.sampler, budget.clock, context.stop, cpu_threads)
-        self.fitter = BatchFitter(settings.batch, state.batch, self.step, self.sampler, self.feed, self.timer,
-                                  context.run_log)
+        self.fitter = BatchFitter(
+            settings.batch, state.batch, self.step, self.sampler, self.feed, self.timer, context.run_log
+        )
         self.timer.clips = self.fitter.micro_batch  # the last micro-batch may be cut a clip at a time
-        self.saver = Saver(self.model, parts.tokenizer, self.discriminator, self.costs, budget.clock.now, context.logger,
-                           settings.checkpoints.keep, context.dist.is_main)
+        self.saver = Saver(
+            self.model,
+            parts.tokenizer,
+            self.discriminator,
+            self.costs,
+            budget.clock.now,
+            context.logger,
+            settings.checkpoints.keep,
+            context.dist.is_main,
+        )
         fit_tempo = getattr(parts.evaluator, "fit_tempo", None) if settings.evaluation.fit_tempo else None
         self.exports = Exports(self.saver, self.saves.card, context.paths, context.run_log, fit_tempo)
-        self.evaluations = Evaluations(context, parts.evaluator, self.exports, state, self.pacer, self.model,
-                                       parts.frozen_parts, settings.evaluation.early_stopping_patience)
+        self.evaluations = Evaluations(
+            context,
+            parts.evaluator,
+            self.exports,
+            state,
+            self.pacer,
+            self.model,
+            parts.frozen_parts,
+            settings.evaluation.early_stopping_patience,
+        )
         self.divergence = Divergence(rollbacks=state.setbacks.rollbacks)
         self.last_good = LastGoodState(self.model, self.discriminator, context.resumed_from)
         self.checkpoints = Checkpoints(context, self.saver, state, self.checkpoint_payload, self.last_good.saved)
@@ -137,7 +178,9 @@ class TrainingLoop:
 
     def run(self) -> LoopResult:
         run_log = self.context.run_log
-        run_log.open_display(self.plan.total_steps if self.plan else 0, self.state.step, self.settings.log_every_seconds)
+        run_log.open_display(
+            self.plan.total_steps if self.plan else 0, self.state.step, self.settings.log_every_seconds
+        )
         try:
             self.checkpoints.check_room()  # first: a disk that cannot hold one checkpoint stops before any work
             if not self.fitter.fit_before_training(self.state.step):  # a run that cannot fit one clip stops too
@@ -176,10 +219,13 @@ class TrainingLoop:
                 f"the budget of {budget.target_s:.0f}s cannot hold training: {budget.used_s():.0f}s went to start-up, "
                 f"loading and the first evaluation ({self.costs.eval_s:.1f}s), and the final save alone needs about "
                 f"{self.costs.final_s:.0f}s (evaluation, export {self.costs.export_s:.1f}s, checkpoint) plus a "
-                f"{budget.safety_s:.0f}s margin: raise --target_hours")
+                f"{budget.safety_s:.0f}s margin: raise --target_hours"
+            )
         per_step = self.settings.batch.batch_size * self.settings.batch.accumulation
-        context.logger.info(f"benchmark: {self.benchmark_steps} training steps of {per_step} clips, timed after the "
-                            "first 2 micro-batches")
+        context.logger.info(
+            f"benchmark: {self.benchmark_steps} training steps of {per_step} clips, timed after the "
+            "first 2 micro-batches"
+        )
 
     def discriminator_warmup(self) -> str | None:
         """A new discriminator trains alone; a stop reason if its steps failed for good, else None."""
@@ -262,8 +308,10 @@ class TrainingLoop:
         final save, a step later, when it would leave no room for another step (Pacer.room_for_due)."""
         due_s = self.due_after_s(self.state.step, epoch_ended)
         if due_s and self.context.dist.any(not self.pacer.room_for_due(due_s)):
-            self.context.logger.info(f"step {self.state.step}: what fell due ({due_s:.1f}s: evaluation or checkpoint) "
-                                     "is left to the final save, one step later: it would leave no room for that step")
+            self.context.logger.info(
+                f"step {self.state.step}: what fell due ({due_s:.1f}s: evaluation or checkpoint) "
+                "is left to the final save, one step later: it would leave no room for that step"
+            )
             return
         if self.pacer.eval_due(self.state.step):
             self.evaluations.evaluate()
@@ -289,8 +337,15 @@ class TrainingLoop:
             self.evaluations.evaluate(final=True)
         self.final_saved = self.context.dist.broadcast(self.context.on_main(self.save_final))
         self.checkpoints.write(end_of_epoch=self.sampler.state.position == 0, final=True)
-        self.context.on_main(lambda: self.exports.export(self.context.paths.last_dir, {
-            "training_summary.json": self.final_summary()}, self.state.step, self.last_evaluation_here(), tempo=True))
+        self.context.on_main(
+            lambda: self.exports.export(
+                self.context.paths.last_dir,
+                {"training_summary.json": self.final_summary()},
+                self.state.step,
+                self.last_evaluation_here(),
+                tempo=True,
+            )
+        )
         return self.result(reason)
 
     def stop_cleanly(self) -> LoopResult:
@@ -332,8 +387,10 @@ class TrainingLoop:
             used, epoch_ended = accumulated.window.used, accumulated.epoch_ended
             cut_short = (used < self.timer.accumulation and not epoch_ended) or bool(accumulated.cut_to)
             if accumulated.cut_to:
-                self.context.logger.info(f"step {number}: its last micro-batch cut to {accumulated.cut_to} of "
-                                         f"{self.fitter.micro_batch} clips, the time the deadline leaves: the run's last step")
+                self.context.logger.info(
+                    f"step {number}: its last micro-batch cut to {accumulated.cut_to} of "
+                    f"{self.fitter.micro_batch} clips, the time the deadline leaves: the run's last step"
+                )
             last = self.context.dist.any(self.pacer.step_is_last(number, cut_short))
             lr = self.pacer.learning_rate(number, last) * self.state.setbacks.lr_scale
             self.step.set_learning_rates(lr, lr * self.settings.schedule.discriminator_ratio)
@@ -369,7 +426,9 @@ class TrainingLoop:
     def due_after_s(self, step: int, epoch_ended: bool) -> float:
         """Seconds of what falls due after this step: an evaluation (and the best model's export), a checkpoint."""
         evaluation = self.costs.eval_s + self.costs.export_s if self.pacer.eval_due(step) else 0.0
-        checkpoint = self.costs.checkpoint_s if self.pacer.checkpoint_due(epoch_ended, self.checkpoints.since_last_s()) else 0.0
+        checkpoint = (
+            self.costs.checkpoint_s if self.pacer.checkpoint_due(epoch_ended, self.checkpoints.since_last_s()) else 0.0
+        )
         return evaluation + checkpoint
 
     def report_step(self, outcome: StepOutcome, lr: float, samples_per_s: float, used: int) -> None:
@@ -381,14 +440,28 @@ class TrainingLoop:
         left_in_epoch = (sampler.batches_per_epoch - sampler.state.position) / accumulation
         step_s = self.timer.step_s if self.timer.ready else 0.0
         samples_per_s = dist.sum(samples_per_s)
-        fields = dict(step=state.step, total=total, epoch=state.epoch + sampler.state.position / max(1, sampler.batches_per_epoch),
-                      epochs=epochs, lr=lr, samples_per_s=samples_per_s, epoch_eta_s=left_in_epoch * step_s,
-                      run_eta_s=max(0, total - state.step) * step_s, deadline_s=self.context.budget.left_s())
+        fields = dict(
+            step=state.step,
+            total=total,
+            epoch=state.epoch + sampler.state.position / max(1, sampler.batches_per_epoch),
+            epochs=epochs,
+            lr=lr,
+            samples_per_s=samples_per_s,
+            epoch_eta_s=left_in_epoch * step_s,
+            run_eta_s=max(0, total - state.step) * step_s,
+            deadline_s=self.context.budget.left_s(),
+        )
         losses = dist.mean(result.losses)  # every process's share of the window, averaged
-        scalars = {"lr": lr, "discriminator_lr": lr * self.settings.schedule.discriminator_ratio,
-                   "samples_per_s": samples_per_s, "grad_norm_generator": result.grad_norm_generator,
-                   "grad_norm_discriminator": result.grad_norm_discriminator,
-                   "time_used_s": self.context.budget.used_s(), "micro_batches": used, **self.step.scaler_figures()}
+        scalars = {
+            "lr": lr,
+            "discriminator_lr": lr * self.settings.schedule.discriminator_ratio,
+            "samples_per_s": samples_per_s,
+            "grad_norm_generator": result.grad_norm_generator,
+            "grad_norm_discriminator": result.grad_norm_discriminator,
+            "time_used_s": self.context.budget.used_s(),
+            "micro_batches": used,
+            **self.step.scaler_figures(),
+        }
         self.context.run_log.step(self.context.now(), fields, used, accumulation, losses, scalars)
 
     # ------------------------------------------------------------ when steps keep failing
@@ -396,7 +469,12 @@ class TrainingLoop:
     def after_failure(self, outcome: StepOutcome, at: str = "") -> str | None:
         """A stop reason when training cannot go on, else None (after going back to the last good state
         if the failures call for it). `at` names the step for the log (default: the training step)."""
-        at, result, setbacks, logger = at or f"step {self.state.step}", outcome.result, self.state.setbacks, self.context.logger
+        at, result, setbacks, logger = (
+            at or f"step {self.state.step}",
+            outcome.result,
+            self.state.setbacks,
+            self.context.logger,
+        )
         if result.update_failed and not outcome.first_update:
             self.refit(result.reason, self.state.step + 1)  # once; the torn update is rolled back below
         action = self.divergence.record(result.applied, result.reason.startswith("non-finite"), result.update_failed)
@@ -404,25 +482,35 @@ class TrainingLoop:
             return None
         if result.update_failed and outcome.first_update:
             self.go_back()
-            logger.error("error: the optimizers' state does not fit in GPU memory (the first update ran out of it): "
-                         "freeze parts (--freeze posterior_encoder), use a narrower --discriminator_width, or a GPU "
-                         "with more memory; nothing was trained")
+            logger.error(
+                "error: the optimizers' state does not fit in GPU memory (the first update ran out of it): "
+                "freeze parts (--freeze posterior_encoder), use a narrower --discriminator_width, or a GPU "
+                "with more memory; nothing was trained"
+            )
             return "out_of_memory"
         went_back, restored = self.go_back()
         if not went_back:
             return "out_of_memory"
         where = self.last_good.describe() + (f" (step {restored})" if restored is not None else "")
         if action == "give_up":
-            logger.error(f"error: training keeps failing ({result.reason}) after going back {self.divergence.rollbacks} "
-                         f"times: stopped with the last good weights, {where}. Lower --learning_rate, or check the data")
+            logger.error(
+                f"error: training keeps failing ({result.reason}) after going back {self.divergence.rollbacks} "
+                f"times: stopped with the last good weights, {where}. Lower --learning_rate, or check the data"
+            )
             return "diverged"
         setbacks.lr_scale *= self.divergence.policy.lr_factor
         setbacks.rollbacks = self.divergence.rollbacks
-        what = (f"{result.reason} at {at}" if result.update_failed else
-                f"{result.reason} in {self.divergence.policy.max_in_row} steps in a row ({at})")
-        logger.warning(f"warning: {what}: went back to {where}; learning rate now x{setbacks.lr_scale:g} of the schedule")
-        self.context.run_log.event("rollback", step=self.state.step, at=at, to=where, lr_scale=setbacks.lr_scale,
-                                   reason=result.reason)
+        what = (
+            f"{result.reason} at {at}"
+            if result.update_failed
+            else f"{result.reason} in {self.divergence.policy.max_in_row} steps in a row ({at})"
+        )
+        logger.warning(
+            f"warning: {what}: went back to {where}; learning rate now x{setbacks.lr_scale:g} of the schedule"
+        )
+        self.context.run_log.event(
+            "rollback", step=self.state.step, at=at, to=where, lr_scale=setbacks.lr_scale, reason=result.reason
+        )
         return None
 
     def go_back(self) -> tuple[bool, int | None]:
@@ -435,8 +523,10 @@ class TrainingLoop:
             failed = str(error).strip().splitlines()[0] if str(error).strip() else "out of memory"
         if self.context.dist.any(bool(failed)):
             where = failed or "on another process"
-            self.context.logger.error(f"error: going back to {self.last_good.describe()} ran out of GPU memory "
-                                      f"({where}): stopped; best_model is what the run keeps. {OUT_OF_MEMORY_ADVICE}")
+            self.context.logger.error(
+                f"error: going back to {self.last_good.describe()} ran out of GPU memory "
+                f"({where}): stopped; best_model is what the run keeps. {OUT_OF_MEMORY_ADVICE}"
+            )
             return False, None
         return True, restored
 
@@ -469,15 +559,22 @@ class TrainingLoop:
     def write_plan(self) -> None:
         plan, budget = self.plan, self.context.budget
         record = plan.to_dict()
-        record.update(budget_target_s=budget.target_s, time_used_s=round(budget.used_s(), 2),
-                      batches_per_epoch=self.sampler.batches_per_epoch,
-                      micro_batch_s=round(self.timer.micro_batches.mean_s, 4), update_s=round(self.timer.updates.mean_s, 4))
+        record.update(
+            budget_target_s=budget.target_s,
+            time_used_s=round(budget.used_s(), 2),
+            batches_per_epoch=self.sampler.batches_per_epoch,
+            micro_batch_s=round(self.timer.micro_batches.mean_s, 4),
+            update_s=round(self.timer.updates.mean_s, 4),
+        )
         record.update(self.fitter.summary())  # the micro-batch the run fitted to memory, and each refit
-        self.context.run_log.plan(record, f"plan: {plan.total_steps} optimizer steps ({plan.epochs:.2f} epochs of "
-                                  f"{plan.steps_per_epoch} steps) in the {budget.left_s():.0f}s left; {plan.step_s:.3f}s a "
-                                  f"step, evaluation every {plan.eval_every} steps ({plan.eval_s:.1f}s each), checkpoint "
-                                  f"{plan.checkpoint_s:.1f}s, final save {plan.final_s:.1f}s; warmup {plan.warmup_steps} "
-                                  f"steps; limited by {plan.limited_by}")
+        self.context.run_log.plan(
+            record,
+            f"plan: {plan.total_steps} optimizer steps ({plan.epochs:.2f} epochs of "
+            f"{plan.steps_per_epoch} steps) in the {budget.left_s():.0f}s left; {plan.step_s:.3f}s a "
+            f"step, evaluation every {plan.eval_every} steps ({plan.eval_s:.1f}s each), checkpoint "
+            f"{plan.checkpoint_s:.1f}s, final save {plan.final_s:.1f}s; warmup {plan.warmup_steps} "
+            f"steps; limited by {plan.limited_by}",
+        )
 
     def checkpoint_payload(self, rng_by_rank: list) -> dict:
         """What a checkpoint holds (the state first takes what the run's estimates are now)."""
@@ -486,12 +583,21 @@ class TrainingLoop:
         estimates.export_s, estimates.eval_s = self.costs.export_s, self.costs.eval_s
         estimates.checkpoint_s = self.costs.checkpoint_s
         self.evaluations.keep_estimates()
-        return {"model": self.model.state_dict(),
-                "discriminator": {"config": self.discriminator.config.to_dict(), "state": self.discriminator.state_dict(),
-                                  "warmup_steps": self.settings.warmup.steps},
-                "train_step": self.step.state_dict(), "state": self.state.to_dict(), "sampler": self.sampler.state_dict(),
-                "rng": rng_by_rank[0], "rng_by_rank": rng_by_rank, "plan": self.plan.to_dict() if self.plan else None,
-                **self.saves.checkpoint}
+        return {
+            "model": self.model.state_dict(),
+            "discriminator": {
+                "config": self.discriminator.config.to_dict(),
+                "state": self.discriminator.state_dict(),
+                "warmup_steps": self.settings.warmup.steps,
+            },
+            "train_step": self.step.state_dict(),
+            "state": self.state.to_dict(),
+            "sampler": self.sampler.state_dict(),
+            "rng": rng_by_rank[0],
+            "rng_by_rank": rng_by_rank,
+            "plan": self.plan.to_dict() if self.plan else None,
+            **self.saves.checkpoint,
+        }
 
     def measure_report(self) -> None:
         """report.html once before anything is timed: its imports (matplotlib) are paid here, and what it
@@ -513,8 +619,9 @@ class TrainingLoop:
         self.final_source = f"best_model (step {best.step})" if has_best else "the last weights (no best_model)"
         extra = {"training_summary.json": self.final_summary()}
         if not has_best:
-            return self.exports.export(paths.output_dir, extra, self.state.step, self.last_evaluation_here(), final=True,
-                                       tempo=True)
+            return self.exports.export(
+                paths.output_dir, extra, self.state.step, self.last_evaluation_here(), final=True, tempo=True
+            )
         return self.exports.publish_best(extra, best.step)
 
     def publish_trained_best(self) -> None:
@@ -528,14 +635,35 @@ class TrainingLoop:
         return {**self.summary("finished"), "final_model_holds": self.final_source}
 
     def summary(self, reason: str) -> dict:
-        return summary(self, reason)
+        return summary(
+            RunFigures(
+                self.state,
+                self.step,
+                self.last_lr,
+                self.context.budget.used_s(),
+                self.context.budget.target_s,
+                self.saver.failures,
+                self.fitter.summary(),
+                self.evaluations.last_summary(),
+                self.evaluations.final_skipped,
+            ),
+            reason,
+        )
 
     def result(self, reason: str, checkpoint=...) -> LoopResult:
         """The result; `checkpoint`: the one to name (default: the newest this run wrote or resumed)."""
-        return LoopResult(stop_reason=reason, state=self.state, plan=self.plan, last_eval=self.evaluations.last,
-                          last_lr=self.last_lr, data_wait_s=self.feed.wait_s, train_s=self.train_s,
-                          checkpoint=self.checkpoints.last if checkpoint is ... else checkpoint,
-                          save_failures=self.saver.failures, final_saved=self.final_saved)
+        return LoopResult(
+            stop_reason=reason,
+            state=self.state,
+            plan=self.plan,
+            last_eval=self.evaluations.last,
+            last_lr=self.last_lr,
+            data_wait_s=self.feed.wait_s,
+            train_s=self.train_s,
+            checkpoint=self.checkpoints.last if checkpoint is ... else checkpoint,
+            save_failures=self.saver.failures,
+            final_saved=self.final_saved,
+        )
 
 
 def run_with_signals(loop: TrainingLoop) -> LoopResult:
