@@ -81,8 +81,9 @@ class FeedbackConfig(TrainingFlags):
         "encoder's layers; both keep the acoustic model (posterior encoder, flow, "
         "decoder) but for the corrections' own conditioning; trained lets every "
         "part learn (bench_corrections.py: embeddings fixed a planted letter most and "
-        "moved the voice least)",
-        choices=["frozen", "embeddings", "trained"],
+        "moved the voice least); letters trains only the embeddings of the letters the corrections are "
+        "about (twice or more their share of the voice's clips), the duration predictor and the conditioning",
+        choices=["frozen", "embeddings", "letters", "trained"],
     )
     target_speaker: str | None = flag(
         None,
@@ -323,16 +324,23 @@ def starting_point(config: FeedbackConfig, round_: recipe.Run, data: RoundData, 
     parts = list(config.freeze)
     learn_pronunciation = config.corrections_voice == "own" and config.acoustics != "trained"
     if learn_pronunciation:
-        extra = [*generator.ACOUSTIC_PARTS, *(["text_encoder"] if config.acoustics == "embeddings" else [])]
+        extra = [*generator.ACOUSTIC_PARTS, *(["text_encoder"] if config.acoustics != "frozen" else [])]
         parts += [part for part in extra if part not in parts]
     frozen_parts = generator.freeze(data.model, parts)
     if learn_pronunciation:  # the corrections' own voice still learns, in its speaker conditioning alone
         speaker_layers.train_conditioning(data.model)
+        trained = ""
         if config.acoustics == "embeddings":  # what each letter is, not how the text encoder reads sentences
             data.model.text_encoder.embed_tokens.requires_grad_(True)
+            trained = "the token embeddings and "
+        if config.acoustics == "letters":  # only the letters the corrections are about
+            focus = focus_letters(data)
+            generator.train_token_rows(data.model, focus)
+            names = getattr(data.tokenizer, "decoder", {})  # VitsTokenizer's id -> character
+            trained = f"the embeddings of {' '.join(repr(names.get(t, t)) for t in focus) or 'no letter'} and "
         round_.logger.info(
             f"frozen: {', '.join(parts)}, but for "
-            f"{'the token embeddings and ' if config.acoustics == 'embeddings' else ''}the speakers' "
+            f"{trained}the speakers' "
             "conditioning: the round teaches how the text is said, not how the voice sounds "
             "(--acoustics trained lets every part learn)"
         )
@@ -348,6 +356,17 @@ def starting_point(config: FeedbackConfig, round_: recipe.Run, data: RoundData, 
     )
     round_.logger.info(choice.description)
     return recipe.StartingPoint(data.model, data.tokenizer, frozen_parts, data.features, choice)
+
+
+def focus_letters(data: RoundData) -> list[int]:
+    """The letters the corrections are about, against the replayed clips of the voice (blank and space
+    aside: they are in every sentence)."""
+    ignore = {data.tokenizer.pad_token_id, *data.tokenizer.convert_tokens_to_ids([" "])}
+    return corrections.letters_in_focus(
+        [e.token_ids for e in data.corrections.examples],
+        [e.token_ids for e in data.replay],
+        {t for t in ignore if t is not None},
+    )
 
 
 def render_before(round_: recipe.Run, data: RoundData, base: Path) -> list:

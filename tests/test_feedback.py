@@ -511,3 +511,41 @@ def test_a_round_killed_while_making_its_version_leaves_the_voice_and_the_next_r
     assert voices.versions() == ["v000", "v001"] and voices.history()["current"] == "v001"
     assert [e["round"] for e in voices.history()["events"] if e["event"] == "accepted"] == ["round_002"]
     assert folder_digest(voices.current) == folder_digest(tmp_path / "voices" / "v001")
+
+
+def test_the_letters_the_corrections_are_about_are_those_they_hold_twice_as_often():
+    from finetune.data.corrections import letters_in_focus
+
+    blank, space = 0, 9
+    voice = [[1, 0, 2, 0, 9, 0, 3, 0, 4], [1, 0, 2, 0, 3, 0, 5]]  # 'x' (7) never read by the voice
+    corrections = [[7, 0, 1, 0, 9, 0, 2], [7, 0, 5, 0, 5, 0, 5]]
+    # shares, blank and space aside: voice 1: 2/8, 2: 2/8, 3: 2/8, 4: 1/8, 5: 1/8; corrections 7: 2/8, 1: 1/8,
+    # 2: 1/8, 5: 3/8 -> 7 (never read) and 5 (3x its share); 1 and 2 (half their share) are not
+    assert letters_in_focus(corrections, voice, {blank, space}) == [5, 7]
+    assert letters_in_focus(voice, voice, {blank, space}) == []
+
+
+def test_training_only_some_token_rows_leaves_every_other_row_exactly_where_it_was(prepared_demo):
+    from finetune.data.features import FeatureConfig, Features
+    from finetune.training.step import Precision, StepSettings, TrainStep
+    from finetune.vits.discriminator import Discriminator, DiscriminatorConfig
+    from finetune.vits.generator import freeze, train_token_rows
+    from finetune.vits.losses import LossWeights
+    from tests.conftest import demo_batch, tiny_generator
+
+    loaded = tiny_generator(prepared_demo, seed=0)
+    model, batch = loaded.model.train(), demo_batch(prepared_demo, loaded.tokenizer)
+    freeze(model, ["text_encoder", "posterior_encoder", "flow", "decoder"])
+    used = sorted({int(t) for t in batch.input_ids[batch.attention_mask.bool()].tolist() if int(t) != 0})  # 0: blank
+    focus = used[:2]
+    train_token_rows(model, focus)
+    before = model.text_encoder.embed_tokens.weight.detach().clone()
+    settings = StepSettings(learning_rate=1e-2, discriminator_learning_rate=1e-2, weight_decay=0.0)
+    small = Discriminator(DiscriminatorConfig(width=0.0625, periods=(2, 3)))
+    step = TrainStep(
+        model, small, Features(FeatureConfig()), LossWeights(), settings, Precision("fp32", None), torch.device("cpu")
+    )
+    assert step.run([batch]).applied
+    after = model.text_encoder.embed_tokens.weight.detach()
+    moved = [row for row in range(len(before)) if not torch.equal(before[row], after[row])]
+    assert moved == focus, (moved, focus)  # used rows outside the focus had gradients: they were held

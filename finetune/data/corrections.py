@@ -88,6 +88,27 @@ def prepare_corrections(
     return report
 
 
+FOCUS_RATIO = 2.0  # a letter the corrections hold this many times as often as the voice's clips is what they are about
+
+
+def letters_in_focus(corrections: list, originals: list, ignore: set[int]) -> list[int]:
+    """The token ids the corrections are about: each one's share of the corrections' tokens at least
+    FOCUS_RATIO times its share of the voice's own clips' (a letter the voice never read: always). Token
+    id sequences in; `ignore` (the blank, the space) never counts."""
+
+    def shares(sequences: list) -> dict[int, float]:
+        counts: dict[int, int] = {}
+        for ids in sequences:
+            for token in ids:
+                if int(token) not in ignore:
+                    counts[int(token)] = counts.get(int(token), 0) + 1
+        total = sum(counts.values()) or 1
+        return {token: count / total for token, count in counts.items()}
+
+    wanted, usual = shares(corrections), shares(originals)
+    return sorted(token for token, share in wanted.items() if share >= FOCUS_RATIO * usual.get(token, 0.0))
+
+
 def replay_sample(item_ids: list[str], corrections: int, ratio: float, seed: int) -> list[str]:
     """`ratio` original clips per correction (all of them when there are fewer), drawn with `seed`."""
     wanted = min(len(item_ids), int(round(ratio * corrections)))
