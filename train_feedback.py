@@ -37,7 +37,7 @@ from transformers import VitsModel, VitsTokenizer
 
 from finetune import recipe
 from finetune.cli import config_to_dict, exit_process, flag, parse_config, run_script
-from finetune.data import audio, corpus, corrections, sampler
+from finetune.data import audio, corpus, corrections, sampler, speakers
 from finetune.data.features import Features
 from finetune.reporting import evaluation, logs, measures, model_card
 from finetune.settings import TrainingFlags
@@ -307,7 +307,7 @@ def load_round_data(config: FeedbackConfig, round_: recipe.Run, base: Path) -> R
         False,
         round_.device,
         round_.stop,
-        speakers={voice: 0} if voice else None,
+        speakers={voice: speakers.TARGET_SPEAKER} if voice else None,
     )
     replay = corrections.replay_clips(
         data_dir, len(fixed.examples), config.replay_ratio, config.seed, tokenizer, hop, rate, round_.logger, voice
@@ -387,7 +387,7 @@ def fit_round(config: FeedbackConfig, round_: recipe.Run, data: RoundData, start
     A round is short and never resumed: no checkpoints, no early stopping, no worker processes."""
     fixed = data.corrections.examples
     own = config.corrections_voice == "own"  # other people's recordings, under a speaker id of their own
-    voice = 0 if speaker_layers.speaker_count(data.model) > 1 else None  # the voice is speaker 0, the corrections' 1
+    voice = speakers.TARGET_SPEAKER if speaker_layers.speaker_count(data.model) > 1 else None  # the corrections': 1
     rule = measures.TimingRule(config.max_length_ratio)
     common = dict(seed=config.seed, batch_size=session.eval_batch_size(round_.device))
     said = evaluation.Evaluator(
@@ -400,6 +400,8 @@ def fit_round(config: FeedbackConfig, round_: recipe.Run, data: RoundData, start
         speaker=voice,
         rule=None if own else rule,
         across_speakers=own,
+        # --acoustics letters: judged on the letters it teaches (the rest of each sentence cannot change)
+        focus_tokens=set(focus_letters(data)) if own and config.acoustics == "letters" else None,
         **common,
     )
     learnt = (

@@ -113,3 +113,24 @@ def test_across_speakers_a_voice_gains_nothing_by_sounding_like_the_corrector_an
         assert drifted >= voice  # no reward for sounding like the corrector
         assert wrong > voice + 3.0 and wrong > drifted + 3.0  # what was said still decides
     assert math.isnan(mcd_across_speakers(np.full((80, 20), np.nan), references))
+
+
+def test_focus_frames_are_the_frames_that_speak_the_focus_tokens_widened():
+    from finetune.reporting.measures import focus_frames
+
+    tokens, frames = np.array([0, 5, 0, 7, 0]), np.array([2, 3, 1, 2, 4])  # token 7 spoken at frames 6-7
+    mask = focus_frames(tokens, frames, {7}, 13, widen=1)
+    assert np.flatnonzero(mask).tolist() == [5, 6, 7, 8]
+    assert focus_frames(tokens, frames, {9}, 13) is None
+
+
+def test_the_focus_distance_counts_only_the_focus_frames():
+    from finetune.reporting.measures import MCD_SCALE, cepstral_distance
+
+    rng = np.random.default_rng(0)
+    real = rng.normal(size=(25, 40))
+    synthesised = real.copy()
+    synthesised[:, 30:] += 1.0  # the last ten frames differ, by 1 on each of 25 coefficients
+    assert cepstral_distance(synthesised, real, np.arange(40) < 20) == 0.0
+    focus = np.arange(40) >= 30
+    assert abs(cepstral_distance(synthesised, real, focus) - MCD_SCALE * 5.0) < MCD_SCALE * 1.0

@@ -49,6 +49,7 @@ from finetune.data.features import Features
 from finetune.reporting.measures import (
     TimingRule,
     duration_error,
+    focus_frames,
     length_ratio,
     mcd_across_speakers,
     mcd_dtw,
@@ -255,6 +256,7 @@ class Evaluator:
         speaker: int | None = None,
         others: dict[str, "Evaluator"] | None = None,
         across_speakers: bool = False,
+        focus_tokens: set[int] | None = None,
     ):
         self.examples, self.features, self.device = examples, features, device
         self.speaker = speaker  # whose voice a speaker-conditioned model speaks in (None: a plain model)
@@ -262,6 +264,9 @@ class Evaluator:
         # (finetune/reporting/measures.py, mcd_across_speakers); their normalised, warped cepstra are kept
         # per clip, made on first use.
         self.across_speakers = across_speakers
+        # With focus_tokens (across speakers only): each clip's distance on the frames that speak those tokens,
+        # the letters a correction round is about (its whole sentence where it has none of them).
+        self.focus_tokens = focus_tokens
         self.references: dict[str, list[np.ndarray]] = {}
         # Other speakers of a crowd, each scored on a few of its held-out clips in its own voice after the
         # target's: reported beside the target's score, never part of choosing best_model.
@@ -453,7 +458,9 @@ class Evaluator:
                 self.example_mels = (example.item_id, synthesised[0].cpu().numpy(), real[0].cpu().numpy())
             ratios = tuple(length_ratio(frames, example.frame_count(hop)) for frames in draws[i])
             scores[example.item_id] = ClipScore(
-                mcd_db=self.distance(example, synthesised[0].cpu().numpy(), real[0].cpu().numpy()),
+                mcd_db=self.distance(
+                    example, synthesised[0].cpu().numpy(), real[0].cpu().numpy(), speech.token_frames[i]
+                ),
                 length_ratio=float(np.median(ratios)),
                 duration_error=duration_error(speech.token_frames[i], aligned[i]),
                 capped=speech.capped[i],
@@ -465,9 +472,12 @@ class Evaluator:
             )
         return scores
 
-    def distance(self, example: Example, synthesised: np.ndarray, real: np.ndarray) -> float:
+    def distance(
+        self, example: Example, synthesised: np.ndarray, real: np.ndarray, token_frames: np.ndarray | None = None
+    ) -> float:
         """MCD-DTW between a clip's synthesised and recorded log-mels [n_mels, frames]: plain, or across
-        speakers (the recording as another speaker's) when the evaluator was made for that."""
+        speakers (the recording as another speaker's) when the evaluator was made for that, on the focus
+        tokens' frames when it has focus tokens (`token_frames`: the frames each token was rendered)."""
         if not self.across_speakers:
             return mcd_dtw(synthesised, real)
         if example.item_id not in self.references:
@@ -476,7 +486,12 @@ class Evaluator:
                 return self.features.mel(torch.from_numpy(audio).float().unsqueeze(0).to(self.device))[0].cpu().numpy()
 
             self.references[example.item_id] = warped_references(example.audio / 32768.0, self.sample_rate, log_mel)
-        return mcd_across_speakers(synthesised, self.references[example.item_id])
+        focus = (
+            focus_frames(example.token_ids, token_frames, self.focus_tokens, synthesised.shape[1])
+            if self.focus_tokens and token_frames is not None
+            else None
+        )
+        return mcd_across_speakers(synthesised, self.references[example.item_id], focus)
 
     @torch.no_grad()
     def validation_losses(self, model, batch, seed_offset: int) -> tuple[dict[str, float], list[np.ndarray]]:

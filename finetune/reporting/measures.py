@@ -68,13 +68,15 @@ def mcd_dtw(log_mel_synthesised: np.ndarray, log_mel_real: np.ndarray, coefficie
     return cepstral_distance(mel_cepstrum(log_mel_synthesised, coefficients), mel_cepstrum(log_mel_real, coefficients))
 
 
-def cepstral_distance(a: np.ndarray, b: np.ndarray) -> float:
+def cepstral_distance(a: np.ndarray, b: np.ndarray, focus: np.ndarray | None = None) -> float:
     """MCD-DTW in dB between cepstra a [coefficients, frames] (synthesised) and b (the recording), averaged
-    over b's frames."""
+    over b's frames; with `focus` (a bool per frame of a), over the path's pairs on those frames alone."""
     import librosa
 
     _, path = librosa.sequence.dtw(X=a, Y=b, metric="euclidean")  # path: [pairs, 2] (synthesised, real)
     distances = np.linalg.norm(a[:, path[:, 0]] - b[:, path[:, 1]], axis=0)
+    if focus is not None:
+        return float(MCD_SCALE * distances[focus[path[:, 0]]].mean())
     per_real = np.zeros(b.shape[1])
     pairs = np.zeros(b.shape[1])
     np.add.at(per_real, path[:, 1], distances)
@@ -106,14 +108,32 @@ def warped_references(
     ]
 
 
-def mcd_across_speakers(log_mel_synthesised: np.ndarray, references: list[np.ndarray]) -> float:
+def mcd_across_speakers(
+    log_mel_synthesised: np.ndarray, references: list[np.ndarray], focus: np.ndarray | None = None
+) -> float:
     """MCD-DTW in dB between synthesised speech and a recording by another speaker (`warped_references`):
-    normalised cepstra, at the warp that fits best (see the module docstring). NaN when the synthesised
-    audio is not finite."""
+    normalised cepstra, at the warp that fits best (see the module docstring). With `focus` (a bool per
+    synthesised frame, some true), the distance on those frames alone, at the warp the whole sentence fits
+    best. NaN when the synthesised audio is not finite."""
     if not np.isfinite(log_mel_synthesised).all():
         return float("nan")
     synthesised = normalised_cepstrum(log_mel_synthesised)
-    return min(cepstral_distance(synthesised, reference) for reference in references)
+    best = min(references, key=lambda reference: cepstral_distance(synthesised, reference))
+    if focus is None:
+        return cepstral_distance(synthesised, best)
+    return cepstral_distance(synthesised, best, focus)
+
+
+def focus_frames(token_ids: np.ndarray, token_frames: np.ndarray, focus: set[int], frames: int, widen: int = 2):
+    """Which of `frames` synthesised frames speak the tokens in `focus` (each token's rendered frames, widened
+    by `widen` on both sides); None when the text has none of them."""
+    spoken = np.repeat(np.isin(token_ids, list(focus)), token_frames)
+    if not spoken.any():
+        return None
+    mask = np.zeros(frames, dtype=bool)
+    for index in np.flatnonzero(spoken):
+        mask[max(0, index - widen) : min(frames, index + widen + 1)] = True
+    return mask if mask.any() else None
 
 
 def length_ratio(requested_frames: float, recording_frames: int) -> float:

@@ -79,6 +79,9 @@ class FeedbackEvaluator:
     @property
     def measure(self) -> str:
         """What decides, in words (the report says it)."""
+        if self.said.across_speakers and self.said.focus_tokens:
+            return ("the voice's MCD on the frames of the letters the corrections are about, compared as another "
+                    "speaker's recordings (normalised cepstra at the best frequency warp; their tempo not judged)")
         return ("the voice's MCD on the corrected sentences, compared as another speaker's recordings (normalised "
                 "cepstra at the best frequency warp; their tempo not judged)" if self.said.across_speakers
                 else "the voice's MCD on the corrected sentences (its own recordings)")
