@@ -361,7 +361,7 @@ def starting_point(config: FeedbackConfig, round_: recipe.Run, data: RoundData, 
 def focus_letters(data: RoundData) -> list[int]:
     """The letters the corrections are about, against the replayed clips of the voice (blank and space
     aside: they are in every sentence)."""
-    ignore = {data.tokenizer.pad_token_id, *data.tokenizer.convert_tokens_to_ids([" "])}
+    ignore = {data.tokenizer.pad_token_id, getattr(data.tokenizer, "encoder", {}).get(" ")}  # (no unknown's id)
     return corrections.letters_in_focus(
         [e.token_ids for e in data.corrections.examples],
         [e.token_ids for e in data.replay],

@@ -3,6 +3,7 @@ corrections made from other demo clips, accepted and rejected rounds, rollback, 
 
 import hashlib
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -549,3 +550,38 @@ def test_training_only_some_token_rows_leaves_every_other_row_exactly_where_it_w
     after = model.text_encoder.embed_tokens.weight.detach()
     moved = [row for row in range(len(before)) if not torch.equal(before[row], after[row])]
     assert moved == focus, (moved, focus)  # used rows outside the focus had gradients: they were held
+
+
+def test_a_letters_round_trains_only_the_letters_it_names_and_judges_on_them(
+    prepared_demo, base_run, tmp_path, timed_work
+):
+    """--acoustics letters end to end: the log names the letters, only their embedding rows move (the base's
+    own rows elsewhere stay bit-exact: the AdamW decay is held off by --anchor_weight), the report says the
+    corrections were judged on those letters' frames."""
+    from safetensors.torch import load_file
+
+    fake, _ = timed_work
+    feedback = make_feedback(tmp_path / "feedback", CORRECTION_IDS[:3])
+    args = feedback_args(
+        prepared_demo,
+        base_run,
+        tmp_path,
+        feedback,
+        "--max_epochs",
+        "1",
+        "--acoustics",
+        "letters",
+        "--anchor_weight",
+        "1",
+    )
+    assert train_feedback.main(args, clock=clock_for(fake)) == 0
+    round_dir = tmp_path / "voices" / "rounds" / "round_001"
+    named = [line for line in (round_dir / "train.log").read_text().splitlines() if "but for the embeddings of" in line]
+    assert named, "the log names the letters the round teaches"
+    report = json.loads((round_dir / "feedback_report.json").read_text())
+    assert "frames of the letters the corrections are about" in report["decided_by"]
+    before = load_file(str(base_run / "checkpoints" / "best_model" / "model.safetensors"))
+    after = load_file(str(round_dir / "checkpoints" / "last_model" / "model.safetensors"))
+    rows = (before["text_encoder.embed_tokens.weight"] != after["text_encoder.embed_tokens.weight"]).any(dim=1)
+    letters = re.findall(r"'([^']*)'", named[0].split("but for the embeddings of", 1)[1].split(" and ", 1)[0])
+    assert 0 < int(rows.sum()) <= len(letters), (int(rows.sum()), letters)  # every other row held
