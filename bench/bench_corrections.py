@@ -4,6 +4,9 @@ and only that? A planted mispronunciation, corrected by slower and faster reader
 
     .venv/bin/python bench/bench_corrections.py --work_dir W          # about 25 minutes on 2 CPU cores
     .venv/bin/python bench/bench_corrections.py --smoke               # the pipeline with tiny budgets
+    .venv/bin/python bench/bench_corrections.py --work_dir W --round_flags="--acoustics letters"
+        # the round mode for corrections about one letter: the only one that fixed it without moving the
+        # voice (bench/RESULTS.md); with the default (embeddings) the voice's other sentences moved +2.9%
 
 1. The demo corpus (every clip as one voice) is split by the letter --letter (x): the clips whose text has
    none are the voice's corpus (a tenth of them held out: the voice's own clips); of those that have it,
