@@ -241,6 +241,7 @@ class RoundData:
     hop: int
     rate: int
     voice: str | None  # the speaker of a multi-speaker corpus whose clips are replayed and judged
+    focus: list[int] | None  # --acoustics letters: the token ids the corrections are about (what trains and is judged)
 
 
 def start_round(config: FeedbackConfig, versions, base: Path, clock, stop, dist) -> recipe.Run:
@@ -316,7 +317,9 @@ def load_round_data(config: FeedbackConfig, round_: recipe.Run, base: Path) -> R
         f"training data: {len(fixed.examples)} corrections + {len(replay)} replayed original "
         f"clips; {len(originals.examples)} held-out originals scored"
     )
-    return RoundData(model, tokenizer, features, fixed, originals, replay, prepare_report, hop, rate, voice)
+    own_letters = config.corrections_voice == "own" and config.acoustics == "letters"
+    focus = focus_letters(tokenizer, fixed.examples, replay) if own_letters else None
+    return RoundData(model, tokenizer, features, fixed, originals, replay, prepare_report, hop, rate, voice, focus)
 
 
 def starting_point(config: FeedbackConfig, round_: recipe.Run, data: RoundData, base: Path) -> recipe.StartingPoint:
@@ -334,10 +337,9 @@ def starting_point(config: FeedbackConfig, round_: recipe.Run, data: RoundData, 
             data.model.text_encoder.embed_tokens.requires_grad_(True)
             trained = "the token embeddings and "
         if config.acoustics == "letters":  # only the letters the corrections are about
-            focus = focus_letters(data)
-            generator.train_token_rows(data.model, focus)
+            generator.train_token_rows(data.model, data.focus)
             names = getattr(data.tokenizer, "decoder", {})  # VitsTokenizer's id -> character
-            trained = f"the embeddings of {' '.join(repr(names.get(t, t)) for t in focus) or 'no letter'} and "
+            trained = f"the embeddings of {' '.join(repr(names.get(t, t)) for t in data.focus) or 'no letter'} and "
         round_.logger.info(
             f"frozen: {', '.join(parts)}, but for "
             f"{trained}the speakers' "
@@ -358,14 +360,12 @@ def starting_point(config: FeedbackConfig, round_: recipe.Run, data: RoundData, 
     return recipe.StartingPoint(data.model, data.tokenizer, frozen_parts, data.features, choice)
 
 
-def focus_letters(data: RoundData) -> list[int]:
+def focus_letters(tokenizer: VitsTokenizer, fixed: list, replay: list) -> list[int]:
     """The letters the corrections are about, against the replayed clips of the voice (blank and space
     aside: they are in every sentence)."""
-    ignore = {data.tokenizer.pad_token_id, getattr(data.tokenizer, "encoder", {}).get(" ")}  # (no unknown's id)
+    ignore = {tokenizer.pad_token_id, getattr(tokenizer, "encoder", {}).get(" ")}  # (no unknown's id)
     return corrections.letters_in_focus(
-        [e.token_ids for e in data.corrections.examples],
-        [e.token_ids for e in data.replay],
-        {t for t in ignore if t is not None},
+        [e.token_ids for e in fixed], [e.token_ids for e in replay], {t for t in ignore if t is not None}
     )
 
 
@@ -401,7 +401,7 @@ def fit_round(config: FeedbackConfig, round_: recipe.Run, data: RoundData, start
         rule=None if own else rule,
         across_speakers=own,
         # --acoustics letters: judged on the letters it teaches (the rest of each sentence cannot change)
-        focus_tokens=set(focus_letters(data)) if own and config.acoustics == "letters" else None,
+        focus_tokens=set(data.focus) if data.focus is not None else None,
         **common,
     )
     learnt = (

@@ -118,10 +118,10 @@ def mcd_across_speakers(
     if not np.isfinite(log_mel_synthesised).all():
         return float("nan")
     synthesised = normalised_cepstrum(log_mel_synthesised)
-    best = min(references, key=lambda reference: cepstral_distance(synthesised, reference))
+    distances = [cepstral_distance(synthesised, reference) for reference in references]
     if focus is None:
-        return cepstral_distance(synthesised, best)
-    return cepstral_distance(synthesised, best, focus)
+        return min(distances)
+    return cepstral_distance(synthesised, references[int(np.argmin(distances))], focus)
 
 
 def focus_frames(token_ids: np.ndarray, token_frames: np.ndarray, focus: set[int], frames: int, widen: int = 2):
