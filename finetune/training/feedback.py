@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from finetune.system.atomic import recover, replace_dir, staging_dir, write_text_atomic
 from finetune.data.corrections import FeedbackError
 from finetune.reporting.evaluation import EvalResult, Evaluator, describe_cut
 from finetune.reporting.selection import NOISE_CONFIDENCE, paired
+from finetune.system.atomic import recover, replace_dir, staging_dir, write_text_atomic
 
 HISTORY = "history.json"
 

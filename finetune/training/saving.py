@@ -25,12 +25,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from finetune.system.disk import (FREE_SPACE_FIX, DiskTooSmall, describe_failure, detached, free_bytes,
-                                  is_write_failure, looks_full, mb)
+from finetune.system.disk import (
+    FREE_SPACE_FIX,
+    DiskTooSmall,
+    describe_failure,
+    detached,
+    free_bytes,
+    is_write_failure,
+    looks_full,
+    mb,
+)
 from finetune.training.checkpoint import list_checkpoints, newest_first, save_checkpoint
-from finetune.vits.model_folder import copy_model, export_model
 from finetune.training.pacing import Costs
 from finetune.training.recovery import all_finite
+from finetune.vits.model_folder import copy_model, export_model
 
 
 @dataclass

@@ -18,12 +18,12 @@ from transformers import VitsConfig, VitsModel, VitsTokenizer
 
 from finetune.data.corpus import Corpus, CorpusError, read_metadata, tokenize
 from finetune.data.speakers import target_clips
-from finetune.vits.discriminator import Discriminator, DiscriminatorConfig, load_discriminator, parameter_count
-from finetune.training.checkpoint import CheckpointError
-from finetune.vits.generator import LoadedGenerator, load_generator, ready_for_training, shape_mismatches
+from finetune.data.text import TextNormalizer, describe_oov
 from finetune.system.errors import ConfigError
 from finetune.system.model_source import resolve_model
-from finetune.data.text import TextNormalizer, describe_oov
+from finetune.training.checkpoint import CheckpointError
+from finetune.vits.discriminator import Discriminator, DiscriminatorConfig, load_discriminator, parameter_count
+from finetune.vits.generator import LoadedGenerator, load_generator, ready_for_training, shape_mismatches
 
 # Kurmanji sentences written for this project and absent from the demo corpus's recordings.
 DEFAULT_TEST_SENTENCES = [

@@ -45,13 +45,19 @@ import torch
 from transformers import VitsModel
 
 from finetune.data.examples import Batch
+from finetune.data.features import Features
+from finetune.system.profile import section
 from finetune.training.distributed import Distributed
 from finetune.vits.discriminator import Discriminator
-from finetune.data.features import Features
 from finetune.vits.losses import LossWeights, discriminator_loss
-from finetune.vits.objective import (GeneratorLosses, generated_segments, generator_forward, generator_losses,
-                                     real_segments, slice_segments)
-from finetune.system.profile import section
+from finetune.vits.objective import (
+    GeneratorLosses,
+    generated_segments,
+    generator_forward,
+    generator_losses,
+    real_segments,
+    slice_segments,
+)
 
 ADAM_BETAS = (0.8, 0.99)  # original VITS
 
