@@ -36,8 +36,10 @@ from finetune.training.budget import Durations, StepTimer
 from finetune.training.checkpoint import capture_rng, restore_rng
 
 FIT_BATCH_CHOICES = ("auto", "on", "off")
-OUT_OF_MEMORY_ADVICE = ("freeze parts (--freeze posterior_encoder), use a narrower --discriminator_width, prepare "
-                        "with a lower --max_seconds, or a GPU with more memory")
+OUT_OF_MEMORY_ADVICE = (
+    "freeze parts (--freeze posterior_encoder), use a narrower --discriminator_width, prepare "
+    "with a lower --max_seconds, or a GPU with more memory"
+)
 
 
 def probe_enabled(fit_batch: str, device: torch.device) -> bool:
@@ -155,8 +157,10 @@ class BatchFitter:
         asked clips per optimizer step; the current epoch continues where it was."""
         repeated = self.sampler.set_micro_batch(micro_batch)
         if repeated:
-            self.run_log.logger.warning(f"warning: {repeated} clips of this epoch come again (the new micro-batches "
-                                        "start at the boundary before the old position)")
+            self.run_log.logger.warning(
+                f"warning: {repeated} clips of this epoch come again (the new micro-batches "
+                "start at the boundary before the old position)"
+            )
         self.feed.restart()
         previous_s = self.timer.micro_batches.cautious_s if self.timer.micro_batches.ready else None
         self.fitted.micro_batch = micro_batch
@@ -168,13 +172,16 @@ class BatchFitter:
     def refit(self, micro_batch: int, why: str, steps_done: int) -> None:
         before = (self.micro_batch, self.accumulation)
         self.apply(micro_batch)
-        self.fitted.refits.append({"step": steps_done, "from": before[0], "to": micro_batch,
-                                   "accumulation": self.accumulation, "why": why})
+        self.fitted.refits.append(
+            {"step": steps_done, "from": before[0], "to": micro_batch, "accumulation": self.accumulation, "why": why}
+        )
         self.run_log.logger.warning(
             f"warning: {why}: micro-batch {before[0]} -> {micro_batch} clips, gradient accumulation {before[1]} -> "
-            f"{self.accumulation} (the same {self.settings.batch_size * self.settings.accumulation} clips a step)")
-        self.run_log.event("batch_refit", step=steps_done, micro_batch=micro_batch, accumulation=self.accumulation,
-                           why=why)
+            f"{self.accumulation} (the same {self.settings.batch_size * self.settings.accumulation} clips a step)"
+        )
+        self.run_log.event(
+            "batch_refit", step=steps_done, micro_batch=micro_batch, accumulation=self.accumulation, why=why
+        )
 
     def fit_before_training(self, steps_done: int) -> bool:
         """The probe (when on): refit until the longest clips fit. False when not even one clip fits."""
@@ -185,18 +192,22 @@ class BatchFitter:
             batch = longest_batch(self.feed.examples, self.micro_batch, self.feed.hop, step.device)
             error = try_micro_batch(step, batch)
             if not step.dist.any(bool(error)):
-                self.run_log.logger.info(f"batch fit: {len(batch)} clips of up to {int(batch.frame_lengths.max())} "
-                                         "frames fit in one micro-batch (forward, backward and update tried)")
+                self.run_log.logger.info(
+                    f"batch fit: {len(batch)} clips of up to {int(batch.frame_lengths.max())} "
+                    "frames fit in one micro-batch (forward, backward and update tried)"
+                )
                 return True
             smaller = smaller_micro_batch(self.micro_batch)
             if smaller is None:
                 self.run_log.logger.error(
                     f"error: one clip at a time does not fit in GPU memory (the longest, {int(batch.frame_lengths.max())} "
-                    f"frames: {error}); a smaller --batch_size cannot help: {OUT_OF_MEMORY_ADVICE}; nothing was trained")
+                    f"frames: {error}); a smaller --batch_size cannot help: {OUT_OF_MEMORY_ADVICE}; nothing was trained"
+                )
                 return False
             where = error or "in another process"
-            self.refit(smaller, f"out of memory on {len(batch)} of the longest clips before training ({where})",
-                       steps_done)
+            self.refit(
+                smaller, f"out of memory on {len(batch)} of the longest clips before training ({where})", steps_done
+            )
 
     def can_refit(self) -> bool:
         """Whether training's one refit is still there to use (and a smaller micro-batch exists)."""
@@ -205,10 +216,17 @@ class BatchFitter:
     def refit_once_in_training(self, what: str, step_number: int) -> None:
         """The first out-of-memory error of the run's training (when can_refit): half the micro-batch."""
         self.fitted.refit_in_training = True
-        self.refit(smaller_micro_batch(self.micro_batch), f"out of memory during training at step {step_number} ({what})",
-                   step_number - 1)
+        self.refit(
+            smaller_micro_batch(self.micro_batch),
+            f"out of memory during training at step {step_number} ({what})",
+            step_number - 1,
+        )
 
     def summary(self) -> dict:
         """For plan.json and the run's summary."""
-        return {"batch_size": self.settings.batch_size, "micro_batch": self.micro_batch,
-                "gradient_accumulation_steps": self.accumulation, "batch_refits": list(self.fitted.refits)}
+        return {
+            "batch_size": self.settings.batch_size,
+            "micro_batch": self.micro_batch,
+            "gradient_accumulation_steps": self.accumulation,
+            "batch_refits": list(self.fitted.refits),
+        }

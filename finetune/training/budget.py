@@ -127,8 +127,14 @@ class StepTimer:
     last one a clip at a time (`clips` a micro-batch, each about 1/clips of it), so that the last step of
     a run is cut short instead of leaving most of a step's time unused."""
 
-    def __init__(self, accumulation: int, skip: int = 2, prior_micro_batch_s: float | None = None,
-                 prior_update_s: float | None = None, clips: int = 1):
+    def __init__(
+        self,
+        accumulation: int,
+        skip: int = 2,
+        prior_micro_batch_s: float | None = None,
+        prior_update_s: float | None = None,
+        clips: int = 1,
+    ):
         self.accumulation = accumulation
         self.clips = clips  # clips a whole micro-batch (1: it is never cut into clips)
         self.micro_batches = Durations(skip=skip, prior_s=prior_micro_batch_s)
@@ -182,10 +188,21 @@ class Plan:
         return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in asdict(self).items()}
 
 
-def make_plan(time_left_s: float, step_s: float, eval_s: float, checkpoint_s: float, final_s: float,
-              steps_per_epoch: int, steps_done: int, warmup_steps: int, safety_s: float,
-              eval_every: int = 0, evals_wanted: int = 20, max_epochs: int = 0,
-              checkpoint_every_s: float = 1800.0) -> Plan:
+def make_plan(
+    time_left_s: float,
+    step_s: float,
+    eval_s: float,
+    checkpoint_s: float,
+    final_s: float,
+    steps_per_epoch: int,
+    steps_done: int,
+    warmup_steps: int,
+    safety_s: float,
+    eval_every: int = 0,
+    evals_wanted: int = 20,
+    max_epochs: int = 0,
+    checkpoint_every_s: float = 1800.0,
+) -> Plan:
     """How many optimizer steps fit in `time_left_s`, with evaluations and checkpoints counted.
 
     With eval_every = 0 the evaluations are spread so that about `evals_wanted` happen, spending at
@@ -205,10 +222,20 @@ def make_plan(time_left_s: float, step_s: float, eval_s: float, checkpoint_s: fl
     if max_epochs > 0 and steps_done + steps >= max_epochs * steps_per_epoch:
         steps, limited_by = max(0, max_epochs * steps_per_epoch - steps_done), "max_epochs"
     total = steps_done + steps
-    return Plan(time_left_s=time_left_s, step_s=step_s, eval_s=eval_s, checkpoint_s=checkpoint_s, final_s=final_s,
-                steps_per_epoch=steps_per_epoch, steps_done=steps_done, total_steps=total, eval_every=eval_every,
-                warmup_steps=min(warmup_steps, max(1, total // 10)), epochs=total / steps_per_epoch,
-                limited_by=limited_by)
+    return Plan(
+        time_left_s=time_left_s,
+        step_s=step_s,
+        eval_s=eval_s,
+        checkpoint_s=checkpoint_s,
+        final_s=final_s,
+        steps_per_epoch=steps_per_epoch,
+        steps_done=steps_done,
+        total_steps=total,
+        eval_every=eval_every,
+        warmup_steps=min(warmup_steps, max(1, total // 10)),
+        epochs=total / steps_per_epoch,
+        limited_by=limited_by,
+    )
 
 
 def learning_rate(step: int, total_steps: int, warmup_steps: int, peak: float, floor_ratio: float) -> float:

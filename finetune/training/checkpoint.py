@@ -44,9 +44,11 @@ def capture_rng() -> dict:
     another CUDA_VISIBLE_DEVICES, must still find it."""
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
     version, internal, gauss_next = random.getstate()
-    state = {"python": [version, list(internal), gauss_next], "numpy": [kind, torch.from_numpy(keys.astype(np.int64)),
-                                                                      pos, has_gauss, gauss],
-             "torch": torch.get_rng_state()}
+    state = {
+        "python": [version, list(internal), gauss_next],
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss],
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
@@ -101,8 +103,9 @@ def save_checkpoint(folder: Path, name: str, payload: dict, keep: int) -> Path:
     torch_save_atomic({"version": CHECKPOINT_VERSION, **payload}, path)
     step = payload["state"]["step"]
     try:
-        write_text_atomic(folder / LATEST, json.dumps({"path": name, "step": step,
-                                                        "epoch": payload["state"]["epoch"]}) + "\n")
+        write_text_atomic(
+            folder / LATEST, json.dumps({"path": name, "step": step, "epoch": payload["state"]["epoch"]}) + "\n"
+        )
     except OSError:  # a full disk (a plain write raises OSError)
         (folder / LATEST).unlink(missing_ok=True)
     rotate(folder, keep, protect=path)
@@ -155,8 +158,10 @@ def resolve_resume(resume: str, folder: Path, warn=print) -> tuple[Path | None, 
         except CheckpointError as error:
             warn(f"warning: skipping {path.name}: {error}")
     if candidates:
-        raise CheckpointError(f"none of the {len(candidates)} checkpoints in {folder} can be read; start a new run "
-                              "in another --checkpoint_dir")
+        raise CheckpointError(
+            f"none of the {len(candidates)} checkpoints in {folder} can be read; start a new run "
+            "in another --checkpoint_dir"
+        )
     return None, None
 
 
@@ -170,20 +175,27 @@ def load_checkpoint(path: Path) -> dict:
     return payload
 
 
-def resumed_settings(saved: dict, current: dict, given: set[str], may_change: tuple[str, ...],
-                     from_command_line: tuple[str, ...]) -> tuple[dict, list[str]]:
+def resumed_settings(
+    saved: dict, current: dict, given: set[str], may_change: tuple[str, ...], from_command_line: tuple[str, ...]
+) -> tuple[dict, list[str]]:
     """The settings a resumed run continues with, and the names of those this command line changed.
 
     The checkpoint's settings hold (the learning rates, loss weights, held-out clips: the run being
     continued), so `--resume auto` alone continues it. Flags in `may_change` (budget, device, output,
     logging) given on this command line win; `from_command_line` ones always come from it. Any other
     flag given with a value other than the checkpoint's is refused."""
-    problems = [f"--{k} was {saved[k]!r} in the checkpoint, now {current[k]!r}" for k in sorted(given)
-                if k in saved and k not in may_change + from_command_line and saved[k] != current[k]]
+    problems = [
+        f"--{k} was {saved[k]!r} in the checkpoint, now {current[k]!r}"
+        for k in sorted(given)
+        if k in saved and k not in may_change + from_command_line and saved[k] != current[k]
+    ]
     if problems:
-        raise CheckpointError("cannot resume this checkpoint with these settings: " + "; ".join(problems)
-                              + ". Leave those flags out (the checkpoint's values are used), or start a new run "
-                              "in another --checkpoint_dir")
+        raise CheckpointError(
+            "cannot resume this checkpoint with these settings: "
+            + "; ".join(problems)
+            + ". Leave those flags out (the checkpoint's values are used), or start a new run "
+            "in another --checkpoint_dir"
+        )
     keep_current = set(from_command_line) | (given & set(may_change)) | (current.keys() - saved.keys())
     merged = {key: (value if key in keep_current else saved[key]) for key, value in current.items()}
     changed = sorted(k for k in given & set(may_change) if k in saved and saved[k] != current[k])
@@ -193,5 +205,7 @@ def resumed_settings(saved: dict, current: dict, given: set[str], may_change: tu
 def check_same_data(payload: dict, fingerprint: str) -> None:
     """Resuming must continue on the same training clips."""
     if payload.get("data_fingerprint") != fingerprint:
-        raise CheckpointError("cannot resume this checkpoint: the training clips (metadata.csv) differ from the "
-                              "checkpoint's. Use the original data, or start a new run in another --checkpoint_dir")
+        raise CheckpointError(
+            "cannot resume this checkpoint: the training clips (metadata.csv) differ from the "
+            "checkpoint's. Use the original data, or start a new run in another --checkpoint_dir"
+        )

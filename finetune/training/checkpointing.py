@@ -16,8 +16,14 @@ from finetune.training.state import TrainingState
 
 
 class Checkpoints:
-    def __init__(self, context: LoopContext, saver: Saver, state: TrainingState, payload: Callable[[list], dict],
-                 saved: Callable[[Path], None]):
+    def __init__(
+        self,
+        context: LoopContext,
+        saver: Saver,
+        state: TrainingState,
+        payload: Callable[[list], dict],
+        saved: Callable[[Path], None],
+    ):
         """`payload(rng_by_rank)`: what a checkpoint holds; `saved(path)`: told of each written (the last good
         state to go back to)."""
         self.context, self.saver, self.state, self.payload, self.saved = context, saver, state, payload, saved
@@ -44,8 +50,12 @@ class Checkpoints:
         state = self.state
         state.time_used_s = self.context.budget.used_s()
         epoch = state.epoch if end_of_epoch else state.epoch + 1
-        path = self.saver.checkpoint(self.context.paths.run_dir, checkpoint_name(epoch, state.step, end_of_epoch),
-                                     lambda: self.payload(rng_by_rank), final)
+        path = self.saver.checkpoint(
+            self.context.paths.run_dir,
+            checkpoint_name(epoch, state.step, end_of_epoch),
+            lambda: self.payload(rng_by_rank),
+            final,
+        )
         if path is not None:
             self.context.run_log.checkpoint_s += self.saver.costs.checkpoint_s
         return path

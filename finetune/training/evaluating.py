@@ -15,8 +15,17 @@ from finetune.vits.generator import train_mode
 
 
 class Evaluations:
-    def __init__(self, context: LoopContext, evaluator, exports: Exports, state: TrainingState, pacer: Pacer,
-                 model, frozen_parts: list[str], patience: int):
+    def __init__(
+        self,
+        context: LoopContext,
+        evaluator,
+        exports: Exports,
+        state: TrainingState,
+        pacer: Pacer,
+        model,
+        frozen_parts: list[str],
+        patience: int,
+    ):
         self.context, self.evaluator, self.exports, self.state, self.pacer = context, evaluator, exports, state, pacer
         self.model, self.frozen_parts, self.patience = model, frozen_parts, patience
         self.last: EvalResult | None = None  # the latest evaluation (main process)
@@ -52,8 +61,14 @@ class Evaluations:
         (best model, early stopping, what it cost) and its stop, if one came during it."""
         result = self.context.on_main(lambda: self._evaluate(final))
         costs, best = self.costs, self.state.best
-        shared = self.context.dist.broadcast({"early_stop": self.early_stop, "costs": (costs.eval_s, costs.export_s,
-                                              costs.report_s), "last_step": self.last_step, "best": vars(best).copy()})
+        shared = self.context.dist.broadcast(
+            {
+                "early_stop": self.early_stop,
+                "costs": (costs.eval_s, costs.export_s, costs.report_s),
+                "last_step": self.last_step,
+                "best": vars(best).copy(),
+            }
+        )
         self.early_stop, self.last_step = shared["early_stop"], shared["last_step"]
         costs.eval_s, costs.export_s, costs.report_s = shared["costs"]
         vars(best).update(shared["best"])
@@ -79,9 +94,15 @@ class Evaluations:
         self.early_stop = bool(self.patience and self.state.best.evals_since >= self.patience)
         self.last, self.last_step = result, result.step
         logged = context.now()
-        redrawn = context.run_log.evaluation(result, self.evaluator.describe(result), improved,
-                                             self.best_note(improved, verdict), self.state.best.score,
-                                             getattr(self.evaluator, "example_mels", None), report=not final)
+        redrawn = context.run_log.evaluation(
+            result,
+            self.evaluator.describe(result),
+            improved,
+            self.best_note(improved, verdict),
+            self.state.best.score,
+            getattr(self.evaluator, "example_mels", None),
+            report=not final,
+        )
         redraw_s = context.now() - logged if redrawn else 0.0
         if redrawn:
             self.costs.report_s = redraw_s  # what report.html costs to draw now (the closing one is counted by it)
@@ -97,8 +118,14 @@ class Evaluations:
         """The selection rule on a whole evaluation; its model exported as best_model when it wins. (whether it
         was kept, what decided, export seconds)."""
         best, step = self.state.best, result.step
-        candidate = standing(result.eligible, result.length_ratio, result.mcd_db, self.evaluator.rule.max_length_ratio,
-                             result.choice_scores, step)
+        candidate = standing(
+            result.eligible,
+            result.length_ratio,
+            result.mcd_db,
+            self.evaluator.rule.max_length_ratio,
+            result.choice_scores,
+            step,
+        )
         if result.clips_scored < result.clips_planned:  # a mean over fewer clips is not comparable
             best.evals_since += 1
             return False, "cut short", 0.0
@@ -108,9 +135,13 @@ class Evaluations:
         if improved:
             result.chosen_as = chosen_as(candidate, result.length_ratio, result.ineligible_reason)
             summary = {**result.summary(), "chosen_as": result.chosen_as, "chosen_because": verdict.why}
-            improved = self.exports.export(self.context.paths.best_dir,
-                                           {"eval.json": {**summary, "per_clip": result.per_clip_dict()}}, step, summary,
-                                           tempo=True)
+            improved = self.exports.export(
+                self.context.paths.best_dir,
+                {"eval.json": {**summary, "per_clip": result.per_clip_dict()}},
+                step,
+                summary,
+                tempo=True,
+            )
         if not improved:
             best.evals_since += 1
             return False, verdict.why, 0.0
@@ -128,12 +159,16 @@ class Evaluations:
         fallback = not best.eligible
         because = f"; {why}" if why and why not in ("the first model kept", "cut short") else ""
         if improved:
-            return ("nearest to the timing rule so far: saved best_model as a fallback" if fallback
-                    else "saved best_model") + because
+            return (
+                "nearest to the timing rule so far: saved best_model as a fallback" if fallback else "saved best_model"
+            ) + because
         if best.step < 0:
             return "no model kept yet (no finite score)"
-        return (f"best {best.score:.3f} at step {best.step}" + (", a fallback: none within the timing rule yet" if fallback else "")
-                + because)
+        return (
+            f"best {best.score:.3f} at step {best.step}"
+            + (", a fallback: none within the timing rule yet" if fallback else "")
+            + because
+        )
 
     def report_skipped(self, result: EvalResult, final: bool) -> None:
         """An evaluation that had no time for a single clip: said, counted, and otherwise without effect."""
@@ -142,12 +177,20 @@ class Evaluations:
         self.final_skipped = final
         kept = self.pacer.after_evaluation_s(final) + self.pacer.margin_s
         clip = getattr(self.evaluator, "group_s", None)
-        context.logger.warning(f"warning: {which} skipped: {max(0.0, context.budget.left_s()):.1f}s were left, "
-                               f"{kept:.1f}s of them kept for what follows (the final save"
-                               f"{'' if final else ' with its evaluation'}, the safety margin)"
-                               + (f", and a clip takes about {clip:.1f}s" if clip else "") + ": the deadline comes first")
-        context.run_log.event("eval_skipped", step=result.step, final=final, time_left_s=round(context.budget.left_s(), 2),
-                              clips_planned=result.clips_planned)
+        context.logger.warning(
+            f"warning: {which} skipped: {max(0.0, context.budget.left_s()):.1f}s were left, "
+            f"{kept:.1f}s of them kept for what follows (the final save"
+            f"{'' if final else ' with its evaluation'}, the safety margin)"
+            + (f", and a clip takes about {clip:.1f}s" if clip else "")
+            + ": the deadline comes first"
+        )
+        context.run_log.event(
+            "eval_skipped",
+            step=result.step,
+            final=final,
+            time_left_s=round(context.budget.left_s(), 2),
+            clips_planned=result.clips_planned,
+        )
 
     def prime(self) -> None:
         """A process that does not start with the baseline evaluation (a resumed one) pays the first
@@ -166,13 +209,20 @@ class Evaluations:
         train_mode(self.model, self.frozen_parts)
         # The last evaluation's cost with its clips and sentences re-priced at what they cost now.
         self.costs.eval_s = max(self.costs.eval_s, self.costs.eval_s + self.evaluator.expected_s() - before)
-        context.logger.info(f"evaluation primed in {context.now() - started:.1f}s: a whole one is expected to "
-                            f"take {self.costs.eval_s:.1f}s")
+        context.logger.info(
+            f"evaluation primed in {context.now() - started:.1f}s: a whole one is expected to "
+            f"take {self.costs.eval_s:.1f}s"
+        )
 
     def last_summary(self) -> dict | None:
         """The last evaluation's step and how much of it was done (a final one may be cut short)."""
         if self.last is None:
             return None
         result = self.last
-        return {"step": result.step, "mcd_db": round(result.mcd_db, 4), "clips_scored": result.clips_scored,
-                "clips_planned": result.clips_planned, "cut_short": result.cut_short or None}
+        return {
+            "step": result.step,
+            "mcd_db": round(result.mcd_db, 4),
+            "clips_scored": result.clips_scored,
+            "clips_planned": result.clips_planned,
+            "cut_short": result.cut_short or None,
+        }

@@ -19,12 +19,21 @@ from finetune.training.saving import Saver
 
 
 class Exports:
-    def __init__(self, saver: Saver, card: CardFacts | None, paths: RunPaths, run_log, fit_tempo: Callable | None = None):
+    def __init__(
+        self, saver: Saver, card: CardFacts | None, paths: RunPaths, run_log, fit_tempo: Callable | None = None
+    ):
         self.saver, self.card, self.paths, self.run_log = saver, card, paths, run_log
         self.fit_tempo = fit_tempo  # model -> a finetune/vits/tempo_fit.py TempoFit (None: the model's own settings)
 
-    def export(self, folder: Path, extra_json: dict, step: int, evaluation: dict | None = None,
-               final: bool = False, tempo: bool = False) -> bool:
+    def export(
+        self,
+        folder: Path,
+        extra_json: dict,
+        step: int,
+        evaluation: dict | None = None,
+        final: bool = False,
+        tempo: bool = False,
+    ) -> bool:
         """The model as it is now, into `folder`, with `extra_json` files and its card (`tempo`: with the
         inference settings fitted, when the run fits them); False when it could not be written (the
         previous folder, if any, is intact)."""
@@ -34,7 +43,10 @@ class Exports:
             inference = fit.config_values()
             evaluation = {**(evaluation or {}), "inference_settings": fit.to_dict()}
             if isinstance(extra_json.get("eval.json"), dict):
-                extra_json = {**extra_json, "eval.json": {**extra_json["eval.json"], "inference_settings": fit.to_dict()}}
+                extra_json = {
+                    **extra_json,
+                    "eval.json": {**extra_json["eval.json"], "inference_settings": fit.to_dict()},
+                }
             self.run_log.logger.info(f"{folder.name}: inference settings fitted: {fit.describe()}")
         saved = self.saver.export(folder, {**extra_json, **self.card_file(folder, step, evaluation)}, final, inference)
         if saved:
@@ -56,8 +68,10 @@ class Exports:
             return {}
         from finetune.reporting.model_card import card_text
 
-        roles = {self.paths.best_dir: f"the best model of its run (step {step})",
-                 self.paths.last_dir: f"the last weights of its run (step {step})"}
+        roles = {
+            self.paths.best_dir: f"the best model of its run (step {step})",
+            self.paths.last_dir: f"the last weights of its run (step {step})",
+        }
         steps = int(evaluation.get("step", step)) if evaluation else step
         return {"README.md": card_text(self.card, role or roles.get(folder, folder.name), steps, evaluation)}
 
@@ -65,8 +79,12 @@ class Exports:
         """The output folder (the voice an app loads): a copy of best_model with `summary` (its
         training_summary.json) and a card of its own. False when it could not be written."""
         best = self.paths.best_dir
-        card = self.card_file(self.paths.output_dir, best_step, read_evaluation(best),
-                              f"the final model of its run, a copy of best_model (step {best_step})")
+        card = self.card_file(
+            self.paths.output_dir,
+            best_step,
+            read_evaluation(best),
+            f"the final model of its run, a copy of best_model (step {best_step})",
+        )
         return self.saver.publish(best, self.paths.output_dir, {**summary, **card})
 
 

@@ -35,8 +35,11 @@ def listing(folder: Path) -> list[tuple[str, int, int]]:
     """(relative path, size, modification time) of every file: copies made with copytree keep the last two."""
     if not folder.is_dir():
         return []
-    return sorted((p.relative_to(folder).as_posix(), p.stat().st_size, p.stat().st_mtime_ns)
-                  for p in folder.rglob("*") if p.is_file())
+    return sorted(
+        (p.relative_to(folder).as_posix(), p.stat().st_size, p.stat().st_mtime_ns)
+        for p in folder.rglob("*")
+        if p.is_file()
+    )
 
 
 def change_pct(before: float, after: float) -> float:
@@ -65,13 +68,21 @@ class FeedbackEvaluator:
     def describe(result: EvalResult) -> str:
         x = result.extra
         eligible = "" if result.eligible else f"; not eligible: {result.ineligible_reason}"
-        learnt = (f", in their own voice {x['corrections_learnt_mcd_db']:.3f} dB (length "
-                  f"x{x['corrections_learnt_length_ratio']:.2f})" if "corrections_learnt_mcd_db" in x else "")
-        return (f"corrections as the voice says them {x['corrections_mcd_db']:.3f} dB{learnt}; held-out originals "
-                f"{x['originals_mcd_db']:.3f} dB ({x['originals_change_pct']:+.1f}%, length "
-                f"x{x['originals_length_ratio']:.2f}){eligible}{describe_cut(result)}")
+        learnt = (
+            f", in their own voice {x['corrections_learnt_mcd_db']:.3f} dB (length "
+            f"x{x['corrections_learnt_length_ratio']:.2f})"
+            if "corrections_learnt_mcd_db" in x
+            else ""
+        )
+        return (
+            f"corrections as the voice says them {x['corrections_mcd_db']:.3f} dB{learnt}; held-out originals "
+            f"{x['originals_mcd_db']:.3f} dB ({x['originals_change_pct']:+.1f}%, length "
+            f"x{x['originals_length_ratio']:.2f}){eligible}{describe_cut(result)}"
+        )
 
-    def __init__(self, said: Evaluator, originals: Evaluator, max_regression_pct: float, learnt: Evaluator | None = None):
+    def __init__(
+        self, said: Evaluator, originals: Evaluator, max_regression_pct: float, learnt: Evaluator | None = None
+    ):
         self.said, self.originals, self.learnt, self.max_regression_pct = said, originals, learnt, max_regression_pct
         self.rule = originals.rule  # the voice's timing, on its own clips
         self.baseline: EvalResult | None = None
@@ -80,11 +91,16 @@ class FeedbackEvaluator:
     def measure(self) -> str:
         """What decides, in words (the report says it)."""
         if self.said.across_speakers and self.said.focus_tokens:
-            return ("the voice's MCD on the frames of the letters the corrections are about, compared as another "
-                    "speaker's recordings (normalised cepstra at the best frequency warp; their tempo not judged)")
-        return ("the voice's MCD on the corrected sentences, compared as another speaker's recordings (normalised "
-                "cepstra at the best frequency warp; their tempo not judged)" if self.said.across_speakers
-                else "the voice's MCD on the corrected sentences (its own recordings)")
+            return (
+                "the voice's MCD on the frames of the letters the corrections are about, compared as another "
+                "speaker's recordings (normalised cepstra at the best frequency warp; their tempo not judged)"
+            )
+        return (
+            "the voice's MCD on the corrected sentences, compared as another speaker's recordings (normalised "
+            "cepstra at the best frequency warp; their tempo not judged)"
+            if self.said.across_speakers
+            else "the voice's MCD on the corrected sentences (its own recordings)"
+        )
 
     @property
     def example_mels(self):
@@ -100,26 +116,45 @@ class FeedbackEvaluator:
         learnt = self.learnt.evaluate(model, step, stop, limit) if self.learnt is not None else None
         originals = self.originals.evaluate(model, step, stop, limit)
         parts = [("corrections", said), ("originals", originals), *([("learnt", learnt)] if learnt else [])]
-        extra = {"corrections_mcd_db": said.mcd_db, "corrections_length_ratio": said.length_ratio,
-                 "originals_mcd_db": originals.mcd_db, "originals_length_ratio": originals.length_ratio}
+        extra = {
+            "corrections_mcd_db": said.mcd_db,
+            "corrections_length_ratio": said.length_ratio,
+            "originals_mcd_db": originals.mcd_db,
+            "originals_length_ratio": originals.length_ratio,
+        }
         if learnt is not None:
             extra.update(corrections_learnt_mcd_db=learnt.mcd_db, corrections_learnt_length_ratio=learnt.length_ratio)
         baseline = self.baseline.extra["originals_mcd_db"] if self.baseline else originals.mcd_db
         extra["originals_change_pct"] = change_pct(baseline, originals.mcd_db)
         reasons = [f"{name}: {part.ineligible_reason}" for name, part in parts[:2] if not part.eligible]
         if extra["originals_change_pct"] > self.max_regression_pct:
-            reasons.append(f"originals {extra['originals_change_pct']:+.1f}%, past the {self.max_regression_pct}% tolerance")
-        per_clip = {**{f"correction/{k}": v for k, v in said.per_clip.items()},
-                    **{f"original/{k}": v for k, v in originals.per_clip.items()},
-                    **({f"learnt/{k}": v for k, v in learnt.per_clip.items()} if learnt else {})}
-        result = EvalResult(step=step, mcd_db=said.mcd_db, per_clip=per_clip, val_losses=originals.val_losses,
-                            seconds=sum(part.seconds for _, part in parts), length_ratio=originals.length_ratio,
-                            draw_spread=originals.draw_spread, duration_error=originals.duration_error,
-                            eligible=not reasons, ineligible_reason="; ".join(reasons), samples=said.samples,
-                            extra=extra, clips_planned=sum(part.clips_planned for _, part in parts),
-                            cut_short=next((part.cut_short for _, part in parts if part.cut_short), ""),
-                            sentences_planned=said.sentences_planned, mcd_se_db=said.mcd_se_db,
-                            choice_scores={f"correction/{k}": v for k, v in said.choice_scores.items()})
+            reasons.append(
+                f"originals {extra['originals_change_pct']:+.1f}%, past the {self.max_regression_pct}% tolerance"
+            )
+        per_clip = {
+            **{f"correction/{k}": v for k, v in said.per_clip.items()},
+            **{f"original/{k}": v for k, v in originals.per_clip.items()},
+            **({f"learnt/{k}": v for k, v in learnt.per_clip.items()} if learnt else {}),
+        }
+        result = EvalResult(
+            step=step,
+            mcd_db=said.mcd_db,
+            per_clip=per_clip,
+            val_losses=originals.val_losses,
+            seconds=sum(part.seconds for _, part in parts),
+            length_ratio=originals.length_ratio,
+            draw_spread=originals.draw_spread,
+            duration_error=originals.duration_error,
+            eligible=not reasons,
+            ineligible_reason="; ".join(reasons),
+            samples=said.samples,
+            extra=extra,
+            clips_planned=sum(part.clips_planned for _, part in parts),
+            cut_short=next((part.cut_short for _, part in parts if part.cut_short), ""),
+            sentences_planned=said.sentences_planned,
+            mcd_se_db=said.mcd_se_db,
+            choice_scores={f"correction/{k}": v for k, v in said.choice_scores.items()},
+        )
         if self.baseline is None:
             self.baseline = result
         return result
@@ -137,44 +172,66 @@ class Decision:
 
 
 SCORES = ("corrections_mcd_db", "originals_mcd_db")
-LEARNT = ("corrections_learnt_mcd_db", "corrections_learnt_length_ratio", "corrections_length_ratio",
-          "originals_length_ratio")
+LEARNT = (
+    "corrections_learnt_mcd_db",
+    "corrections_learnt_length_ratio",
+    "corrections_length_ratio",
+    "originals_length_ratio",
+)
 
 
 def clip_scores(per_clip: dict, prefix: str = "correction/") -> dict[str, float]:
     """Clip id -> MCD of one part of an evaluation's per-clip figures (ClipScores or their dicts)."""
-    return {name: (score["mcd_db"] if isinstance(score, dict) else score.mcd_db)
-            for name, score in per_clip.items() if name.startswith(prefix)}
+    return {
+        name: (score["mcd_db"] if isinstance(score, dict) else score.mcd_db)
+        for name, score in per_clip.items()
+        if name.startswith(prefix)
+    }
 
 
-def decide(baseline: EvalResult, best: dict | None, last: EvalResult, max_regression_pct: float,
-           measure: str = "the corrections' MCD", confidence: float = NOISE_CONFIDENCE) -> Decision:
+def decide(
+    baseline: EvalResult,
+    best: dict | None,
+    last: EvalResult,
+    max_regression_pct: float,
+    measure: str = "the corrections' MCD",
+    confidence: float = NOISE_CONFIDENCE,
+) -> Decision:
     """Accept the round's best model when the voice says the corrected sentences better than the starting
     model beyond the noise (paired clip by clip, selection.py), its own held-out clips within the
     tolerance and the timing rule. Without a best model beyond the start, the last evaluation is the
     candidate, so the report always shows what the round produced."""
     before = {k: baseline.extra[k] for k in (*SCORES, *LEARNT) if k in baseline.extra}
     if best is not None and best["step"] > 0:  # the round's best_model: eligible, or the nearest (a fallback)
-        after, step, after_clips = {k: best[k] for k in before if k in best}, int(best["step"]), clip_scores(best["per_clip"])
+        after, step, after_clips = (
+            {k: best[k] for k in before if k in best},
+            int(best["step"]),
+            clip_scores(best["per_clip"]),
+        )
         timing_problem = best.get("ineligible_reason", "not eligible") if not best.get("eligible", True) else ""
     else:
         after, step, after_clips = {k: last.extra[k] for k in before}, last.step, clip_scores(last.per_clip)
         timing_problem = last.ineligible_reason if not last.eligible else ""
     improvement = paired(clip_scores(baseline.per_clip), after_clips, confidence)
-    decision = partial(Decision, before=before, after=after, candidate_step=step, measure=measure,
-                       improvement=improvement.describe())
+    decision = partial(
+        Decision, before=before, after=after, candidate_step=step, measure=measure, improvement=improvement.describe()
+    )
     if not all(math.isfinite(after[k]) and math.isfinite(before[k]) for k in SCORES):
         return decision(False, "a score is not a finite number (the model produced no usable speech)")
     regression = change_pct(before["originals_mcd_db"], after["originals_mcd_db"])
     if regression > max_regression_pct:
-        return decision(False, f"the voice moved: its held-out clips got {regression:.1f}% worse (tolerance "
-                               f"{max_regression_pct}%)")
+        return decision(
+            False, f"the voice moved: its held-out clips got {regression:.1f}% worse (tolerance {max_regression_pct}%)"
+        )
     if timing_problem:
         return decision(False, f"the voice's timing drifted ({timing_problem})")
     if step == 0 or not improvement.beyond_noise:
         return decision(False, f"the corrections did not improve beyond the noise ({improvement.describe()})")
-    return decision(True, f"the corrections improved beyond the noise ({improvement.describe()}), the voice's own "
-                          "held-out clips within tolerance")
+    return decision(
+        True,
+        f"the corrections improved beyond the noise ({improvement.describe()}), the voice's own "
+        "held-out clips within tolerance",
+    )
 
 
 class Versions:
@@ -246,8 +303,16 @@ class Versions:
         name = f"v{len(self.versions()):03d}"
         self._copy_model(model_dir, self.root / name)
         self._copy_model(self.root / name, self.current)
-        self._record({"event": "accepted", "round": round_name, "version": name,
-                      "base_version": self.history().get("current"), **report}, current=name)
+        self._record(
+            {
+                "event": "accepted",
+                "round": round_name,
+                "version": name,
+                "base_version": self.history().get("current"),
+                **report,
+            },
+            current=name,
+        )
         return name
 
     def parent(self, version: str) -> str | None:
@@ -269,8 +334,10 @@ class Versions:
         if target == "previous":
             parent = self.parent(current) if current in versions else None
             if parent is None:
-                raise FeedbackError(f"no version before {current or 'nothing'} to roll back to; versions: "
-                                 f"{', '.join(versions) or 'none'}")
+                raise FeedbackError(
+                    f"no version before {current or 'nothing'} to roll back to; versions: "
+                    f"{', '.join(versions) or 'none'}"
+                )
             target = parent
         if target not in versions:
             raise FeedbackError(f"--rollback {target}: no such version; versions: {', '.join(versions) or 'none'}")
@@ -279,32 +346,58 @@ class Versions:
         return str(current), target
 
 
-def summary_text(round_name: str, decision: Decision, version: str | None, counts: dict, max_regression: float,
-                 listen_dir: Path, dropped: list[dict], undo_flags: str = "") -> str:
+def summary_text(
+    round_name: str,
+    decision: Decision,
+    version: str | None,
+    counts: dict,
+    max_regression: float,
+    listen_dir: Path,
+    dropped: list[dict],
+    undo_flags: str = "",
+) -> str:
     """The readable report of a round; `undo_flags` are what the undo command needs besides --rollback
     (the versions folder when it is not the default)."""
-    head = f"Feedback {round_name}: " + (f"ACCEPTED as {version}" if decision.accepted else "REJECTED") + f" ({decision.reason})"
+    head = (
+        f"Feedback {round_name}: "
+        + (f"ACCEPTED as {version}" if decision.accepted else "REJECTED")
+        + f" ({decision.reason})"
+    )
     lines = [head, ""]
 
     def row(label: str, key: str, count: int, tolerance: str = "") -> str:
         before, after = decision.before[key], decision.after[key]
-        return (f"{label} ({count} clips): MCD {before:.3f} -> {after:.3f} dB "
-                f"({change_pct(before, after):+.1f}%{tolerance})")
+        return (
+            f"{label} ({count} clips): MCD {before:.3f} -> {after:.3f} dB "
+            f"({change_pct(before, after):+.1f}%{tolerance})"
+        )
 
     lines.append(row("Corrections, as the voice says them", "corrections_mcd_db", counts["corrections"]))
     if "corrections_learnt_mcd_db" in decision.before and "corrections_learnt_mcd_db" in decision.after:
-        lines.append(row("Corrections, in their own speaker id (how well they were learnt)", "corrections_learnt_mcd_db",
-                         counts["corrections"]))
-    lines.append(row("The voice's held-out originals", "originals_mcd_db", counts["originals"],
-                     f", tolerance +{max_regression}%")
-                 + f"; length x{decision.after.get('originals_length_ratio', float('nan')):.2f} of the recordings")
+        lines.append(
+            row(
+                "Corrections, in their own speaker id (how well they were learnt)",
+                "corrections_learnt_mcd_db",
+                counts["corrections"],
+            )
+        )
+    lines.append(
+        row(
+            "The voice's held-out originals", "originals_mcd_db", counts["originals"], f", tolerance +{max_regression}%"
+        )
+        + f"; length x{decision.after.get('originals_length_ratio', float('nan')):.2f} of the recordings"
+    )
     if decision.measure:
         lines.append(f"Decided by {decision.measure}: {decision.improvement}.")
-    lines.append(f"Candidate: the model at step {decision.candidate_step}. Trained on {counts['corrections']} corrections "
-                 f"+ {counts['replay']} replayed original clips.")
+    lines.append(
+        f"Candidate: the model at step {decision.candidate_step}. Trained on {counts['corrections']} corrections "
+        f"+ {counts['replay']} replayed original clips."
+    )
     if dropped:
-        lines.append(f"Corrections not used ({len(dropped)}): " + "; ".join(f"{d['id']}: {d['reason']} ({d['detail']})"
-                                                                         for d in dropped[:10]))
+        lines.append(
+            f"Corrections not used ({len(dropped)}): "
+            + "; ".join(f"{d['id']}: {d['reason']} ({d['detail']})" for d in dropped[:10])
+        )
     lines.append(f"Listen: {listen_dir}/ (for each correction: _0_recording, _1_before, _2_after)")
     if decision.accepted:
         lines.append(f"Undo: python train_feedback.py {undo_flags + ' ' if undo_flags else ''}--rollback previous")

@@ -72,8 +72,16 @@ class Pacer:
     and the costs of what follows training. `schedule` (finetune/training/run_settings.py) gives the
     learning-rate curve; a pacer without one (the discriminator's warm-up) decides time only."""
 
-    def __init__(self, budget: Budget, timer: StepTimer, costs: Costs, checkpoint_every_s: float, max_epochs: int = 0,
-                 schedule=None, plan: Plan | None = None):
+    def __init__(
+        self,
+        budget: Budget,
+        timer: StepTimer,
+        costs: Costs,
+        checkpoint_every_s: float,
+        max_epochs: int = 0,
+        schedule=None,
+        plan: Plan | None = None,
+    ):
         self.budget, self.timer, self.costs, self.plan = budget, timer, costs, plan
         self.checkpoint_every_s, self.max_epochs, self.schedule = checkpoint_every_s, max_epochs, schedule
 
@@ -114,8 +122,11 @@ class Pacer:
         """Before running micro-batch `index` (1-based) of a window: whether it must be the window's last
         (a cut one always is)."""
         timer = self.timer
-        return (index >= timer.accumulation or self.clips_that_fit() < timer.clips
-                or not self.room_for(timer.micro_batch_s + timer.clip_s + timer.update_s))
+        return (
+            index >= timer.accumulation
+            or self.clips_that_fit() < timer.clips
+            or not self.room_for(timer.micro_batch_s + timer.clip_s + timer.update_s)
+        )
 
     def eval_due(self, step: int) -> bool:
         return self.plan is not None and step % self.plan.eval_every == 0
@@ -145,8 +156,9 @@ class Pacer:
         exports, the last checkpoint and the closing report). Those are kept free, slowed down as much
         as training has lately, with the safety margin."""
         now = self.budget.clock.now()
-        return TimeLimit(self.budget.clock.now, now + self.budget.left_s() - self.margin_s
-                         - self.after_evaluation_s(final))
+        return TimeLimit(
+            self.budget.clock.now, now + self.budget.left_s() - self.margin_s - self.after_evaluation_s(final)
+        )
 
     def after_evaluation_s(self, final: bool) -> float:
         """Seconds kept free after an evaluation's scoring (see evaluation_limit)."""
@@ -164,8 +176,18 @@ class Pacer:
 
     def replan(self, steps_per_epoch: int, steps_done: int, eval_every: int) -> Plan:
         costs = self.costs
-        self.plan = make_plan(self.budget.left_s(), self.timer.step_s, costs.eval_s + costs.export_s,
-                              costs.checkpoint_s if costs.checkpoints else 0.0, costs.final_s, steps_per_epoch,
-                              steps_done, self.schedule.warmup_steps, self.budget.safety_s, eval_every=eval_every,
-                              max_epochs=self.max_epochs, checkpoint_every_s=self.checkpoint_every_s)
+        self.plan = make_plan(
+            self.budget.left_s(),
+            self.timer.step_s,
+            costs.eval_s + costs.export_s,
+            costs.checkpoint_s if costs.checkpoints else 0.0,
+            costs.final_s,
+            steps_per_epoch,
+            steps_done,
+            self.schedule.warmup_steps,
+            self.budget.safety_s,
+            eval_every=eval_every,
+            max_epochs=self.max_epochs,
+            checkpoint_every_s=self.checkpoint_every_s,
+        )
         return self.plan

@@ -70,8 +70,10 @@ class LastGoodState:
 
     @staticmethod
     def _copy(model, discriminator) -> dict:
-        return {name: {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
-                for name, module in (("model", model), ("discriminator", discriminator))}
+        return {
+            name: {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
+            for name, module in (("model", model), ("discriminator", discriminator))
+        }
 
     def saved(self, checkpoint: Path) -> None:
         """A checkpoint was written: it is the last good state from now on (the RAM copy is freed)."""

@@ -74,18 +74,35 @@ class LoopSettings:
     reserve_after_s: float = 0.0  # what the recipe does after the loop returns, kept out of the plan
 
     @classmethod
-    def from_flags(cls, flags, *, warmup_steps: int, num_workers: int, checkpoints: CheckpointSettings,
-                   early_stopping_patience: int = 0, reserve_after_s: float = 0.0) -> "LoopSettings":
+    def from_flags(
+        cls,
+        flags,
+        *,
+        warmup_steps: int,
+        num_workers: int,
+        checkpoints: CheckpointSettings,
+        early_stopping_patience: int = 0,
+        reserve_after_s: float = 0.0,
+    ) -> "LoopSettings":
         """The loop's settings from a recipe's config (every field read by name: a missing one is an
         AttributeError, not a default) and what the recipe decided: the warm-up the discriminator it built
         needs, the workers its device wants, its checkpoints, its early stopping."""
         return cls(
-            batch=BatchSettings(flags.batch_size, flags.gradient_accumulation_steps, flags.fit_batch, num_workers,
-                                flags.seed),
-            schedule=ScheduleSettings(flags.learning_rate, flags.discriminator_learning_rate, flags.lr_floor_ratio,
-                                      flags.warmup_steps),
-            warmup=WarmupSettings(warmup_steps, flags.discriminator_warmup_learning_rate,
-                                  flags.discriminator_warmup_margin),
-            evaluation=EvaluationSettings(flags.val_every, early_stopping_patience, flags.inference_settings == "fitted"),
-            checkpoints=checkpoints, benchmark_samples=flags.benchmark_samples, max_epochs=flags.max_epochs,
-            log_every_seconds=flags.log_every_seconds, reserve_after_s=reserve_after_s)
+            batch=BatchSettings(
+                flags.batch_size, flags.gradient_accumulation_steps, flags.fit_batch, num_workers, flags.seed
+            ),
+            schedule=ScheduleSettings(
+                flags.learning_rate, flags.discriminator_learning_rate, flags.lr_floor_ratio, flags.warmup_steps
+            ),
+            warmup=WarmupSettings(
+                warmup_steps, flags.discriminator_warmup_learning_rate, flags.discriminator_warmup_margin
+            ),
+            evaluation=EvaluationSettings(
+                flags.val_every, early_stopping_patience, flags.inference_settings == "fitted"
+            ),
+            checkpoints=checkpoints,
+            benchmark_samples=flags.benchmark_samples,
+            max_epochs=flags.max_epochs,
+            log_every_seconds=flags.log_every_seconds,
+            reserve_after_s=reserve_after_s,
+        )

@@ -80,8 +80,17 @@ def same_disk(a: Path, b: Path) -> bool:
 
 
 class Saver:
-    def __init__(self, model, tokenizer, discriminator, costs: Costs, now: Callable[[], float], logger,
-                 keep_checkpoints: int, is_main: bool = True):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        discriminator,
+        costs: Costs,
+        now: Callable[[], float],
+        logger,
+        keep_checkpoints: int,
+        is_main: bool = True,
+    ):
         self.model, self.tokenizer, self.discriminator, self.costs = model, tokenizer, discriminator, costs
         self.now, self.logger, self.keep_checkpoints, self.is_main = now, logger, keep_checkpoints, is_main
         self.failures = 0  # saves that could not be written
@@ -93,10 +102,15 @@ class Saver:
         speaks with instead of the model's own); False when it could not be."""
         if not self.is_main:
             return True
-        written = self._write(folder, "the model", self.sizes.export, [self.model],
-                              "the previous one, if any, is intact", final,
-                              lambda: export_model(self.model, self.tokenizer, folder, self.discriminator, extra_json,
-                                                   inference))
+        written = self._write(
+            folder,
+            "the model",
+            self.sizes.export,
+            [self.model],
+            "the previous one, if any, is intact",
+            final,
+            lambda: export_model(self.model, self.tokenizer, folder, self.discriminator, extra_json, inference),
+        )
         if written is None:
             return False
         self.costs.export_s = written[1]
@@ -108,8 +122,18 @@ class Saver:
         beside it; atomic like an export. False when it could not be written."""
         if not self.is_main:
             return True
-        return self._write(folder, "the model", self.sizes.export, [], "the previous one, if any, is intact", True,
-                           lambda: copy_model(source, folder, extra_json)) is not None
+        return (
+            self._write(
+                folder,
+                "the model",
+                self.sizes.export,
+                [],
+                "the previous one, if any, is intact",
+                True,
+                lambda: copy_model(source, folder, extra_json),
+            )
+            is not None
+        )
 
     def measure_export(self, run_dir: Path) -> None:
         """Time an export into a scratch folder (removed after): the final save must be counted from the
@@ -123,9 +147,15 @@ class Saver:
         self.run_dir = run_dir
         if not self.is_main or not self.costs.checkpoints:
             return None
-        written = self._write(run_dir / name, "a checkpoint", self.sizes.checkpoint, [self.model, self.discriminator],
-                              "training goes on", final,
-                              lambda: save_checkpoint(run_dir, name, payload(), self.keep_checkpoints))
+        written = self._write(
+            run_dir / name,
+            "a checkpoint",
+            self.sizes.checkpoint,
+            [self.model, self.discriminator],
+            "training goes on",
+            final,
+            lambda: save_checkpoint(run_dir, name, payload(), self.keep_checkpoints),
+        )
         if written is None:
             return None
         path, self.costs.checkpoint_s = written
@@ -155,8 +185,10 @@ class Saver:
                 break
         self.failures += 1
         freed_note = f"; freed {', '.join(freed)}" if freed else ""
-        self.logger.error(f"error: could not write {what}: {describe_failure(failure, target.parent, noun, needed)}"
-                          f"{freed_note}; {self._kept_note()}, {kept}. {FREE_SPACE_FIX[0].upper()}{FREE_SPACE_FIX[1:]}")
+        self.logger.error(
+            f"error: could not write {what}: {describe_failure(failure, target.parent, noun, needed)}"
+            f"{freed_note}; {self._kept_note()}, {kept}. {FREE_SPACE_FIX[0].upper()}{FREE_SPACE_FIX[1:]}"
+        )
         return None
 
     def _free_one(self, target: Path, needed: int, freed: list[str]) -> bool:
@@ -171,7 +203,9 @@ class Saver:
         size = oldest.stat().st_size
         oldest.unlink()
         freed.append(f"{oldest.name} ({mb(size)})")
-        self.logger.warning(f"warning: disk full: deleted the older checkpoint {oldest.name} to make room for the final save")
+        self.logger.warning(
+            f"warning: disk full: deleted the older checkpoint {oldest.name} to make room for the final save"
+        )
         return True
 
     def _kept_note(self) -> str:
@@ -197,16 +231,22 @@ class Saver:
             needed += self.sizes.export
             reclaimable += folder_bytes(output_dir)
         elif free_bytes(output_dir) < self.sizes.export:
-            raise DiskTooSmall(f"disk full in {output_dir.parent}: {mb(free_bytes(output_dir))} free, the final model "
-                               f"needs about {mb(self.sizes.export)}: {FREE_SPACE_FIX}")
+            raise DiskTooSmall(
+                f"disk full in {output_dir.parent}: {mb(free_bytes(output_dir))} free, the final model "
+                f"needs about {mb(self.sizes.export)}: {FREE_SPACE_FIX}"
+            )
         one = self.sizes.checkpoint if self.costs.checkpoints else self.sizes.export
         newest = max((p.stat().st_size for p in existing), default=0)
         if free + reclaimable - newest < one:
-            raise DiskTooSmall(f"disk full in {run_dir}: {mb(free)} free, a checkpoint needs about {mb(one)}; nothing "
-                               f"was trained: {FREE_SPACE_FIX}")
+            raise DiskTooSmall(
+                f"disk full in {run_dir}: {mb(free)} free, a checkpoint needs about {mb(one)}; nothing "
+                f"was trained: {FREE_SPACE_FIX}"
+            )
         if free + reclaimable < needed:
-            return (f"warning: {run_dir} has {mb(free)} free; this run writes up to {mb(needed)} ({checkpoints} "
-                    f"checkpoints of about {mb(self.sizes.checkpoint)} and two models of {mb(self.sizes.export)}): "
-                    f"later saves may fail for want of space (each keeps the previous one). Lower --keep_checkpoints, "
-                    f"or {FREE_SPACE_FIX}")
+            return (
+                f"warning: {run_dir} has {mb(free)} free; this run writes up to {mb(needed)} ({checkpoints} "
+                f"checkpoints of about {mb(self.sizes.checkpoint)} and two models of {mb(self.sizes.export)}): "
+                f"later saves may fail for want of space (each keeps the previous one). Lower --keep_checkpoints, "
+                f"or {FREE_SPACE_FIX}"
+            )
         return None

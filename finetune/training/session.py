@@ -62,7 +62,9 @@ def corpus_texts(data_dir: Path) -> list[str]:
         if (data_dir / name).is_file():
             texts += [text for _, text in read_metadata(data_dir / name)]
     if not texts:
-        raise CorpusError(f"{data_dir}/metadata.csv not found or empty: run prepare_data.py --data_dir {data_dir} first")
+        raise CorpusError(
+            f"{data_dir}/metadata.csv not found or empty: run prepare_data.py --data_dir {data_dir} first"
+        )
     return texts
 
 
@@ -88,10 +90,12 @@ def load_weights(module: torch.nn.Module, state: dict, what: str) -> None:
     wrong = shape_mismatches(module, state)
     if wrong:
         count = f"{len(wrong)} weight{'s' if len(wrong) > 1 else ''}"
-        raise CheckpointError(f"the checkpoint's {what} has {count} of the wrong shape "
-                              f"({'; '.join(wrong[:3])}{'; ...' if len(wrong) > 3 else ''}): it was not written by "
-                              "this run's model, or it is damaged; resume another with --resume PATH, or start a new run "
-                              "in another --checkpoint_dir")
+        raise CheckpointError(
+            f"the checkpoint's {what} has {count} of the wrong shape "
+            f"({'; '.join(wrong[:3])}{'; ...' if len(wrong) > 3 else ''}): it was not written by "
+            "this run's model, or it is damaged; resume another with --resume PATH, or start a new run "
+            "in another --checkpoint_dir"
+        )
     module.load_state_dict(state)
 
 
@@ -99,8 +103,12 @@ def generator_from_checkpoint(payload: dict) -> LoadedGenerator:
     config = VitsConfig.from_dict(payload["model_config"])
     model = ready_for_training(VitsModel(config))
     load_weights(model, payload["model"], "generator")
-    return LoadedGenerator(model, tokenizer_from_files(payload["tokenizer_files"]), pretrained=True,
-                           description=f"resumed at step {payload['state']['step']}")
+    return LoadedGenerator(
+        model,
+        tokenizer_from_files(payload["tokenizer_files"]),
+        pretrained=True,
+        description=f"resumed at step {payload['state']['step']}",
+    )
 
 
 def build_generator(model_name: str, payload: dict | None, texts: list[str]) -> LoadedGenerator:
@@ -119,8 +127,10 @@ def check_vocabulary(tokenizer: VitsTokenizer, texts: list[str]) -> None:
     vocabulary = {t for t in tokenizer.encoder if len(t) == 1}
     missing = sorted({c for text in texts for c in text} - vocabulary)
     if missing:
-        raise CorpusError(f"the prepared texts use characters this model's vocabulary lacks ({describe_oov(missing)}): "
-                          "prepare the data again with this model: prepare_data.py --model_name <the same model>")
+        raise CorpusError(
+            f"the prepared texts use characters this model's vocabulary lacks ({describe_oov(missing)}): "
+            "prepare the data again with this model: prepare_data.py --model_name <the same model>"
+        )
 
 
 # ---------------------------------------------------------------- discriminator
@@ -133,16 +143,24 @@ class DiscriminatorChoice:
     warmup_steps: int  # steps before its gradients reach the generator
 
 
-def build_discriminator(path: str | None, width: float, periods: list[int] | None, scales: int, payload: dict | None,
-                        generator_pretrained: bool, warmup_steps: int) -> DiscriminatorChoice:
+def build_discriminator(
+    path: str | None,
+    width: float,
+    periods: list[int] | None,
+    scales: int,
+    payload: dict | None,
+    generator_pretrained: bool,
+    warmup_steps: int,
+) -> DiscriminatorChoice:
     """From the checkpoint when resuming; else loaded from --discriminator; else new (`periods` None: the
     standard VITS ones). A new
     discriminator facing a pretrained generator is warmed up first (finetune/training/warmup.py), so its first,
     uninformed gradients do not pull the generator away from what it already says well."""
     if payload is not None:
         saved = payload["discriminator"]
-        config = DiscriminatorConfig(periods=tuple(saved["config"]["periods"]), width=saved["config"]["width"],
-                                     scales=saved["config"]["scales"])
+        config = DiscriminatorConfig(
+            periods=tuple(saved["config"]["periods"]), width=saved["config"]["width"], scales=saved["config"]["scales"]
+        )
         discriminator = Discriminator(config)
         load_weights(discriminator, saved["state"], "discriminator")
         warmup = int(saved["warmup_steps"])  # as the original run resolved it, not as the flag now says
@@ -150,16 +168,23 @@ def build_discriminator(path: str | None, width: float, periods: list[int] | Non
     if path:
         loaded = load_discriminator(path)
         size = parameter_count(loaded.discriminator) / 1e6
-        return DiscriminatorChoice(loaded.discriminator, f"discriminator loaded from {loaded.source}, {size:.1f}M parameters", 0)
+        return DiscriminatorChoice(
+            loaded.discriminator, f"discriminator loaded from {loaded.source}, {size:.1f}M parameters", 0
+        )
     config = DiscriminatorConfig(width=width, scales=scales, **({} if periods is None else {"periods": tuple(periods)}))
     discriminator = Discriminator(config)
     size = parameter_count(discriminator) / 1e6
     warmup = warmup_steps if generator_pretrained else 0
-    note = (f"; it trains alone (at most {warmup} steps) before its gradients reach the pretrained generator" if warmup
-            else "; generator and discriminator start together" if not generator_pretrained else
-            "; no warm-up (--discriminator_warmup_steps 0): its first, random gradients reach the pretrained generator")
-    return DiscriminatorChoice(discriminator, f"discriminator initialised fresh (width {width}, {size:.1f}M parameters){note}",
-                               warmup)
+    note = (
+        f"; it trains alone (at most {warmup} steps) before its gradients reach the pretrained generator"
+        if warmup
+        else "; generator and discriminator start together"
+        if not generator_pretrained
+        else "; no warm-up (--discriminator_warmup_steps 0): its first, random gradients reach the pretrained generator"
+    )
+    return DiscriminatorChoice(
+        discriminator, f"discriminator initialised fresh (width {width}, {size:.1f}M parameters){note}", warmup
+    )
 
 
 # ---------------------------------------------------------------- evaluation inputs
@@ -176,8 +201,10 @@ def evaluation_clips(val: Corpus | None, train: Corpus, count: int, logger) -> l
     alone); without any, the target's first training clips, each once (and a loud warning)."""
     if val is not None and val.examples:
         return val.examples[:count]
-    logger.warning("warning: no held-out clips (metadata_val.csv is empty): the best model is judged on training "
-                   "clips. Prepare with --val_fraction > 0 for an honest measure")
+    logger.warning(
+        "warning: no held-out clips (metadata_val.csv is empty): the best model is judged on training "
+        "clips. Prepare with --val_fraction > 0 for an honest measure"
+    )
     return target_clips(train.examples)[:count]
 
 

@@ -87,8 +87,13 @@ class TrainingState:
     def from_dict(cls, saved: dict) -> "TrainingState":
         """A checkpoint's state, in this layout or the flat one written before (best_score, ...)."""
         saved = _grouped(saved) if "best" not in saved else saved
-        groups = {"best": Best, "estimates": Estimates, "setbacks": Setbacks, "warmup": WarmupProgress,
-                  "batch": BatchFit}
+        groups = {
+            "best": Best,
+            "estimates": Estimates,
+            "setbacks": Setbacks,
+            "warmup": WarmupProgress,
+            "batch": BatchFit,
+        }
         values = {name: kind(**_known(kind, saved.get(name, {}))) for name, kind in groups.items()}
         counters = {name: saved[name] for name in ("step", "epoch", "samples_seen", "time_used_s") if name in saved}
         return cls(**counters, **values)
@@ -101,15 +106,26 @@ def _known(kind: type, values: dict) -> dict:
 
 # The flat layout's names, by group: (flat name, name in the group).
 _FLAT = {
-    "best": [("best_score", "score"), ("best_step", "step"), ("best_eligible", "eligible"),
-             ("best_timing_error", "timing_error"), ("evals_since_best", "evals_since")],
-    "estimates": [(f"{name}_estimate", name) for name in ("micro_batch_s", "update_s", "export_s", "eval_s",
-                                                           "checkpoint_s")]
-                 + [("eval_group_s_estimate", "eval_group_s"), ("eval_sentence_s_estimate", "eval_sentence_s"),
-                    ("eval_batch_size", "eval_batch_size")],
+    "best": [
+        ("best_score", "score"),
+        ("best_step", "step"),
+        ("best_eligible", "eligible"),
+        ("best_timing_error", "timing_error"),
+        ("evals_since_best", "evals_since"),
+    ],
+    "estimates": [
+        (f"{name}_estimate", name) for name in ("micro_batch_s", "update_s", "export_s", "eval_s", "checkpoint_s")
+    ]
+    + [
+        ("eval_group_s_estimate", "eval_group_s"),
+        ("eval_sentence_s_estimate", "eval_sentence_s"),
+        ("eval_batch_size", "eval_batch_size"),
+    ],
     "setbacks": [("lr_scale", "lr_scale"), ("rollbacks", "rollbacks")],
-    "warmup": [(f"discriminator_warmup_{name}", name) for name in ("done", "finished", "s", "allowed_s", "margins",
-                                                                    "first", "last")],
+    "warmup": [
+        (f"discriminator_warmup_{name}", name)
+        for name in ("done", "finished", "s", "allowed_s", "margins", "first", "last")
+    ],
     "batch": [("micro_batch", "micro_batch"), ("refits", "refits"), ("refit_in_training", "refit_in_training")],
 }
 

@@ -72,8 +72,10 @@ class Precision:
         return self.autocast_dtype == torch.float16
 
 
-CPU_HALF_WARNING = ("{name} on the CPU is meant for checking numerics before a GPU run, and slow (fp16 convolutions "
-                    "have no fast kernels on most CPUs); leave out --fp16/--bf16 to train on the CPU in fp32")
+CPU_HALF_WARNING = (
+    "{name} on the CPU is meant for checking numerics before a GPU run, and slow (fp16 convolutions "
+    "have no fast kernels on most CPUs); leave out --fp16/--bf16 to train on the CPU in fp32"
+)
 
 
 def resolve_precision(device: torch.device, fp16: bool | None, bf16: bool) -> Precision:
@@ -157,8 +159,17 @@ class TrainStep:
     """Owns the two optimizers and gradient scalers. One step: `accumulate_window`, then `apply`
     (or `run` for a list of micro-batches)."""
 
-    def __init__(self, model: VitsModel, discriminator: Discriminator, features: Features, weights: LossWeights,
-                 settings: StepSettings, precision: Precision, device: torch.device, dist: Distributed = Distributed()):
+    def __init__(
+        self,
+        model: VitsModel,
+        discriminator: Discriminator,
+        features: Features,
+        weights: LossWeights,
+        settings: StepSettings,
+        precision: Precision,
+        device: torch.device,
+        dist: Distributed = Distributed(),
+    ):
         self.model, self.discriminator, self.features = model, discriminator, features
         self.weights, self.settings, self.precision, self.device, self.dist = weights, settings, precision, device, dist
         self.generator_objective = GeneratorObjective(model, features, settings.segment_frames)
@@ -166,13 +177,21 @@ class TrainStep:
         dist.broadcast_module(discriminator)
         self.generator_params = [p for p in model.parameters() if p.requires_grad]
         # L2-SP: with an anchor the generator's weights decay toward where they started instead of toward zero
-        self.start_weights = ([p.detach().clone() for p in self.generator_params] if settings.anchor_weight > 0
-                              else None)
-        self.optimizer_g = torch.optim.AdamW(self.generator_params, lr=settings.learning_rate, betas=ADAM_BETAS,
-                                             eps=settings.adam_eps,
-                                             weight_decay=0.0 if self.start_weights is not None else settings.weight_decay)
-        self.optimizer_d = torch.optim.AdamW(discriminator.parameters(), lr=settings.discriminator_learning_rate,
-                                             betas=ADAM_BETAS, eps=settings.adam_eps, weight_decay=settings.weight_decay)
+        self.start_weights = [p.detach().clone() for p in self.generator_params] if settings.anchor_weight > 0 else None
+        self.optimizer_g = torch.optim.AdamW(
+            self.generator_params,
+            lr=settings.learning_rate,
+            betas=ADAM_BETAS,
+            eps=settings.adam_eps,
+            weight_decay=0.0 if self.start_weights is not None else settings.weight_decay,
+        )
+        self.optimizer_d = torch.optim.AdamW(
+            discriminator.parameters(),
+            lr=settings.discriminator_learning_rate,
+            betas=ADAM_BETAS,
+            eps=settings.adam_eps,
+            weight_decay=settings.weight_decay,
+        )
         self.scaler_g = torch.amp.GradScaler(device.type, enabled=precision.uses_scaler)
         self.scaler_d = torch.amp.GradScaler(device.type, enabled=precision.uses_scaler)
         self.nonfinite_skips = 0
@@ -189,9 +208,11 @@ class TrainStep:
         keeps falling means gradients overflow fp16 again and again: the step is not learning."""
         if not self.precision.uses_scaler:
             return {}
-        return {"loss_scale_generator": float(self.scaler_g.get_scale()),
-                "loss_scale_discriminator": float(self.scaler_d.get_scale()),
-                "fp16_overflow_skips": self.overflow_skips}
+        return {
+            "loss_scale_generator": float(self.scaler_g.get_scale()),
+            "loss_scale_discriminator": float(self.scaler_d.get_scale()),
+            "fp16_overflow_skips": self.overflow_skips,
+        }
 
     def set_learning_rates(self, generator_lr: float, discriminator_lr: float) -> None:
         for group in self.optimizer_g.param_groups:
@@ -243,8 +264,9 @@ class TrainStep:
             real_audio, mel_real = real_segments(batch, self.features, out.segment_starts, self.settings.segment_frames)
         return out, real_audio, mel_real
 
-    def discriminator_backward(self, real_audio: torch.Tensor, generated_audio: torch.Tensor, keep_real_features: bool,
-                               scale: float) -> tuple[torch.Tensor, torch.Tensor, list[list[torch.Tensor]] | None]:
+    def discriminator_backward(
+        self, real_audio: torch.Tensor, generated_audio: torch.Tensor, keep_real_features: bool, scale: float
+    ) -> tuple[torch.Tensor, torch.Tensor, list[list[torch.Tensor]] | None]:
         """Discriminator loss on real and detached generated audio (one pass over both), backward into the
         discriminator. Returns the loss, the real-minus-generated score margin (mean over
         sub-discriminators: near 0 while it cannot tell them apart), and the real features (detached)
@@ -264,12 +286,19 @@ class TrainStep:
         mel_generated = self.features.mel(out.audio.squeeze(1))
         with frozen(self.discriminator), self.autocast():
             fake_scores, fake_features = self.discriminator(out.audio)
-        g_losses = generator_losses(out, mel_real, mel_generated, fake_scores, fake_features, real_features, self.weights)
+        g_losses = generator_losses(
+            out, mel_real, mel_generated, fake_scores, fake_features, real_features, self.weights
+        )
         self.scaler_g.scale(g_losses.total * scale).backward()
         return g_losses
 
-    def accumulate_window(self, micro_batches: Iterable[tuple[Batch, bool]], planned: int,
-                          generator: bool = True, clips_per_micro_batch: int = 0) -> Window:
+    def accumulate_window(
+        self,
+        micro_batches: Iterable[tuple[Batch, bool]],
+        planned: int,
+        generator: bool = True,
+        clips_per_micro_batch: int = 0,
+    ) -> Window:
         """Forward and backward over the micro-batches of one optimizer step, as they come: (batch, whether
         it is the window's last). `planned` is the window's full size, `clips_per_micro_batch` a whole
         micro-batch's clips (0: the first one's); each micro-batch counts by its clips, and when fewer come
@@ -347,8 +376,11 @@ class TrainStep:
         except torch.OutOfMemoryError:  # torch.cuda.OutOfMemoryError is this type
             failed = "CUDA out of memory inside the optimizer update (the weights may be partly updated)"
         if self.dist.any(bool(failed)):  # one process's torn update is every process's: all go back together
-            return self._update_failed(losses, failed or "CUDA out of memory inside another process's optimizer "
-                                                         "update (the processes' weights may differ)")
+            return self._update_failed(
+                losses,
+                failed
+                or "CUDA out of memory inside another process's optimizer update (the processes' weights may differ)",
+            )
         return result
 
     def _update_failed(self, losses: dict[str, float], reason: str) -> StepResult:
@@ -358,7 +390,10 @@ class TrainStep:
         self.zero_grad()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        self.scaler_g, self.scaler_d = fresh_scaler(self.scaler_g, self.device), fresh_scaler(self.scaler_d, self.device)
+        self.scaler_g, self.scaler_d = (
+            fresh_scaler(self.scaler_g, self.device),
+            fresh_scaler(self.scaler_d, self.device),
+        )
         self.oom_skips += 1
         return StepResult(applied=False, losses=losses, update_failed=True, reason=reason)
 
@@ -368,8 +403,10 @@ class TrainStep:
         self.oom_skips += 1
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        reason = (f"CUDA out of memory on {what}: skipped; lower --batch_size (and raise "
-                  f"--gradient_accumulation_steps) or prepare with a lower --max_seconds")
+        reason = (
+            f"CUDA out of memory on {what}: skipped; lower --batch_size (and raise "
+            f"--gradient_accumulation_steps) or prepare with a lower --max_seconds"
+        )
         return StepResult(applied=False, reason=reason)
 
     def _drop(self, losses: dict[str, float], reason: str) -> StepResult:
@@ -396,12 +433,17 @@ class TrainStep:
             scaler.update()
         if generator:
             self._pull_toward_start()
-        if scales_before is not None and any(scaler.get_scale() < before
-                                             for (_, scaler, _), before in zip(pairs, scales_before)):
+        if scales_before is not None and any(
+            scaler.get_scale() < before for (_, scaler, _), before in zip(pairs, scales_before)
+        ):
             self.overflow_skips += 1  # fp16 overflow: a scaler skipped its step and lowered its scale
         self.zero_grad()
-        return StepResult(applied=True, losses=losses, grad_norm_discriminator=float(norms[0]),
-                          grad_norm_generator=float(norms[1]) if generator else float("nan"))
+        return StepResult(
+            applied=True,
+            losses=losses,
+            grad_norm_discriminator=float(norms[0]),
+            grad_norm_generator=float(norms[1]) if generator else float("nan"),
+        )
 
     @torch.no_grad()
     def _pull_toward_start(self) -> None:
@@ -415,11 +457,16 @@ class TrainStep:
             weight.lerp_(start, rate)
 
     def state_dict(self) -> dict:
-        return {"optimizer_g": self.optimizer_g.state_dict(), "optimizer_d": self.optimizer_d.state_dict(),
-                "scaler_g": self.scaler_g.state_dict(), "scaler_d": self.scaler_d.state_dict(),
-                "nonfinite_skips": self.nonfinite_skips, "overflow_skips": self.overflow_skips,
-                "oom_skips": self.oom_skips,
-                **({"start_weights": self.start_weights} if self.start_weights is not None else {})}
+        return {
+            "optimizer_g": self.optimizer_g.state_dict(),
+            "optimizer_d": self.optimizer_d.state_dict(),
+            "scaler_g": self.scaler_g.state_dict(),
+            "scaler_d": self.scaler_d.state_dict(),
+            "nonfinite_skips": self.nonfinite_skips,
+            "overflow_skips": self.overflow_skips,
+            "oom_skips": self.oom_skips,
+            **({"start_weights": self.start_weights} if self.start_weights is not None else {}),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.load_optimizers(state)

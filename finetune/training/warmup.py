@@ -59,7 +59,8 @@ class DiscriminatorWarmup:
             f"discriminator warm-up: alone at learning rate {settings.learning_rate:g} until its real-minus-generated "
             f"margin reaches {settings.margin:g}, at most {settings.steps - progress.done} steps and "
             f"{format_duration(max(0.0, left_s))}; the generator is untouched"
-            + (f" (resumed at step {progress.done})" if progress.done else ""))
+            + (f" (resumed at step {progress.done})" if progress.done else "")
+        )
         return Pacer(self.context.budget, StepTimer(accumulation), costs, checkpoint_every_s)
 
     def out_of_room(self, pacer: Pacer) -> bool:
@@ -74,7 +75,9 @@ class DiscriminatorWarmup:
         progress.done += 1
         progress.seconds += seconds
         if not outcome.result.applied:
-            self.context.logger.warning(f"discriminator warm-up step {progress.done}: skipped ({outcome.result.reason})")
+            self.context.logger.warning(
+                f"discriminator warm-up step {progress.done}: skipped ({outcome.result.reason})"
+            )
             return ""
         self.margins.append(losses["margin"])
         progress.margins = list(self.margins)
@@ -82,12 +85,18 @@ class DiscriminatorWarmup:
         progress.last = dict(losses)
         self.show(losses)
         full = len(self.margins) == MARGIN_WINDOW
-        return "separating real from generated" if full and sum(self.margins) / MARGIN_WINDOW >= self.settings.margin else ""
+        return (
+            "separating real from generated"
+            if full and sum(self.margins) / MARGIN_WINDOW >= self.settings.margin
+            else ""
+        )
 
     def show(self, losses: dict[str, float]) -> None:
         context = self.context
-        line = (f"discriminator warm-up {self.progress.done}/{self.settings.steps} | disc {losses['discriminator']:.3f} "
-                f"margin {losses['margin']:.3f} | deadline in {format_duration(context.budget.left_s())}")
+        line = (
+            f"discriminator warm-up {self.progress.done}/{self.settings.steps} | disc {losses['discriminator']:.3f} "
+            f"margin {losses['margin']:.3f} | deadline in {format_duration(context.budget.left_s())}"
+        )
         display = context.run_log.display
         if display is not None and context.dist.is_main:
             display.step(context.now(), line, f"disc {losses['discriminator']:.3f}", advance=False)
@@ -100,9 +109,17 @@ class DiscriminatorWarmup:
         if not first or not last:
             return
         level = context.logger.info if ended.startswith("separating") else context.logger.warning
-        level(f"discriminator warm-up ended by {ended}: {progress.done} steps in "
-              f"{format_duration(progress.seconds - self.started_s)}; loss {first['discriminator']:.3f} -> "
-              f"{last['discriminator']:.3f}, real-minus-generated score margin {first['margin']:.3f} -> {last['margin']:.3f}")
-        context.run_log.event("discriminator_warmup", steps=progress.done, ended_by=ended,
-                              first_loss=first["discriminator"], last_loss=last["discriminator"],
-                              first_margin=first["margin"], last_margin=last["margin"])
+        level(
+            f"discriminator warm-up ended by {ended}: {progress.done} steps in "
+            f"{format_duration(progress.seconds - self.started_s)}; loss {first['discriminator']:.3f} -> "
+            f"{last['discriminator']:.3f}, real-minus-generated score margin {first['margin']:.3f} -> {last['margin']:.3f}"
+        )
+        context.run_log.event(
+            "discriminator_warmup",
+            steps=progress.done,
+            ended_by=ended,
+            first_loss=first["discriminator"],
+            last_loss=last["discriminator"],
+            first_margin=first["margin"],
+            last_margin=last["margin"],
+        )

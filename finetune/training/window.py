@@ -58,8 +58,9 @@ class MicroBatches:
         while True:
             index += 1
             keep = self.pacer.clips_that_fit()
-            stop, last = runner.step.dist.any_of(index > 1 and runner.stop.requested,
-                                                 self.pacer.micro_batch_is_last(index))
+            stop, last = runner.step.dist.any_of(
+                index > 1 and runner.stop.requested, self.pacer.micro_batch_is_last(index)
+            )
             if stop:
                 raise StopRequested(runner.stop.signal_name or "SIGTERM")
             if runner.cpu_threads is not None:
@@ -79,8 +80,9 @@ class MicroBatches:
 class WindowRunner:
     """Windows of micro-batches through the optimizer step, with the boundary to go back to."""
 
-    def __init__(self, step: TrainStep, feed: MicroBatchFeed, sampler: BucketSampler, clock, stop: StopRequest,
-                 cpu_threads=None):
+    def __init__(
+        self, step: TrainStep, feed: MicroBatchFeed, sampler: BucketSampler, clock, stop: StopRequest, cpu_threads=None
+    ):
         self.step, self.feed, self.sampler, self.clock, self.stop = step, feed, sampler, clock, stop
         self.cpu_threads = cpu_threads  # finetune/system/cpu_threads.py, on a CPU run
         self.boundary: Boundary | None = None  # set while a window runs
@@ -110,7 +112,9 @@ class WindowRunner:
     def update(self, accumulated: Accumulated, pacer: Pacer, last: bool = False) -> StepOutcome:
         """The window's update (at the learning rates already set), timed into the pacer's timer; the
         boundary moves here."""
-        first_update = not (self.step.optimizer_g.state if accumulated.window.generator else self.step.optimizer_d.state)
+        first_update = not (
+            self.step.optimizer_g.state if accumulated.window.generator else self.step.optimizer_d.state
+        )
         started = self.clock.now()
         result = self.step.apply(accumulated.window)
         pacer.timer.updates.add(self.clock.now() - started)
