@@ -44,7 +44,7 @@ from finetune.settings import TrainingFlags
 from finetune.system import atomic, interrupt, model_source
 from finetune.system.run_lock import hold_for_launch
 from finetune.training import budget as budgeting
-from finetune.training import context, distributed, feedback, loop, run_settings, session
+from finetune.training import context, distributed, feedback, loop, machinery, run_settings, session
 from finetune.vits import generator, synthesis
 from finetune.vits import speakers as speaker_layers
 
@@ -424,7 +424,7 @@ def fit_round(config: FeedbackConfig, round_: recipe.Run, data: RoundData, start
         reserve_after_s=after_loop_reserve_s(len(fixed)),
     )
     resolved = config_to_dict(config)
-    saves = loop.SaveExtras(
+    saves = machinery.SaveExtras(
         checkpoint={
             "config": resolved,
             "model_config": data.model.config.to_dict(),

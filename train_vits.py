@@ -34,7 +34,7 @@ from finetune.system import atomic, hub_upload, interrupt
 from finetune.system.run_lock import hold_for_launch
 from finetune.training import budget as budgeting
 from finetune.training import checkpoint as checkpoints
-from finetune.training import context, distributed, loop, run_settings, session
+from finetune.training import context, distributed, loop, machinery, run_settings, session
 from finetune.vits import generator
 from finetune.vits import speakers as speaker_layers
 
@@ -495,7 +495,7 @@ def build_loop(config: TrainConfig, run: recipe.Run, model: Model, data: Data, s
         early_stopping_patience=config.early_stopping_patience,
         tracker=tracker,
     )
-    saves = loop.SaveExtras(
+    saves = machinery.SaveExtras(
         checkpoint={
             "config": resolved,
             "model_config": loaded.model.config.to_dict(),
@@ -604,7 +604,7 @@ def report_end(config: TrainConfig, run: recipe.Run, trainer, result) -> int:
         f"done ({result.stop_reason}) after {state.step} steps, {state.epoch} epochs, "
         f"{run.budget.used_s():.1f}s of {run.budget.target_s:.0f}s; last learning rate {result.last_lr:.3e}; "
         f"{describe_best(state, trainer.parts.evaluator.rule.describe(), run.folder / 'best_model')}; "
-        f"{describe_final(config.output_dir, trainer.final_source, run.folder)}; "
+        f"{describe_final(config.output_dir, trainer.progress.final_source, run.folder)}; "
         f"report -> {run.folder / 'report.html'}"
     )
     run.logger.info(

@@ -30,7 +30,7 @@ from bench.machine import describe
 from finetune.data.corpus import load_examples
 from finetune.data.examples import collate
 from finetune.data.features import FeatureConfig, Features
-from finetune.training.step import StepSettings, TrainStep, Window, resolve_precision
+from finetune.training.step import StepResult, StepSettings, TrainStep, resolve_precision
 from finetune.vits import objective
 from finetune.vits.discriminator import Discriminator, DiscriminatorConfig, parameter_count
 from finetune.vits.generator import hop_length, ready_for_training, scratch_generator
@@ -97,8 +97,10 @@ def timed_step(step: TrainStep, host_batch, device, sync, pin: bool) -> dict[str
     lap("discriminator fwd+bwd")
     g_losses = step.generator_backward(out, mel_real, real_features, 1.0)
     lap("generator loss+bwd")
-    step.apply(
-        Window(totals={"generator": g_losses.total.detach(), "discriminator": d_loss.detach()}, used=1, planned=1)
+    step.update(
+        StepResult(applied=False, used=1, clips=len(batch)),
+        {"generator": g_losses.total.detach(), "discriminator": d_loss.detach()},
+        whole=len(batch),
     )
     lap("optimizer steps")
     return times

@@ -24,7 +24,8 @@ from finetune.system.profile import StepProfile
 from finetune.training.budget import Budget, Plan
 from finetune.training.context import LoopContext, RunPaths
 from finetune.training.distributed import Distributed
-from finetune.training.loop import SaveExtras, TrainingLoop, TrainingParts
+from finetune.training.loop import TrainingLoop
+from finetune.training.machinery import SaveExtras, TrainingParts, build_machinery
 from finetune.training.run_settings import CheckpointSettings, LoopSettings
 from finetune.training.session import DiscriminatorChoice, pick_device
 from finetune.training.state import TrainingState
@@ -204,7 +205,8 @@ def build_loop(
         run.logger.info(licence_sentence(saves.card))
     context = LoopContext(run.budget, run.dist, run.stop, log, choices.paths, run.resume_path)
     parts = TrainingParts(step, start.tokenizer, data.examples, data.sampler, evaluator, start.frozen_parts)
-    return TrainingLoop(parts, context, settings, state, plan, saves, step_callback)
+    machinery = build_machinery(parts, context, settings, state, plan, saves)
+    return TrainingLoop(parts, context, settings, state, machinery, step_callback)
 
 
 @dataclass

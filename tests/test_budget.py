@@ -116,38 +116,45 @@ def test_step_timer_counts_a_window_of_micro_batches_and_an_update():
     assert resumed.ready and resumed.step_s == pytest.approx(13.0)
 
 
-def test_the_last_micro_batch_is_cut_to_the_clips_that_fit():
+def test_the_window_is_decided_before_the_step_and_its_last_micro_batch_cut_to_the_clips_that_fit():
     from finetune.training.budget import Budget, Clock
-    from finetune.training.pacing import Costs, Pacer
+    from finetune.training.pacing import Costs, Pacer, WindowShape
 
     now = {"t": 0.0}
     budget = Budget(target_s=100.0, clock=Clock(lambda: now["t"]), safety_s=2.0)
     timer = StepTimer(accumulation=4, skip=0, clips=8)
+    pacer = Pacer(budget, timer, Costs(eval_s=5.0, export_s=1.0, checkpoint_s=2.0), checkpoint_every_s=1e9)
+    whole = WindowShape(planned=4, micro_batches=4, clips=8, last_clips=8)
+    assert pacer.next_window() == whole and not whole.shortened  # nothing timed: the whole window
     for _ in range(3):
         timer.micro_batches.add(8.0)  # 1 s a clip
     timer.updates.add(0.5)
-    pacer = Pacer(budget, timer, Costs(eval_s=5.0, export_s=1.0, checkpoint_s=2.0), checkpoint_every_s=1e9)
     reserve = 5.0 + 3 * 1.0 + 2.0 + 2.0  # the final save, then the safety margin
-    now["t"] = 100.0 - reserve - 0.5 - 20.0  # room for 20 s of clips and the update
-    assert pacer.clips_that_fit() == 8 and not pacer.micro_batch_is_last(1)
-    now["t"] = 100.0 - reserve - 0.5 - 12.0  # a whole micro-batch and more clips after it
-    assert pacer.clips_that_fit() == 8 and not pacer.micro_batch_is_last(1)
-    now["t"] = 100.0 - reserve - 0.5 - 8.5  # a whole one, and half a clip after it: this one is the last
-    assert pacer.clips_that_fit() == 8 and pacer.micro_batch_is_last(1)
-    now["t"] = 100.0 - reserve - 0.5 - 3.7  # three clips fit: the micro-batch is cut to them, and is the last
-    assert pacer.clips_that_fit() == 3 and pacer.micro_batch_is_last(1) and pacer.may_start_step()
+    now["t"] = 100.0 - reserve - 0.5 - 40.0  # room for 40 s of clips and the update: four whole micro-batches
+    assert pacer.next_window() == whole
+    assert not pacer.step_is_last(10, whole)  # 32 s of window and the update leave 8 s: a clip and an update fit
+    now["t"] = 100.0 - reserve - 0.5 - 20.0  # two whole micro-batches, then four clips
+    window = pacer.next_window()
+    assert window == WindowShape(4, 3, 8, 4) and window.shortened and pacer.step_is_last(10, window)
+    now["t"] = 100.0 - reserve - 0.5 - 16.5  # two whole ones, and half a clip after them: the second is the last
+    assert pacer.next_window() == WindowShape(4, 2, 8, 8)
+    now["t"] = 100.0 - reserve - 0.5 - 3.7  # three clips fit: one micro-batch, cut to them
+    assert pacer.next_window() == WindowShape(4, 1, 8, 3) and pacer.may_start_step()
     now["t"] = 100.0 - reserve - 0.5 - 0.9  # not one clip: no step starts
     assert not pacer.may_start_step()
-    # After a step, 6 s before the final save: another step (a clip and the update) fits, so the step is
-    # not the last; an evaluation of 5 s due now would leave no room for it: left to the final save.
+    # A whole window that leaves room for its update but not for one more clip and update: the last step.
+    now["t"] = 100.0 - reserve - 0.5 - 32.0 - 1.4
+    assert pacer.next_window() == whole and pacer.step_is_last(10, whole)
+    # After a step, 6 s before the final save: an evaluation of 5 s due now would leave no room for another
+    # step (a clip and the update): left to the final save.
     now["t"] = 100.0 - reserve - 6.0
-    assert not pacer.step_is_last(10, cut_short=False)
     assert pacer.room_for_due(4.0) and not pacer.room_for_due(5.0)
-    now["t"] = 100.0 - reserve - 1.4  # the update and one clip no longer fit after it: the last step
-    assert pacer.step_is_last(10, cut_short=False) and pacer.step_is_last(3, cut_short=True)
-    whole = StepTimer(accumulation=4, skip=0)  # clips unknown (1): micro-batches are never cut
-    whole.micro_batches.add(8.0)
-    assert Pacer(budget, whole, Costs(), checkpoint_every_s=1e9).clips_that_fit() == 1
+    unknown = StepTimer(accumulation=4, skip=0)  # clips unknown (1): micro-batches are never cut
+    unknown.micro_batches.add(8.0)
+    now["t"] = 100.0 - reserve - 0.5 - 12.0  # one whole micro-batch and a half
+    assert Pacer(budget, unknown, Costs(eval_s=5.0, export_s=1.0, checkpoint_s=2.0), 1e9).next_window() == (
+        WindowShape(4, 1, 1, 1)
+    )
 
 
 def test_a_batch_cut_to_its_first_clips_is_padded_to_them_alone():

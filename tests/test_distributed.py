@@ -32,7 +32,8 @@ def one_step(data_dir: str, rank: int, world_size: int, out: str, port: int) -> 
     from finetune.data.examples import collate
     from finetune.data.features import FeatureConfig, Features
     from finetune.training.distributed import Distributed
-    from finetune.training.step import Precision, StepSettings, TrainStep
+    from finetune.training.pacing import WindowShape
+    from finetune.training.step import ListSource, Precision, StepSettings, TrainStep
     from finetune.vits import objective
     from finetune.vits.discriminator import Discriminator, DiscriminatorConfig
     from finetune.vits.losses import LossWeights
@@ -77,16 +78,15 @@ def one_step(data_dir: str, rank: int, world_size: int, out: str, port: int) -> 
     halves = [collate(examples[:2], 256).to("cpu"), collate(examples[2:4], 256).to("cpu")]
     if world_size > 1:
         torch.manual_seed(100 + rank)  # the noise of the posterior sample, per process
-        window = step.accumulate_window([(halves[rank], True)], 1)
+        assert step.optimizer_step(ListSource([halves[rank]]), WindowShape(1, 1, 1, 1)).applied
     else:
 
-        def seeded():
-            for index, half in enumerate(halves):
-                torch.manual_seed(100 + index)
-                yield half, index == 1
+        class Seeded(ListSource):  # each half with the noise its process draws
+            def draw(self, index):
+                torch.manual_seed(100 + index - 1)
+                return super().draw(index)
 
-        window = step.accumulate_window(seeded(), 2)
-    assert step.apply(window).applied
+        assert step.optimizer_step(Seeded(halves), WindowShape(2, 2, 1, 1)).applied
     torch.save({"generator": model.state_dict(), "discriminator": discriminator.state_dict()}, out)
     if world_size > 1:
         torch.distributed.destroy_process_group()

@@ -328,17 +328,16 @@ def test_a_round_that_damages_the_originals_is_rejected_and_the_voice_untouched(
     models speak worse (corrections and originals alike) and the round must be rejected."""
     from finetune.training.step import TrainStep
 
-    real_apply = TrainStep.apply
+    real_update = TrainStep.update
     noise = torch.Generator().manual_seed(0)
 
-    def damaging_apply(self, window):
-        result = real_apply(self, window)
+    def damaging_update(self, *args, **kwargs):
+        real_update(self, *args, **kwargs)
         with torch.no_grad():
             for param in self.model.decoder.parameters():
                 param.add_(0.5 * param.std() * torch.randn(param.shape, generator=noise))
-        return result
 
-    monkeypatch.setattr(TrainStep, "apply", damaging_apply)
+    monkeypatch.setattr(TrainStep, "update", damaging_update)
     fake, _ = timed_work
     feedback = make_feedback(tmp_path / "feedback")
     voices = Versions(tmp_path / "voices")

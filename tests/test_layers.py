@@ -116,3 +116,36 @@ def test_a_planted_circle_fails_unless_one_side_is_for_annotations_only():
         "\nimport finetune.system.atomic\n", "\nif TYPE_CHECKING:\n    import finetune.system.atomic\n"
     )
     assert layer_problems(sources) == []
+
+
+MAX_ATTRIBUTES = 15  # what one reader holds in mind of a class in finetune/training/
+
+
+def attributes_set(source: str) -> dict[str, set[str]]:
+    """Class name -> the attributes its methods assign on `self` (self.x = ..., self.x, self.y = ...)."""
+    found = {}
+    for cls in [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ClassDef)]:
+        names = set()
+        for node in ast.walk(cls):
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            for target in targets:
+                for item in target.elts if isinstance(target, ast.Tuple) else [target]:
+                    if isinstance(item, ast.Attribute) and isinstance(item.value, ast.Name) and item.value.id == "self":
+                        names.add(item.attr)
+        found[cls.name] = names
+    return found
+
+
+def test_no_class_of_the_training_machinery_holds_more_than_a_reader_can():
+    crowded = {
+        f"{path.name}: {name} ({len(names)}: {sorted(names)})"
+        for path in (REPO / "finetune" / "training").glob("*.py")
+        for name, names in attributes_set(path.read_text(encoding="utf-8")).items()
+        if len(names) > MAX_ATTRIBUTES
+    }
+    assert not crowded, f"split these along their seams: {crowded}"
+
+
+def test_the_attribute_count_sees_tuples_and_annotated_assignments():
+    planted = "class Many:\n    def __init__(self):\n        self.a, self.b = 1, 2\n        self.c: int = 3\n        self.d.e = 4\n"
+    assert attributes_set(planted) == {"Many": {"a", "b", "c"}}

@@ -548,17 +548,21 @@ def test_a_failed_warm_up_update_goes_back_to_the_last_good_state(
     prepared_demo, tmp_path, timed_work, pretrained, monkeypatch
 ):
     fake, _ = timed_work
-    real = step.TrainStep._step_optimizers
+    real = step.TrainStep.update
     calls = {"n": 0}
 
-    def out_of_memory_on_the_third(self, losses, generator=True):
+    def out_of_memory_on_the_third(self, *args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 3:
-            self.optimizer_d.step()  # half an update, then out of memory
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
-        return real(self, losses, generator)
 
-    monkeypatch.setattr(step.TrainStep, "_step_optimizers", out_of_memory_on_the_third)
+            def torn(*_):  # the discriminator has stepped: half an update, then out of memory
+                hook.remove()
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+
+            hook = self.optimizer_d.register_step_post_hook(torn)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(step.TrainStep, "update", out_of_memory_on_the_third)
     assert (
         train_vits.main(
             warm_up_args(
@@ -592,10 +596,10 @@ def test_after_the_warm_up_a_rollback_keeps_the_warmed_discriminator(
 ):
     """The warm-up's end is a checkpoint: a NaN storm in the first training steps goes back to it (the
     warmed discriminator, the warm-up done), not to the random discriminator the run started with."""
-    from finetune.training import loop as loop_module
+    from finetune.training import machinery
 
     policy = recovery.DivergencePolicy(max_in_row=3, max_rollbacks=2, lr_factor=0.5)
-    monkeypatch.setattr(loop_module, "Divergence", lambda rollbacks=0: recovery.Divergence(policy, rollbacks))
+    monkeypatch.setattr(machinery, "Divergence", lambda rollbacks=0: recovery.Divergence(policy, rollbacks))
     fake, _ = timed_work
     nan_losses_from(5, 7, monkeypatch)  # 4 warm-up micro-batches, then the first 3 training steps
     assert (
@@ -682,10 +686,10 @@ def test_weights_that_are_not_finite_are_never_written(prepared_demo, tmp_path, 
     """A weight turns NaN after step 4 (as a bad update would leave it): no checkpoint or export is written
     from it; the NaN steps that follow send the run back to its last good checkpoint, and every file on
     disk holds finite weights."""
-    from finetune.training import loop as loop_module
+    from finetune.training import machinery
 
     policy = recovery.DivergencePolicy(max_in_row=3, max_rollbacks=2, lr_factor=0.5)
-    monkeypatch.setattr(loop_module, "Divergence", lambda rollbacks=0: recovery.Divergence(policy, rollbacks))
+    monkeypatch.setattr(machinery, "Divergence", lambda rollbacks=0: recovery.Divergence(policy, rollbacks))
     fake, _ = timed_work
 
     def poison_at_4(loop):

@@ -169,11 +169,11 @@ def test_fp16_training_from_a_pretrained_start_stays_finite_for_a_hundred_steps(
     pretrained = copy.deepcopy(model.state_dict())
     scaled = make_step(model, FP16, discriminator=step.discriminator)
     results = fp16_run(scaled, batch, 20)
-    settling = scaled.overflow_skips
+    settling = scaled.skips.overflow
     results += fp16_run(scaled, batch, 100)
     assert all(r.applied for r in results)  # no non-finite loss reached the drop path
     assert all(math.isfinite(v) for r in results for v in r.losses.values())
-    assert scaled.overflow_skips - settling <= 25
+    assert scaled.skips.overflow - settling <= 25
     assert scaled.scaler_g.get_scale() >= 2.0**3 and scaled.scaler_d.get_scale() >= 2.0**3
     assert all(torch.isfinite(p).all() for p in model.parameters())
     moved = [not torch.equal(v, pretrained[k]) for k, v in model.state_dict().items() if v.is_floating_point()]
@@ -189,17 +189,17 @@ def test_the_scaler_skips_a_step_whose_gradients_overflow_and_recovers(prepared_
     model, step, batch = micro_setup(prepared_demo, FP16)
     step.scaler_g = torch.amp.GradScaler("cpu", init_scale=2.0**5, growth_interval=3)
     step.scaler_d = torch.amp.GradScaler("cpu", init_scale=2.0**10)
-    assert step.run([batch]).applied and step.overflow_skips == 0
+    assert step.run([batch]).applied and step.skips.overflow == 0
     before = copy.deepcopy(model.state_dict())
     step.weights = LossWeights(mel=1e6)
     result = step.run([batch])
     assert math.isfinite(result.losses["generator"]) and not math.isfinite(result.grad_norm_generator)
-    assert step.overflow_skips == 1 and step.scaler_g.get_scale() == 2.0**4
+    assert step.skips.overflow == 1 and step.scaler_g.get_scale() == 2.0**4
     for key, value in model.state_dict().items():
         assert torch.equal(value, before[key]), key  # the skipped step changed nothing
     step.weights = LossWeights()
     fp16_run(step, batch, 3)
-    assert step.scaler_g.get_scale() == 2.0**5 and step.overflow_skips == 1
+    assert step.scaler_g.get_scale() == 2.0**5 and step.skips.overflow == 1
     assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items() if v.is_floating_point())
     assert step.scaler_figures() == {
         "loss_scale_generator": 2.0**5,

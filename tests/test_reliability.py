@@ -224,10 +224,10 @@ def test_an_unreadable_newest_checkpoint_is_skipped_with_a_warning(prepared_demo
 @pytest.fixture
 def quick_divergence(monkeypatch):
     """Go back after 3 non-finite steps in a row, give up after 2 returns."""
-    from finetune.training import loop
+    from finetune.training import machinery
 
     policy = recovery.DivergencePolicy(max_in_row=3, max_rollbacks=2, lr_factor=0.5)
-    monkeypatch.setattr(loop, "Divergence", lambda rollbacks=0: recovery.Divergence(policy, rollbacks))
+    monkeypatch.setattr(machinery, "Divergence", lambda rollbacks=0: recovery.Divergence(policy, rollbacks))
 
 
 def nan_losses_from(first_call: int, last_call: int, monkeypatch):
@@ -315,7 +315,7 @@ def update_runs_out_of_memory(monkeypatch):
     from tests.test_precision import out_of_memory_in
 
     def install(from_update: int, times: int = 1) -> dict:
-        real, real_init = step.TrainStep._step_optimizers, step.TrainStep.__init__
+        real, real_init = step.TrainStep.update, step.TrainStep.__init__
 
         def init(self, *a, **k):  # fp16: scales below where this tiny voice overflows, so updates are applied
             real_init(self, *a, **k)
@@ -325,13 +325,13 @@ def update_runs_out_of_memory(monkeypatch):
 
         calls = {"n": 0, "hooked": None}
 
-        def counted(self, losses, generator=True):
+        def counted(self, result, totals, whole, generator=True):
             calls["n"] += 1
             if calls["n"] == from_update and generator:
                 calls["hooked"] = out_of_memory_in(self.optimizer_g, times)
-            return real(self, losses, generator)
+            return real(self, result, totals, whole, generator)
 
-        monkeypatch.setattr(step.TrainStep, "_step_optimizers", counted)
+        monkeypatch.setattr(step.TrainStep, "update", counted)
         monkeypatch.setattr(step.TrainStep, "__init__", init)
         return calls
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from finetune.data.features import FeatureConfig, Features
-from finetune.training.step import Precision, StepSettings, TrainStep
+from finetune.training.pacing import WindowShape
+from finetune.training.step import ListSource, Precision, StepSettings, TrainStep
 from finetune.vits.discriminator import Discriminator, DiscriminatorConfig
 from finetune.vits.generator import freeze
 from finetune.vits.losses import LossWeights, discriminator_loss
@@ -58,7 +59,7 @@ def test_a_non_finite_loss_never_reaches_the_weights(prepared_demo):
     before_g = copy.deepcopy(model.state_dict())
     before_d = copy.deepcopy(step.discriminator.state_dict())
     result = step.run([good, bad])
-    assert not result.applied and result.reason == "non-finite loss" and step.nonfinite_skips == 1
+    assert not result.applied and result.reason == "non-finite loss" and step.skips.nonfinite == 1
     for key, value in model.state_dict().items():
         assert torch.equal(value, before_g[key]), key
     for key, value in step.discriminator.state_dict().items():
@@ -116,7 +117,7 @@ def test_cuda_out_of_memory_skips_the_window_and_training_goes_on(prepared_demo,
 
     monkeypatch.setattr(TrainStep, "accumulate", out_of_memory)
     result = step.run([batch])
-    assert not result.applied and "--batch_size" in result.reason and step.oom_skips == 1
+    assert not result.applied and "--batch_size" in result.reason and step.skips.oom == 1
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     assert all(p.grad is None for p in model.parameters())
     monkeypatch.setattr(TrainStep, "accumulate", real)
@@ -233,7 +234,7 @@ def test_each_clip_of_a_window_weighs_the_same_however_its_micro_batches_were_cu
     step = make_step(loaded.model.train())
     batch = demo_batch(prepared_demo, loaded.tokenizer)
     assert len(batch) >= 4
-    whole, cut = batch.first(4), batch.first(2)
+    whole = batch.first(4)
     seen = []
 
     def accumulate(micro_batch, scale, generator=True):
@@ -243,12 +244,19 @@ def test_each_clip_of_a_window_weighs_the_same_however_its_micro_batches_were_cu
         return {"mel": torch.tensor(float(len(micro_batch)))}
 
     step.accumulate = accumulate
-    window = step.accumulate_window([(whole, False), (cut, True)], planned=2, clips_per_micro_batch=4)
-    assert [clips for clips, _ in seen] == [4, 2] and window.clips == 6 and window.used == 2
+    step.settings.max_grad_norm = 0.0  # no clipping: the optimizer sees the mean itself
+    grads = []  # what the generator's optimizer steps with (after the rescaling)
+    step.optimizer_g.register_step_pre_hook(lambda *_: grads.append([p.grad.clone() for p in step.generator_params]))
+    # The loop's decision: two micro-batches of 4 clips, the second cut to 2 (the source gives whole ones).
+    result = step.optimizer_step(
+        ListSource([whole, whole]), WindowShape(planned=2, micro_batches=2, clips=4, last_clips=2)
+    )
+    assert [clips for clips, _ in seen] == [4, 2] and result.clips == 6 and result.used == 2 and result.cut_to == 2
     weights = [scale * 8 / 6 for _, scale in seen]  # after the window's rescaling to the clips used
     assert weights == pytest.approx([4 / 6, 2 / 6])
-    assert all(torch.allclose(p.grad, torch.ones_like(p)) for p in step.generator_params)  # a mean: weights sum to 1
-    assert float(window.totals["mel"]) == pytest.approx((4 * 4 + 2 * 2) / 6)  # the loss, a mean over the 6 clips
+    assert all(torch.allclose(g, torch.ones_like(g)) for g in grads[0])  # a mean: the weights sum to 1
+    assert len(result.micro_batch_s) == 1  # the cut one is not timed as a whole micro-batch
+    assert result.applied and result.losses["mel"] == pytest.approx((4 * 4 + 2 * 2) / 6)  # a mean over the 6 clips
 
 
 def test_the_anchor_pulls_each_trained_weight_back_toward_its_start(prepared_demo):

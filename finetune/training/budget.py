@@ -144,6 +144,12 @@ class StepTimer:
     def ready(self) -> bool:
         return self.micro_batches.ready
 
+    def record(self, micro_batch_s: list[float], update_s: float) -> None:
+        """A step's timings: each whole micro-batch (a cut one is not what a whole one costs), the update."""
+        for seconds in micro_batch_s:
+            self.micro_batches.add(seconds)
+        self.updates.add(update_s)
+
     @property
     def micro_batch_s(self) -> float:
         """Cautious seconds of one more micro-batch (0 before any is timed: the first always runs)."""

@@ -9,15 +9,16 @@ skipping itself where a resumed run has done it already:
                     real from generated (finetune/training/warmup.py)
     benchmark       the first optimizer steps (--benchmark_samples clips) are ordinary training steps; with
                     the timed evaluation, export and checkpoint they give the plan (plan.json)
-    train           steps until the deadline (finetune/training/pacing.py decides, a micro-batch at a time),
-                    an epoch limit or early stopping; evaluations keep the best model
+    train           steps until the deadline (before each step, finetune/training/pacing.py decides its
+                    window: how many micro-batches, the last cut to the clips that fit), an epoch limit or
+                    early stopping; evaluations keep the best model
                     (finetune/training/evaluating.py), checkpoints at each epoch end and every
                     --checkpoint_every_minutes, the plan re-estimated at each evaluation
     finish          a final evaluation (unless the last one saw these weights), best_model copied to the
                     output folder, a checkpoint, the last weights' export: all inside the budget
 
-A step of the warm-up or of training is one window of micro-batches through the optimizer
-(finetune/training/window.py). Ctrl-C or SIGTERM (finetune/system/interrupt.py) is honoured at the next
+A step of the warm-up or of training is one window of micro-batches through the optimizer, top to
+bottom in TrainStep.optimizer_step (finetune/training/step.py), drawn through finetune/training/window.py. Ctrl-C or SIGTERM (finetune/system/interrupt.py) is honoured at the next
 safe point: the window under way is rewound, a checkpoint is written, and the loop returns
 "interrupted". Many non-finite steps in a row send the run back to its last good state at a lower
 learning rate (finetune/training/recovery.py); the first out-of-memory error in training refits the
@@ -26,36 +27,28 @@ batch once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
-from transformers import VitsTokenizer
+from transformers import VitsModel
 
-from finetune.data.examples import Example
 from finetune.data.feed import MicroBatchFeed
 from finetune.data.sampler import BucketSampler
-from finetune.reporting.evaluation import Evaluator
-from finetune.reporting.model_card import CardFacts
-from finetune.system.cpu_threads import CpuThreads
 from finetune.system.errors import ToolError
 from finetune.system.interrupt import StopRequested
-from finetune.training.batch_fit import OUT_OF_MEMORY_ADVICE, BatchFitter
+from finetune.training.batch_fit import OUT_OF_MEMORY_ADVICE
 from finetune.training.budget import Plan, StepTimer
-from finetune.training.checkpointing import Checkpoints
 from finetune.training.context import LoopContext
 from finetune.training.ending import LoopResult, RunFigures, summary
-from finetune.training.evaluating import Evaluations
-from finetune.training.exports import Exports
-from finetune.training.feedback import FeedbackEvaluator
-from finetune.training.pacing import Costs, Pacer
-from finetune.training.recovery import Divergence, LastGoodState
+from finetune.training.machinery import Machinery, TrainingParts
+from finetune.training.pacing import Costs
 from finetune.training.run_settings import LoopSettings
 from finetune.training.saving import Saver
 from finetune.training.state import TrainingState
-from finetune.training.step import TrainStep
-from finetune.training.warmup import BUDGET_END, DiscriminatorWarmup
-from finetune.training.window import StepOutcome, WindowRunner
+from finetune.training.step import StepResult, TrainStep
+from finetune.training.warmup import BUDGET_END
+from finetune.vits.discriminator import Discriminator
 from finetune.vits.generator import train_mode
 
 
@@ -64,107 +57,73 @@ class BudgetTooSmall(ToolError):
 
 
 @dataclass
-class TrainingParts:
-    """What a run trains and judges: the optimizer step (its generator and discriminator), the tokenizer
-    saved with them, the clips and their sampler, the evaluator, the parts kept frozen."""
+class Progress:
+    """What the loop itself has done: time in optimizer steps, the last learning rate, how the end went."""
 
-    step: TrainStep
-    tokenizer: VitsTokenizer
-    examples: list[Example]
-    sampler: BucketSampler
-    evaluator: Evaluator | FeedbackEvaluator  # a feedback round's judges the corrections and the voice
-    frozen_parts: list[str] = field(default_factory=list)
-
-
-@dataclass
-class SaveExtras:
-    """What the recipe adds to what the run saves."""
-
-    checkpoint: dict = field(default_factory=dict)  # in every checkpoint: config, model config, tokenizer, data
-    card: CardFacts | None = None  # what exported folders' model cards say (none: no card)
+    train_s: float = 0.0  # seconds inside optimizer steps (warm-up and training)
+    last_lr: float = 0.0
+    finishing: bool = False  # the final evaluation and saves have begun
+    final_saved: bool = False
+    final_source: str = ""  # what the output folder holds: best_model (step N) or the last weights
+    resumed_with_plan: bool = False  # its plan is made again as training starts
 
 
 class TrainingLoop:
+    """The phases of a run over the collaborators the recipe built (finetune/training/machinery.py)."""
+
     def __init__(
         self,
         parts: TrainingParts,
         context: LoopContext,
         settings: LoopSettings,
         state: TrainingState,
-        plan: Plan | None = None,
-        saves: SaveExtras | None = None,
+        machinery: Machinery,
         step_callback: Callable[["TrainingLoop"], None] | None = None,
     ):
         self.parts, self.context, self.settings, self.state = parts, context, settings, state
-        self.step, self.sampler = parts.step, parts.sampler
-        self.model, self.discriminator = parts.step.model, parts.step.discriminator
-        self.saves, self.step_callback = saves or SaveExtras(), step_callback
-        estimates, budget = state.estimates, context.budget
-        self.timer = StepTimer(
-            settings.batch.accumulation,
-            prior_micro_batch_s=estimates.micro_batch_s or None,
-            prior_update_s=estimates.update_s or None,
+        self.step_callback = step_callback
+        self.pacer, self.windows, self.fitter = machinery.pacer, machinery.windows, machinery.fitter
+        self.exports, self.evaluations, self.checkpoints = (
+            machinery.exports,
+            machinery.evaluations,
+            machinery.checkpoints,
         )
-        self.costs = Costs(
-            eval_s=estimates.eval_s,
-            export_s=estimates.export_s,
-            checkpoint_s=estimates.checkpoint_s,
-            after_loop_s=settings.reserve_after_s,
-            checkpoints=settings.checkpoints.enabled,
-        )
-        self.pacer = Pacer(
-            budget, self.timer, self.costs, settings.checkpoints.every_s, settings.max_epochs, settings.schedule, plan
-        )
-        device = parts.step.device
-        self.feed = MicroBatchFeed(
-            parts.examples,
-            self.sampler,
-            parts.step.features.config.hop_length,
-            settings.batch.num_workers,
-            settings.batch.seed,
-            device,
-        )
-        # On CPU, fewer torch threads while other processes take the cores (finetune/system/cpu_threads.py).
-        cpu_threads = (
-            CpuThreads(context.logger, torch.get_num_threads, torch.set_num_threads) if device.type == "cpu" else None
-        )
-        self.windows = WindowRunner(self.step, self.feed, self.sampler, budget.clock, context.stop, cpu_threads)
-        self.fitter = BatchFitter(
-            settings.batch, state.batch, self.step, self.sampler, self.feed, self.timer, context.run_log
-        )
-        self.timer.clips = self.fitter.micro_batch  # the last micro-batch may be cut a clip at a time
-        self.saver = Saver(
-            self.model,
-            parts.tokenizer,
-            self.discriminator,
-            self.costs,
-            budget.clock.now,
-            context.logger,
-            settings.checkpoints.keep,
-            context.dist.is_main,
-        )
-        fit_tempo = getattr(parts.evaluator, "fit_tempo", None) if settings.evaluation.fit_tempo else None
-        self.exports = Exports(self.saver, self.saves.card, context.paths, context.run_log, fit_tempo)
-        self.evaluations = Evaluations(
-            context,
-            parts.evaluator,
-            self.exports,
-            state,
-            self.pacer,
-            self.model,
-            parts.frozen_parts,
-            settings.evaluation.early_stopping_patience,
-        )
-        self.divergence = Divergence(rollbacks=state.setbacks.rollbacks)
-        self.last_good = LastGoodState(self.model, self.discriminator, context.resumed_from)
-        self.checkpoints = Checkpoints(context, self.saver, state, self.checkpoint_payload, self.last_good.saved)
-        self.warmup = DiscriminatorWarmup(settings.warmup, state.warmup, context)
-        self.train_s = 0.0  # seconds inside optimizer steps (warm-up and training)
-        self.last_lr = 0.0
-        self.resumed_with_plan = plan is not None  # its plan is made again as training starts
-        self.finishing = False  # the final evaluation and saves have begun
-        self.final_saved = False
-        self.final_source = ""  # what the output folder holds: best_model (step N) or the last weights
+        self.divergence, self.last_good, self.warmup = machinery.divergence, machinery.last_good, machinery.warmup
+        self.progress = Progress(resumed_with_plan=self.pacer.plan is not None)
+
+    # ------------------------------------------------------------ the parts, by name
+
+    @property
+    def step(self) -> TrainStep:
+        return self.parts.step
+
+    @property
+    def sampler(self) -> BucketSampler:
+        return self.parts.sampler
+
+    @property
+    def model(self) -> VitsModel:
+        return self.parts.step.model
+
+    @property
+    def discriminator(self) -> Discriminator:
+        return self.parts.step.discriminator
+
+    @property
+    def timer(self) -> StepTimer:
+        return self.pacer.timer
+
+    @property
+    def costs(self) -> Costs:
+        return self.pacer.costs
+
+    @property
+    def feed(self) -> MicroBatchFeed:
+        return self.windows.feed
+
+    @property
+    def saver(self) -> Saver:
+        return self.exports.saver
 
     # ------------------------------------------------------------ the phases
 
@@ -243,18 +202,18 @@ class TrainingLoop:
                 break
             started = self.context.now()
             self.step.set_learning_rates(0.0, self.settings.warmup.learning_rate * self.state.setbacks.lr_scale)
-            accumulated = self.windows.accumulate(pacer, generator=False)
-            outcome = self.windows.update(accumulated, pacer)
-            self.count_samples(accumulated.window.clips, outcome.epoch_ended)
-            reached = warmup.record(outcome, self.context.now() - started)
-            failure = self.after_failure(outcome, f"discriminator warm-up step {progress.done}")
+            result = self.windows.run(self.context.dist.broadcast(pacer.next_window()), generator=False)
+            pacer.timer.record(result.micro_batch_s, result.update_s)
+            self.count_samples(result.clips, result.epoch_ended)
+            reached = warmup.record(result, self.context.now() - started)
+            failure = self.after_failure(result, f"discriminator warm-up step {progress.done}")
             if failure:
                 return failure
             if reached:
                 ended = reached
                 break
-            if self.context.dist.any(pacer.checkpoint_due(outcome.epoch_ended, self.checkpoints.since_last_s())):
-                self.checkpoints.write(end_of_epoch=outcome.epoch_ended)
+            if self.context.dist.any(pacer.checkpoint_due(result.epoch_ended, self.checkpoints.since_last_s())):
+                self.checkpoints.write(end_of_epoch=result.epoch_ended)
         warmup.end(ended)
         self.retake_last_good()
         return None
@@ -278,7 +237,7 @@ class TrainingLoop:
         return None
 
     def train(self) -> str:
-        if self.resumed_with_plan:  # planned again for what is left now, at this machine's speed
+        if self.progress.resumed_with_plan:  # planned again for what is left now, at this machine's speed
             self.make_plan()
         return self.training_steps()
 
@@ -290,17 +249,17 @@ class TrainingLoop:
                 if decision == "deadline" and self.state.step == 0:
                     self.context.logger.warning("warning: the budget left no room for a single training step")
                 return decision
-            outcome = self.training_step()
+            result, last = self.training_step()
             if self.step_callback is not None:
                 self.step_callback(self)
-            failure = self.after_failure(outcome)
+            failure = self.after_failure(result)
             if failure:
                 return failure
-            if outcome.last:
+            if last:
                 return "max_epochs" if self.plan and self.plan.limited_by == "max_epochs" else "deadline"
             if until is not None and self.state.step >= until:
                 return None  # the benchmark's end: its checkpoint and the plan follow
-            self.after_step(outcome.epoch_ended)
+            self.after_step(result.epoch_ended)
         return None
 
     def after_step(self, epoch_ended: bool) -> None:
@@ -332,10 +291,10 @@ class TrainingLoop:
         if reason == "out_of_memory":
             self.publish_trained_best()  # nothing more fits on the card; what the run learnt still reaches the app
             return self.result(reason)
-        self.finishing = True
+        self.progress.finishing = True
         if self.evaluations.last_step != self.state.step:
             self.evaluations.evaluate(final=True)
-        self.final_saved = self.context.dist.broadcast(self.context.on_main(self.save_final))
+        self.progress.final_saved = self.context.dist.broadcast(self.context.on_main(self.save_final))
         self.checkpoints.write(end_of_epoch=self.sampler.state.position == 0, final=True)
         self.context.on_main(
             lambda: self.exports.export(
@@ -353,8 +312,8 @@ class TrainingLoop:
         (and, in the final evaluation, the output folder first)."""
         self.windows.rewind()
         train_mode(self.model, self.parts.frozen_parts)
-        if self.finishing and not self.final_saved:
-            self.final_saved = self.context.dist.broadcast(self.context.on_main(self.save_final))
+        if self.progress.finishing and not self.progress.final_saved:
+            self.progress.final_saved = self.context.dist.broadcast(self.context.on_main(self.save_final))
         path = self.checkpoints.write(end_of_epoch=False, final=True)
         return self.result("interrupted", checkpoint=path)
 
@@ -374,36 +333,42 @@ class TrainingLoop:
             return "max_epochs"
         return "deadline" if no_room else ""
 
-    def training_step(self) -> StepOutcome:
-        """One optimizer step of generator and discriminator: the window (run again at a smaller micro-batch
-        after the run's first out-of-memory error), whether it is the run's last, its learning rate, the
-        update."""
+    def training_step(self) -> tuple[StepResult, bool]:
+        """One optimizer step of generator and discriminator, and whether it is the run's last. Decided
+        before it starts (jointly: every process runs the main one's window): its window (the deadline may
+        shorten it, the last micro-batch cut to the clips that fit), whether it is the last, its learning
+        rate. Run again at a smaller micro-batch after the run's first out-of-memory error."""
         number, started = self.state.step + 1, self.context.now()
         profile = self.context.run_log.profile.activate()
         try:
-            accumulated = self.windows.accumulate(self.pacer)
-            if accumulated.window.oom and self.refit(accumulated.window.oom, number, rewind=True):
-                accumulated = self.windows.accumulate(self.pacer)  # the same clips again, in smaller micro-batches
-            used, epoch_ended = accumulated.window.used, accumulated.epoch_ended
-            cut_short = (used < self.timer.accumulation and not epoch_ended) or bool(accumulated.cut_to)
-            if accumulated.cut_to:
+            result, last, lr = self.planned_step(number)
+            if result.oom and self.refit(result.oom, number, rewind=True):
+                self.step.skips.oom -= 1  # not skipped after all: its clips run again, in smaller micro-batches
+                result, last, lr = self.planned_step(number)
+            if result.cut_to:
                 self.context.logger.info(
-                    f"step {number}: its last micro-batch cut to {accumulated.cut_to} of "
+                    f"step {number}: its last micro-batch cut to {result.cut_to} of "
                     f"{self.fitter.micro_batch} clips, the time the deadline leaves: the run's last step"
                 )
-            last = self.context.dist.any(self.pacer.step_is_last(number, cut_short))
-            lr = self.pacer.learning_rate(number, last) * self.state.setbacks.lr_scale
-            self.step.set_learning_rates(lr, lr * self.settings.schedule.discriminator_ratio)
-            outcome = self.windows.update(accumulated, self.pacer, last)
             elapsed = self.context.now() - started
-            self.train_s += elapsed
-            self.last_lr, self.state.step = lr, number
-            self.count_samples(accumulated.window.clips, epoch_ended)
-            self.report_step(outcome, lr, accumulated.window.clips / max(elapsed, 1e-9), used)
+            self.progress.train_s += elapsed
+            self.progress.last_lr, self.state.step = lr, number
+            self.count_samples(result.clips, result.epoch_ended)
+            self.report_step(result, lr, result.clips / max(elapsed, 1e-9))
             profile.end_step()
-            return outcome
+            return result, last
         finally:
             profile.deactivate()
+
+    def planned_step(self, number: int) -> tuple[StepResult, bool, float]:
+        """Step `number` over the window that fits, at its learning rate; timed into the pacer's timer."""
+        window = self.context.dist.broadcast(self.pacer.next_window())
+        last = self.context.dist.any(self.pacer.step_is_last(number, window))
+        lr = self.pacer.learning_rate(number, last) * self.state.setbacks.lr_scale
+        self.step.set_learning_rates(lr, lr * self.settings.schedule.discriminator_ratio)
+        result = self.windows.run(window)
+        self.timer.record(result.micro_batch_s, result.update_s)
+        return result, last, lr
 
     def refit(self, what: str, number: int, rewind: bool = False) -> bool:
         """The run's one refit after running out of memory in training (then plan.json says so); `rewind`:
@@ -411,7 +376,7 @@ class TrainingLoop:
         if not self.fitter.can_refit():
             return False
         if rewind:
-            self.windows.rewind()
+            self.windows.run_again()
         self.fitter.refit_once_in_training(what, number)
         if self.plan is not None:
             self.write_plan()
@@ -431,8 +396,8 @@ class TrainingLoop:
         )
         return evaluation + checkpoint
 
-    def report_step(self, outcome: StepOutcome, lr: float, samples_per_s: float, used: int) -> None:
-        result, state, sampler, dist = outcome.result, self.state, self.sampler, self.context.dist
+    def report_step(self, result: StepResult, lr: float, samples_per_s: float) -> None:
+        state, sampler, dist, used = self.state, self.sampler, self.context.dist, result.used
         if not result.applied:
             self.context.logger.warning(f"step {state.step}: skipped ({result.reason}); losses {result.losses}")
         total, epochs = (self.plan.total_steps, self.plan.epochs) if self.plan else (0, 0.0)
@@ -466,21 +431,16 @@ class TrainingLoop:
 
     # ------------------------------------------------------------ when steps keep failing
 
-    def after_failure(self, outcome: StepOutcome, at: str = "") -> str | None:
+    def after_failure(self, result: StepResult, at: str = "") -> str | None:
         """A stop reason when training cannot go on, else None (after going back to the last good state
         if the failures call for it). `at` names the step for the log (default: the training step)."""
-        at, result, setbacks, logger = (
-            at or f"step {self.state.step}",
-            outcome.result,
-            self.state.setbacks,
-            self.context.logger,
-        )
-        if result.update_failed and not outcome.first_update:
+        at, setbacks, logger = at or f"step {self.state.step}", self.state.setbacks, self.context.logger
+        if result.update_failed and not result.first_update:
             self.refit(result.reason, self.state.step + 1)  # once; the torn update is rolled back below
         action = self.divergence.record(result.applied, result.reason.startswith("non-finite"), result.update_failed)
         if action == "ok":
             return None
-        if result.update_failed and outcome.first_update:
+        if result.update_failed and result.first_update:
             self.go_back()
             logger.error(
                 "error: the optimizers' state does not fit in GPU memory (the first update ran out of it): "
@@ -576,29 +536,6 @@ class TrainingLoop:
             f"steps; limited by {plan.limited_by}",
         )
 
-    def checkpoint_payload(self, rng_by_rank: list) -> dict:
-        """What a checkpoint holds (the state first takes what the run's estimates are now)."""
-        estimates = self.state.estimates
-        estimates.micro_batch_s, estimates.update_s = self.timer.micro_batch_s, self.timer.update_s
-        estimates.export_s, estimates.eval_s = self.costs.export_s, self.costs.eval_s
-        estimates.checkpoint_s = self.costs.checkpoint_s
-        self.evaluations.keep_estimates()
-        return {
-            "model": self.model.state_dict(),
-            "discriminator": {
-                "config": self.discriminator.config.to_dict(),
-                "state": self.discriminator.state_dict(),
-                "warmup_steps": self.settings.warmup.steps,
-            },
-            "train_step": self.step.state_dict(),
-            "state": self.state.to_dict(),
-            "sampler": self.sampler.state_dict(),
-            "rng": rng_by_rank[0],
-            "rng_by_rank": rng_by_rank,
-            "plan": self.plan.to_dict() if self.plan else None,
-            **self.saves.checkpoint,
-        }
-
     def measure_report(self) -> None:
         """report.html once before anything is timed: its imports (matplotlib) are paid here, and what it
         costs is known before the first evaluation is limited by it."""
@@ -616,7 +553,9 @@ class TrainingLoop:
         training_summary.json says which."""
         paths, best = self.context.paths, self.state.best
         has_best = (paths.best_dir / "config.json").is_file()
-        self.final_source = f"best_model (step {best.step})" if has_best else "the last weights (no best_model)"
+        self.progress.final_source = (
+            f"best_model (step {best.step})" if has_best else "the last weights (no best_model)"
+        )
         extra = {"training_summary.json": self.final_summary()}
         if not has_best:
             return self.exports.export(
@@ -629,17 +568,17 @@ class TrainingLoop:
         its last weights are not worth publishing, and the starting model is no news to the app)."""
         trained = self.state.best.step > 0 and (self.context.paths.best_dir / "config.json").is_file()
         if self.context.dist.broadcast(trained):
-            self.final_saved = self.context.dist.broadcast(self.context.on_main(self.save_final))
+            self.progress.final_saved = self.context.dist.broadcast(self.context.on_main(self.save_final))
 
     def final_summary(self) -> dict:
-        return {**self.summary("finished"), "final_model_holds": self.final_source}
+        return {**self.summary("finished"), "final_model_holds": self.progress.final_source}
 
     def summary(self, reason: str) -> dict:
         return summary(
             RunFigures(
                 self.state,
                 self.step,
-                self.last_lr,
+                self.progress.last_lr,
                 self.context.budget.used_s(),
                 self.context.budget.target_s,
                 self.saver.failures,
@@ -657,12 +596,12 @@ class TrainingLoop:
             state=self.state,
             plan=self.plan,
             last_eval=self.evaluations.last,
-            last_lr=self.last_lr,
+            last_lr=self.progress.last_lr,
             data_wait_s=self.feed.wait_s,
-            train_s=self.train_s,
+            train_s=self.progress.train_s,
             checkpoint=self.checkpoints.last if checkpoint is ... else checkpoint,
             save_failures=self.saver.failures,
-            final_saved=self.final_saved,
+            final_saved=self.progress.final_saved,
         )
 
 

@@ -1,21 +1,23 @@
-"""The deadline decisions of a run: whether the next step may start, whether the micro-batch about to run
-is its window's last, whether a step is the run's last, and its learning rate.
+"""The deadline decisions of a run, each taken before the work it decides: whether the next step may start,
+the window it runs (how many micro-batches, the last one cut to the clips that fit), whether it is the
+run's last, and its learning rate.
 
 Everything is asked of the budget with cautious estimates (finetune/training/budget.py, StepTimer) and with the
 final save kept in reserve: the final evaluation, the export and the last checkpoint, at what they last
-cost. The unit of decision is a micro-batch, not a step: with accumulation 4 on a slow machine a step
-can be a tenth of a short budget, and deciding by whole steps would leave most of one unused (or, worse,
-start one that cannot finish). So:
+cost. The unit of decision is a micro-batch, and within the last one a clip: with accumulation 4 on a slow
+machine a step can be a tenth of a short budget, and deciding by whole steps would leave most of one unused
+(or, worse, start one that cannot finish). So, before each step:
 
     a step starts      when one clip of a micro-batch and an update fit (the very first always does:
                        nothing is timed yet; before it, a budget that cannot even hold the final save is
                        an error)
-    a micro-batch      is cut to the clips that still fit with the update (clips_that_fit, at a whole
+    its window         (next_window) holds `accumulation` micro-batches, or fewer when the deadline leaves
+                       room for fewer: a micro-batch runs while it leaves room for one more clip and the
+                       update, and the last is cut to the clips that still fit with the update (at a whole
                        micro-batch's cautious cost a clip), at least one: a coarse step (a fifth of a
-                       short budget, on a slow machine) would otherwise leave most of a micro-batch unused
-    a window ends      after `accumulation` micro-batches, at an epoch's end, after a cut micro-batch, or
-                       early when the next micro-batch would leave no room for one more clip and the update
-    a step is the last when its window was cut short, or when after its update not even one more clip
+                       short budget, on a slow machine) would otherwise leave most of a micro-batch unused.
+                       An epoch's end also ends a window (the step sees it; it is not a deadline decision)
+    a step is the last when its window was shortened, or when after it not even one more clip and update
                        would fit; the last step runs at the learning-rate floor. An evaluation or
                        checkpoint due after a step that would leave no room for one more is left to the
                        final save, a step later (room_for_due)
@@ -23,6 +25,8 @@ start one that cannot finish). So:
                        save; for the final one, the exports and the last checkpoint) is kept free, so one
                        that runs slower than the last (a cold resumed process, a machine that got busy)
                        is cut short rather than pushing the run past its deadline
+
+The step itself (finetune/training/step.py) runs the window it is given and never asks back.
 """
 
 from __future__ import annotations
@@ -67,6 +71,22 @@ class Costs:
         return min(self.export_s, self.checkpoint_s) if self.checkpoints and self.checkpoint_s > 0 else self.export_s
 
 
+@dataclass(frozen=True)
+class WindowShape:
+    """What one optimizer step runs: `micro_batches` of the `planned` (the accumulation), each of `clips`
+    clips (1: whole micro-batches, never cut) but the last, cut to `last_clips`."""
+
+    planned: int
+    micro_batches: int
+    clips: int
+    last_clips: int
+
+    @property
+    def shortened(self) -> bool:
+        """Fewer micro-batches than planned, or the last one cut: the deadline's doing, the run's last step."""
+        return self.micro_batches < self.planned or self.last_clips < self.clips
+
+
 class Pacer:
     """The deadline decisions over a budget, a step timer (whose `accumulation` is the window's size now)
     and the costs of what follows training. `schedule` (finetune/training/run_settings.py) gives the
@@ -108,25 +128,24 @@ class Pacer:
     def may_start_step(self) -> bool:
         return self.room_for(self.one_more_step_s)
 
-    def clips_that_fit(self) -> int:
-        """Clips of the next micro-batch that fit before the final save with the update after them: all of
-        them (timer.clips) when a whole micro-batch does, else as many as fit at its cost a clip, at least
-        one (a step that started runs at least one clip)."""
+    def next_window(self) -> WindowShape:
+        """The window of the next step, decided before it starts: its micro-batches one after another, each
+        taken while it leaves room for one more clip and the update; the last cut to the clips that fit
+        (at least one: a step that started runs at least one clip). Nothing timed yet: the whole window."""
         timer = self.timer
-        if timer.clips <= 1 or not timer.micro_batches.ready:
-            return timer.clips
-        left = self.budget.left_s() - self.final_reserve_s - self.margin_s - timer.update_s
-        return max(1, min(timer.clips, int(left / max(timer.clip_s, 1e-9))))
-
-    def micro_batch_is_last(self, index: int) -> bool:
-        """Before running micro-batch `index` (1-based) of a window: whether it must be the window's last
-        (a cut one always is)."""
-        timer = self.timer
-        return (
-            index >= timer.accumulation
-            or self.clips_that_fit() < timer.clips
-            or not self.room_for(timer.micro_batch_s + timer.clip_s + timer.update_s)
-        )
+        whole = WindowShape(timer.accumulation, timer.accumulation, timer.clips, timer.clips)
+        if not timer.micro_batches.ready:
+            return whole
+        free = self.budget.left_s() - self.final_reserve_s - self.margin_s - timer.update_s
+        clip_s = max(timer.clip_s, 1e-9)
+        for index in range(1, timer.accumulation + 1):
+            clips = timer.clips if timer.clips <= 1 else max(1, min(timer.clips, int(free / clip_s)))
+            if clips < timer.clips:  # cut to what fits: this one is the last
+                return WindowShape(timer.accumulation, index, timer.clips, clips)
+            free -= timer.micro_batch_s
+            if free < clip_s and index < timer.accumulation:  # not one more clip after it: the last
+                return WindowShape(timer.accumulation, index, timer.clips, timer.clips)
+        return whole
 
     def eval_due(self, step: int) -> bool:
         return self.plan is not None and step % self.plan.eval_every == 0
@@ -134,14 +153,15 @@ class Pacer:
     def checkpoint_due(self, epoch_ended: bool, since_checkpoint_s: float) -> bool:
         return self.costs.checkpoints and (epoch_ended or since_checkpoint_s >= self.checkpoint_every_s)
 
-    def step_is_last(self, step: int, cut_short: bool) -> bool:
-        """After a step's window, before its update: whether it is the run's last (its window was cut
-        short, the plan's epochs are done, or after its update not even one more clip would fit)."""
-        if cut_short:
+    def step_is_last(self, step: int, window: WindowShape) -> bool:
+        """Before a step: whether it is the run's last (its window was shortened, the plan's epochs are done,
+        or after its window and update not even one more clip would fit)."""
+        if window.shortened:
             return True
         if self.plan is not None and self.plan.limited_by == "max_epochs" and step >= self.plan.total_steps:
             return True
-        return not self.room_for(self.timer.update_s + self.one_more_step_s)
+        window_s = window.micro_batches * self.timer.micro_batch_s + self.timer.update_s
+        return not self.room_for(window_s + self.one_more_step_s)
 
     def room_for_due(self, due_s: float) -> bool:
         """After a step: whether what fell due (an evaluation, a checkpoint; `due_s` seconds) leaves room

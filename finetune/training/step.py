@@ -8,12 +8,15 @@ For each micro-batch of an accumulation window:
 In a new discriminator's warm-up, the discriminator trains alone: step 1 is cut down to what it needs
 (posterior encoder -> random segment -> decoder, no gradients: no text encoder, flow, alignment search
 or duration loss) and step 3 is left out; the generator does not change.
-Micro-batches come one at a time (accumulate_window): the loop may end a window early at the deadline
-or an epoch's end, or cut its last micro-batch to the clips that fit. Each clip weighs the same: a
-micro-batch's mean loss counts in proportion to its clips, and the gradients are the mean over every clip
-the window used (so a micro-batch cut to 2 of 8 clips does not weigh each of them 4 times). A CUDA
-out-of-memory error inside a window drops that window (counted, logged with the batch shape and the
-flags that help) and training goes on.
+TrainStep.optimizer_step is the whole step in one place, top to bottom: the micro-batches drawn one at a
+time (finetune/training/window.py draws them, honouring a stop between them), the last one cut to the
+clips that fit, forward and backward through the gradient scaler, the out-of-memory and non-finite
+guards, unscale, clip, step. How many micro-batches it runs and where the last is cut were decided by
+the loop before it started (finetune/training/pacing.py, next_window); an epoch's end ends it early.
+Each clip weighs the same: a micro-batch's mean loss counts in proportion to its clips, and the gradients
+are the mean over every clip the window used (so a micro-batch cut to 2 of 8 clips does not weigh each
+of them 4 times). A CUDA out-of-memory error inside a window drops that window (counted, logged with the
+batch shape and the flags that help) and training goes on.
 
 Data-parallel (torchrun): every process accumulates its own window with no communication, then the
 processes decide together (one collective): if any of them ran out of memory, or saw a non-finite loss,
@@ -22,7 +25,7 @@ and every process takes the same update. An update that fails on one process is 
 back to the same last good state. (DistributedDataParallel reduces inside the backward instead: a process
 that fails before its backward leaves the others waiting there, so its decisions cannot be shared.)
 
-Then, once per window (apply): if any loss was not finite the window is dropped (gradients zeroed, no optimizer
+Then, once per window: if any loss was not finite the window is dropped (gradients zeroed, no optimizer
 step, so nothing reaches the weights or the Adam moments); otherwise gradients are unscaled, clipped,
 and both AdamW optimizers step (discriminator first). Both use the discriminator as it was during the
 window, so all micro-batches of a window see the same one. Running out of GPU memory inside the update
@@ -38,8 +41,9 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterable
+import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from transformers import VitsModel
@@ -48,6 +52,7 @@ from finetune.data.examples import Batch
 from finetune.data.features import Features
 from finetune.system.profile import section
 from finetune.training.distributed import Distributed
+from finetune.training.pacing import WindowShape
 from finetune.vits.discriminator import Discriminator
 from finetune.vits.losses import LossWeights, discriminator_loss
 from finetune.vits.objective import (
@@ -109,7 +114,8 @@ def frozen(module: torch.nn.Module):
 
 
 class GeneratorObjective(torch.nn.Module):
-    """The generator's training forward as a module, so that data-parallel training can wrap it."""
+    """The generator's training forward as one module: what profilers and FLOP counters attribute the
+    generator's work to (bench/bench_gpu.py), and what data-parallel training could wrap."""
 
     def __init__(self, model: VitsModel, features: Features, segment_frames: int):
         super().__init__()
@@ -135,29 +141,60 @@ class StepSettings:
 
 @dataclass
 class StepResult:
+    """What one optimizer step did: its window (what ran, how long each part took) and its update."""
+
     applied: bool  # False when the window was dropped
-    losses: dict[str, float] = field(default_factory=dict)  # averaged over micro-batches
+    losses: dict[str, float] = field(default_factory=dict)  # a mean over the clips used
     grad_norm_generator: float = float("nan")
     grad_norm_discriminator: float = float("nan")
     reason: str = ""  # why it was dropped
     update_failed: bool = False  # the optimizer update itself failed: the weights may be partly updated
+    used: int = 0  # micro-batches run
+    clips: int = 0  # clips in them (fewer than used x the micro-batch when one was cut or short)
+    epoch_ended: bool = False  # its last micro-batch ended an epoch
+    cut_to: int = 0  # its last micro-batch was cut to this many clips (0: not cut)
+    oom: str = ""  # the window ran out of GPU memory on this (then nothing was applied)
+    first_update: bool = False  # the optimizers had no state before it (their state is made at the first update)
+    micro_batch_s: list[float] = field(
+        default_factory=list
+    )  # each whole micro-batch's seconds (data, forward, backward)
+    update_s: float = 0.0  # seconds of the update (the finiteness check, averaging, clipping, the optimizers)
 
 
 @dataclass
-class Window:
-    """Gradients of one accumulation window, summed into the parameters' .grad, not yet applied."""
+class Skips:
+    """Steps the optimizers did not take, by cause (kept in checkpoints, reported at the end)."""
 
-    totals: dict[str, torch.Tensor]  # loss terms, averaged over the clips used
-    used: int  # micro-batches run
-    planned: int  # micro-batches the window was meant to have
-    clips: int = 0  # clips in the micro-batches run (fewer than used x the micro-batch when one was cut or short)
-    generator: bool = True  # False: only the discriminator learned (its gradients alone are set)
-    oom: str = ""  # set when it ran out of GPU memory: what it was running
+    nonfinite: int = 0  # a loss or gradient was not finite
+    overflow: int = 0  # fp16: a gradient scaler skipped its step and lowered its scale
+    oom: int = 0  # out of GPU memory in the window or the update
+
+
+class MicroBatchSource(Protocol):
+    """Where a step draws its micro-batches (finetune/training/window.py): `draw(index)` gives micro-batch
+    `index` (1-based) and whether it ended an epoch, having first honoured a stop request; `now` times them."""
+
+    def draw(self, index: int) -> tuple[Batch, bool]: ...
+
+    def now(self) -> float: ...
+
+
+class ListSource:
+    """A list of micro-batches as a source (tests, benches): no epochs, no stops, the process's clock."""
+
+    def __init__(self, batches: list[Batch]):
+        self.batches = batches
+
+    def draw(self, index: int) -> tuple[Batch, bool]:
+        return self.batches[index - 1], False
+
+    def now(self) -> float:
+        return time.perf_counter()
 
 
 class TrainStep:
-    """Owns the two optimizers and gradient scalers. One step: `accumulate_window`, then `apply`
-    (or `run` for a list of micro-batches)."""
+    """Owns the two optimizers and gradient scalers. One step: `optimizer_step` (or `run` for a list of
+    micro-batches)."""
 
     def __init__(
         self,
@@ -170,9 +207,9 @@ class TrainStep:
         device: torch.device,
         dist: Distributed = Distributed(),
     ):
-        self.model, self.discriminator, self.features = model, discriminator, features
-        self.weights, self.settings, self.precision, self.device, self.dist = weights, settings, precision, device, dist
+        self.model, self.discriminator = model, discriminator
         self.generator_objective = GeneratorObjective(model, features, settings.segment_frames)
+        self.weights, self.settings, self.precision, self.device, self.dist = weights, settings, precision, device, dist
         dist.broadcast_module(model)  # every process starts from the main one's weights
         dist.broadcast_module(discriminator)
         self.generator_params = [p for p in model.parameters() if p.requires_grad]
@@ -194,9 +231,12 @@ class TrainStep:
         )
         self.scaler_g = torch.amp.GradScaler(device.type, enabled=precision.uses_scaler)
         self.scaler_d = torch.amp.GradScaler(device.type, enabled=precision.uses_scaler)
-        self.nonfinite_skips = 0
-        self.overflow_skips = 0
-        self.oom_skips = 0
+        self.skips = Skips()
+
+    @property
+    def features(self) -> Features:
+        """The spectrogram features the objective compares (held by the objective, not a second time here)."""
+        return self.generator_objective.features[0]
 
     def autocast(self):
         if self.precision.autocast_dtype is None:
@@ -211,7 +251,7 @@ class TrainStep:
         return {
             "loss_scale_generator": float(self.scaler_g.get_scale()),
             "loss_scale_discriminator": float(self.scaler_d.get_scale()),
-            "fp16_overflow_skips": self.overflow_skips,
+            "fp16_overflow_skips": self.skips.overflow,
         }
 
     def set_learning_rates(self, generator_lr: float, discriminator_lr: float) -> None:
@@ -223,7 +263,7 @@ class TrainStep:
     def accumulate(self, batch: Batch, scale: float, generator: bool = True) -> dict[str, torch.Tensor]:
         """Forward and backward for one micro-batch; `scale` is 1 / micro-batches per step. With
         `generator` False only the discriminator learns (its warm-up): the generator runs without
-        gradients and is left untouched. The gradients stay this process's own until `apply`. Returns
+        gradients and is left untouched. The gradients stay this process's own until the update. Returns
         the loss terms as detached tensors (no sync)."""
         return self._accumulate(batch, scale, generator)
 
@@ -292,98 +332,124 @@ class TrainStep:
         self.scaler_g.scale(g_losses.total * scale).backward()
         return g_losses
 
-    def accumulate_window(
-        self,
-        micro_batches: Iterable[tuple[Batch, bool]],
-        planned: int,
-        generator: bool = True,
-        clips_per_micro_batch: int = 0,
-    ) -> Window:
-        """Forward and backward over the micro-batches of one optimizer step, as they come: (batch, whether
-        it is the window's last). `planned` is the window's full size, `clips_per_micro_batch` a whole
-        micro-batch's clips (0: the first one's); each micro-batch counts by its clips, and when fewer come
-        (an epoch's end, a window cut short at the deadline, a last micro-batch cut to the clips that fit),
-        gradients and losses are rescaled to the mean over the clips used.
-        Out of GPU memory: the window is dropped (`oom` says on what); in a data-parallel run every process
-        learns it (one collective at the window's end) and drops its window too. A process that ran out
-        still takes its remaining micro-batches from `micro_batches` (without computing them): each
-        process's data position, and the collectives the loop makes per micro-batch, stay in step.
-        Any other exception (a stop request, for one) clears the gradients before it propagates."""
+    def optimizer_step(self, source: MicroBatchSource, window: WindowShape, generator: bool = True) -> StepResult:
+        """One optimizer step, top to bottom, over the window the loop decided before it started
+        (finetune/training/pacing.py: how many micro-batches, the last cut to the clips that fit), at the
+        learning rates already set. With `generator` False only the discriminator learns (its warm-up).
+
+        Each clip weighs the same: a micro-batch's mean loss counts by its clips, and the gradients are the
+        mean over every clip the window used (a micro-batch cut to 2 of 8 clips does not weigh each of them
+        4 times). Out of GPU memory in the window: it is dropped (`oom` says on what; in a data-parallel run
+        every process drops it, and one that ran out still draws its remaining micro-batches without
+        computing them, so that every process's data position and collectives stay in step). Any other
+        exception (a stop request, for one) clears the gradients before it propagates."""
+        optimizer = self.optimizer_g if generator else self.optimizer_d
+        result = StepResult(applied=False, first_update=not optimizer.state)
+        whole = window.planned * window.clips if window.clips > 1 else 0  # 0: whole = the first micro-batch's size
         totals: dict[str, torch.Tensor] = {}
-        used, clips, longest, widest, oom = 0, 0, 0, 0, ""
+        longest = widest = 0
+        # 1. The micro-batches: drawn one at a time, the last cut to the clips that fit, forward and backward
+        #    each into .grad through the gradient scaler; the window ends early at an epoch's end.
         try:
-            for batch, _last in micro_batches:
-                used, clips = used + 1, clips + len(batch)
-                clips_per_micro_batch = clips_per_micro_batch or len(batch)
-                scale = len(batch) / (planned * clips_per_micro_batch)  # its share of a whole window's clips
+            while result.used < window.micro_batches and not result.epoch_ended:
+                started = source.now()
+                batch, result.epoch_ended = source.draw(result.used + 1)
+                result.used += 1
+                if result.used == window.micro_batches and window.last_clips < min(len(batch), window.clips):
+                    batch, result.cut_to = batch.first(window.last_clips), window.last_clips
+                whole = whole or window.planned * len(batch)
+                scale = len(batch) / whole  # its share of a whole window's clips
+                result.clips += len(batch)
                 longest, widest = max(longest, int(batch.frame_lengths.max())), max(widest, len(batch))
-                if oom:
-                    continue
-                try:
-                    for name, value in self.accumulate(batch, scale, generator).items():
-                        totals[name] = totals.get(name, 0.0) + value * scale
-                except torch.OutOfMemoryError:  # torch.cuda.OutOfMemoryError is this type
-                    self.zero_grad()
-                    oom = "out of GPU memory"
+                if not result.oom:
+                    try:
+                        for name, value in self.accumulate(batch, scale, generator).items():
+                            totals[name] = totals.get(name, 0.0) + value * scale
+                    except torch.OutOfMemoryError:  # torch.cuda.OutOfMemoryError is this type
+                        self.zero_grad()
+                        result.oom = "out of GPU memory"
+                if not result.cut_to:  # a cut micro-batch is not what a whole one costs
+                    result.micro_batch_s.append(source.now() - started)
         except BaseException:
             self.zero_grad()
             raise
-        if oom:
-            oom = f"{used} micro-batches of up to {widest} clips (longest {longest} frames)"
-        if self.dist.any(bool(oom)) and not oom:
-            self.zero_grad()
-            oom = "another process's share of this window"
-        if oom:
-            return Window(totals={}, used=used, planned=planned, clips=clips, generator=generator, oom=oom)
-        whole = planned * clips_per_micro_batch
-        if 0 < clips != whole:  # the weights summed to clips / whole: back to a mean over the clips used
-            self._rescale(whole / clips, totals)
-        return Window(totals=totals, used=used, planned=planned, clips=clips, generator=generator)
+        if result.oom:
+            result.oom = f"{result.used} micro-batches of up to {widest} clips (longest {longest} frames)"
+        started = source.now()
+        with section("optimizer"):
+            self.update(result, totals, whole, generator)
+        result.update_s = source.now() - started
+        return result
 
-    def _rescale(self, factor: float, totals: dict[str, torch.Tensor]) -> None:
-        for param in [*self.generator_params, *self.discriminator.parameters()]:
-            if param.grad is not None:
-                param.grad.mul_(factor)
-        for name in totals:
-            totals[name] = totals[name] * factor
+    def update(self, result: StepResult, totals: dict[str, torch.Tensor], whole: int, generator: bool = True) -> None:
+        """The update after a window whose gradients are in .grad (`totals`: its loss terms, weighed by clips;
+        `whole`: a whole window's clips): dropped on out of memory (on any process) or a non-finite loss;
+        else the gradients made a mean over the clips used and averaged over processes, unscaled, clipped,
+        and the optimizers stepped (the discriminator first; the generator unless it sat out), then the
+        anchor's pull. `result` says what happened."""
+        # 2. Out of memory anywhere: every process drops the window.
+        if self.dist.any(bool(result.oom)) and not result.oom:
+            self.zero_grad()
+            result.oom = "another process's share of this window"
+        if result.oom:
+            return self._out_of_memory(result)
+        # 3. The mean over the clips used (the scales summed to clips / whole).
+        factor = whole / result.clips if 0 < result.clips != whole else 1.0
+        if factor != 1.0:
+            for param in [*self.generator_params, *self.discriminator.parameters()]:
+                if param.grad is not None:
+                    param.grad.mul_(factor)
+        values = (torch.stack(list(totals.values())) * factor).tolist()  # a sync point: finiteness decides
+        result.losses = dict(zip(totals, values))
+        # 4. The non-finite guard: one process's NaN is every process's (gradients are averaged).
+        if self.dist.any(not all(map(math.isfinite, values))):
+            return self._drop(result, "non-finite loss")
+        self.dist.average_gradients([*self.discriminator.parameters(), *self.generator_params])
+        # 5. Unscale, clip and step; out of GPU memory here may leave the weights partly updated.
+        pairs = [(self.optimizer_d, self.scaler_d, list(self.discriminator.parameters()))]
+        if generator:
+            pairs.append((self.optimizer_g, self.scaler_g, self.generator_params))
+        failed, norms, nonfinite = "", [], False
+        try:
+            for optimizer, scaler, params in pairs:
+                scaler.unscale_(optimizer)
+                norms.append(torch.nn.utils.clip_grad_norm_(params, self.settings.max_grad_norm or float("inf")))
+            # fp32 and bf16: a non-finite gradient drops the step (fp16's scaler skips its step by itself)
+            nonfinite = not self.precision.uses_scaler and not all(bool(torch.isfinite(n)) for n in norms)
+            if not nonfinite:
+                scales_before = [scaler.get_scale() for _, scaler, _ in pairs] if self.precision.uses_scaler else []
+                for optimizer, scaler, _ in pairs:
+                    scaler.step(optimizer)  # fp16: skipped (and the scale lowered) when its gradients overflowed
+                    scaler.update()
+                if any(scaler.get_scale() < before for (_, scaler, _), before in zip(pairs, scales_before)):
+                    self.skips.overflow += 1
+                if generator:
+                    self._pull_toward_start()
+        except torch.OutOfMemoryError:  # torch.cuda.OutOfMemoryError is this type
+            failed = "CUDA out of memory inside the optimizer update (the weights may be partly updated)"
+        if self.dist.any(bool(failed)):  # one process's torn update is every process's: all go back together
+            return self._update_failed(
+                result,
+                failed
+                or "CUDA out of memory inside another process's optimizer update (the processes' weights may differ)",
+            )
+        if nonfinite:
+            return self._drop(result, "non-finite gradient")
+        self.zero_grad()
+        result.applied = True
+        result.grad_norm_discriminator = float(norms[0])
+        result.grad_norm_generator = float(norms[1]) if generator else float("nan")
 
     def run(self, micro_batches: list[Batch], generator: bool = True) -> StepResult:
-        """One optimizer step over a list of micro-batches (gradient accumulation)."""
-        marked = [(batch, i == len(micro_batches) - 1) for i, batch in enumerate(micro_batches)]
-        return self.apply(self.accumulate_window(marked, len(micro_batches), generator))
+        """One optimizer step over a list of micro-batches (gradient accumulation), none cut."""
+        count = len(micro_batches)
+        return self.optimizer_step(ListSource(micro_batches), WindowShape(count, count, 1, 1), generator)
 
     def zero_grad(self) -> None:
         self.optimizer_g.zero_grad(set_to_none=True)
         self.optimizer_d.zero_grad(set_to_none=True)
 
-    def apply(self, window: Window) -> StepResult:
-        """End of an accumulation window: drop it if it ran out of memory or any loss is not finite,
-        else clip and step."""
-        with section("optimizer"):
-            return self._apply(window)
-
-    def _apply(self, window: Window) -> StepResult:
-        if window.oom:
-            return self._out_of_memory(window.oom)
-        values = torch.stack(list(window.totals.values())).tolist()  # a sync point: finiteness decides the step
-        losses = dict(zip(window.totals, values))
-        if self.dist.any(not all(map(math.isfinite, values))):  # one process's NaN is every process's (averaged)
-            return self._drop(losses, "non-finite loss")
-        self.dist.average_gradients([*self.discriminator.parameters(), *self.generator_params])
-        failed = ""
-        try:
-            result = self._step_optimizers(losses, window.generator)
-        except torch.OutOfMemoryError:  # torch.cuda.OutOfMemoryError is this type
-            failed = "CUDA out of memory inside the optimizer update (the weights may be partly updated)"
-        if self.dist.any(bool(failed)):  # one process's torn update is every process's: all go back together
-            return self._update_failed(
-                losses,
-                failed
-                or "CUDA out of memory inside another process's optimizer update (the processes' weights may differ)",
-            )
-        return result
-
-    def _update_failed(self, losses: dict[str, float], reason: str) -> StepResult:
+    def _update_failed(self, result: StepResult, reason: str) -> None:
         """After an update that failed half way (on this process or another): gradients dropped, cache freed,
         and the gradient scalers made afresh at the scale they had: a scaler whose unscale_ ran but whose
         update() never came would refuse the next step ("unscale_() has already been called")."""
@@ -394,56 +460,24 @@ class TrainStep:
             fresh_scaler(self.scaler_g, self.device),
             fresh_scaler(self.scaler_d, self.device),
         )
-        self.oom_skips += 1
-        return StepResult(applied=False, losses=losses, update_failed=True, reason=reason)
+        self.skips.oom += 1
+        result.update_failed, result.reason = True, reason
 
-    def _out_of_memory(self, what: str) -> StepResult:
-        """A window too big for the GPU: drop it (no partial update), free the cache, and say which."""
+    def _out_of_memory(self, result: StepResult) -> None:
+        """A window too big for the GPU: dropped (no partial update), the cache freed, and said which."""
         self.zero_grad()
-        self.oom_skips += 1
+        self.skips.oom += 1
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        reason = (
-            f"CUDA out of memory on {what}: skipped; lower --batch_size (and raise "
-            f"--gradient_accumulation_steps) or prepare with a lower --max_seconds"
+        result.reason = (
+            f"CUDA out of memory on {result.oom}: skipped; lower --batch_size (and raise "
+            "--gradient_accumulation_steps) or prepare with a lower --max_seconds"
         )
-        return StepResult(applied=False, reason=reason)
 
-    def _drop(self, losses: dict[str, float], reason: str) -> StepResult:
+    def _drop(self, result: StepResult, reason: str) -> None:
         self.zero_grad()
-        self.nonfinite_skips += 1
-        return StepResult(applied=False, losses=losses, reason=reason)
-
-    def _clip(self, optimizer, scaler, params) -> torch.Tensor:
-        scaler.unscale_(optimizer)
-        max_norm = self.settings.max_grad_norm or float("inf")
-        return torch.nn.utils.clip_grad_norm_(params, max_norm)
-
-    def _step_optimizers(self, losses: dict[str, float], generator: bool = True) -> StepResult:
-        """Unscale, clip and step the discriminator, then (unless it sat out) the generator."""
-        pairs = [(self.optimizer_d, self.scaler_d, list(self.discriminator.parameters()))]
-        if generator:
-            pairs.append((self.optimizer_g, self.scaler_g, self.generator_params))
-        norms = [self._clip(optimizer, scaler, params) for optimizer, scaler, params in pairs]
-        if not self.precision.uses_scaler and not all(bool(torch.isfinite(n)) for n in norms):
-            return self._drop(losses, "non-finite gradient")
-        scales_before = [scaler.get_scale() for _, scaler, _ in pairs] if self.precision.uses_scaler else None
-        for optimizer, scaler, _ in pairs:
-            scaler.step(optimizer)
-            scaler.update()
-        if generator:
-            self._pull_toward_start()
-        if scales_before is not None and any(
-            scaler.get_scale() < before for (_, scaler, _), before in zip(pairs, scales_before)
-        ):
-            self.overflow_skips += 1  # fp16 overflow: a scaler skipped its step and lowered its scale
-        self.zero_grad()
-        return StepResult(
-            applied=True,
-            losses=losses,
-            grad_norm_discriminator=float(norms[0]),
-            grad_norm_generator=float(norms[1]) if generator else float("nan"),
-        )
+        self.skips.nonfinite += 1
+        result.reason = reason
 
     @torch.no_grad()
     def _pull_toward_start(self) -> None:
@@ -462,9 +496,9 @@ class TrainStep:
             "optimizer_d": self.optimizer_d.state_dict(),
             "scaler_g": self.scaler_g.state_dict(),
             "scaler_d": self.scaler_d.state_dict(),
-            "nonfinite_skips": self.nonfinite_skips,
-            "overflow_skips": self.overflow_skips,
-            "oom_skips": self.oom_skips,
+            "nonfinite_skips": self.skips.nonfinite,
+            "overflow_skips": self.skips.overflow,
+            "oom_skips": self.skips.oom,
             **({"start_weights": self.start_weights} if self.start_weights is not None else {}),
         }
 
@@ -472,9 +506,7 @@ class TrainStep:
         self.load_optimizers(state)
         if self.start_weights is not None and state.get("start_weights") is not None:  # a resumed run's anchor
             self.start_weights = [saved.to(self.device) for saved in state["start_weights"]]
-        self.nonfinite_skips = state.get("nonfinite_skips", 0)
-        self.overflow_skips = state.get("overflow_skips", 0)
-        self.oom_skips = state.get("oom_skips", 0)
+        self.skips = Skips(state.get("nonfinite_skips", 0), state.get("overflow_skips", 0), state.get("oom_skips", 0))
 
     def load_optimizers(self, state: dict) -> None:
         """Both optimizers and gradient scalers from a saved state (the skip counters stay as they are). The

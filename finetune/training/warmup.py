@@ -30,7 +30,7 @@ from finetune.training.context import LoopContext
 from finetune.training.pacing import Costs, Pacer
 from finetune.training.run_settings import WarmupSettings
 from finetune.training.state import WarmupProgress
-from finetune.training.window import StepOutcome
+from finetune.training.step import StepResult
 
 MARGIN_WINDOW = 20  # steps the margin is averaged over before the warm-up may end
 BUDGET_END = "the budget (it may take at most --discriminator_warmup_share of the time left)"
@@ -68,16 +68,14 @@ class DiscriminatorWarmup:
         left_s = self.progress.allowed_s - self.progress.seconds
         return not pacer.may_start_step() or (pacer.timer.ready and pacer.timer.cautious_step_s > left_s)
 
-    def record(self, outcome: StepOutcome, seconds: float) -> str:
+    def record(self, result: StepResult, seconds: float) -> str:
         """A step done: counted, its losses kept and shown. Returns why the warm-up ends now ("" when not:
         it ends once the margin, averaged over the last MARGIN_WINDOW steps, reaches its target)."""
-        progress, losses = self.progress, outcome.result.losses
+        progress, losses = self.progress, result.losses
         progress.done += 1
         progress.seconds += seconds
-        if not outcome.result.applied:
-            self.context.logger.warning(
-                f"discriminator warm-up step {progress.done}: skipped ({outcome.result.reason})"
-            )
+        if not result.applied:
+            self.context.logger.warning(f"discriminator warm-up step {progress.done}: skipped ({result.reason})")
             return ""
         self.margins.append(losses["margin"])
         progress.margins = list(self.margins)

@@ -1,0 +1,182 @@
+"""What the training loop works with, built for it: the deadline (timer, costs, pacer), the data and the
+windows a step draws from, the batch fitted to memory, saving and exports, evaluations, recovery, checkpoints
+and the discriminator's warm-up. finetune/recipe.py builds them (build_machinery) and passes them to the
+TrainingLoop, which only uses them; what a checkpoint holds (checkpoint_payload) is written here too, from
+the same parts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import VitsTokenizer
+
+from finetune.data.examples import Example
+from finetune.data.feed import MicroBatchFeed
+from finetune.data.sampler import BucketSampler
+from finetune.reporting.evaluation import Evaluator
+from finetune.reporting.model_card import CardFacts
+from finetune.system.cpu_threads import CpuThreads
+from finetune.training.batch_fit import BatchFitter
+from finetune.training.budget import Plan, StepTimer
+from finetune.training.checkpointing import Checkpoints
+from finetune.training.context import LoopContext
+from finetune.training.evaluating import Evaluations
+from finetune.training.exports import Exports
+from finetune.training.feedback import FeedbackEvaluator
+from finetune.training.pacing import Costs, Pacer
+from finetune.training.recovery import Divergence, LastGoodState
+from finetune.training.run_settings import LoopSettings
+from finetune.training.saving import Saver
+from finetune.training.state import TrainingState
+from finetune.training.step import TrainStep
+from finetune.training.warmup import DiscriminatorWarmup
+from finetune.training.window import WindowRunner
+
+
+@dataclass
+class TrainingParts:
+    """What a run trains and judges: the optimizer step (its generator and discriminator), the tokenizer
+    saved with them, the clips and their sampler, the evaluator, the parts kept frozen."""
+
+    step: TrainStep
+    tokenizer: VitsTokenizer
+    examples: list[Example]
+    sampler: BucketSampler
+    evaluator: Evaluator | FeedbackEvaluator  # a feedback round's judges the corrections and the voice
+    frozen_parts: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SaveExtras:
+    """What the recipe adds to what the run saves."""
+
+    checkpoint: dict = field(default_factory=dict)  # in every checkpoint: config, model config, tokenizer, data
+    card: CardFacts | None = None  # what exported folders' model cards say (none: no card)
+
+
+@dataclass
+class Machinery:
+    """The loop's collaborators (the pacer holds the step timer and the costs; the windows, the feed)."""
+
+    pacer: Pacer
+    windows: WindowRunner
+    fitter: BatchFitter
+    exports: Exports  # and through it the saver
+    evaluations: Evaluations
+    divergence: Divergence
+    last_good: LastGoodState
+    checkpoints: Checkpoints
+    warmup: DiscriminatorWarmup
+
+
+def build_machinery(
+    parts: TrainingParts,
+    context: LoopContext,
+    settings: LoopSettings,
+    state: TrainingState,
+    plan: Plan | None,
+    saves: SaveExtras,
+) -> Machinery:
+    """The collaborators of a run's loop, from its parts, settings and state (a resumed run's estimates and
+    plan included)."""
+    step, estimates, budget = parts.step, state.estimates, context.budget
+    timer = StepTimer(
+        settings.batch.accumulation,
+        prior_micro_batch_s=estimates.micro_batch_s or None,
+        prior_update_s=estimates.update_s or None,
+    )
+    costs = Costs(
+        eval_s=estimates.eval_s,
+        export_s=estimates.export_s,
+        checkpoint_s=estimates.checkpoint_s,
+        after_loop_s=settings.reserve_after_s,
+        checkpoints=settings.checkpoints.enabled,
+    )
+    pacer = Pacer(budget, timer, costs, settings.checkpoints.every_s, settings.max_epochs, settings.schedule, plan)
+    feed = MicroBatchFeed(
+        parts.examples,
+        parts.sampler,
+        step.features.config.hop_length,
+        settings.batch.num_workers,
+        settings.batch.seed,
+        step.device,
+    )
+    # On CPU, fewer torch threads while other processes take the cores (finetune/system/cpu_threads.py).
+    cpu_threads = (
+        CpuThreads(context.logger, torch.get_num_threads, torch.set_num_threads) if step.device.type == "cpu" else None
+    )
+    windows = WindowRunner(step, feed, parts.sampler, budget.clock, context.stop, cpu_threads)
+    fitter = BatchFitter(settings.batch, state.batch, step, parts.sampler, feed, timer, context.run_log)
+    timer.clips = fitter.micro_batch  # the last micro-batch may be cut a clip at a time
+    saver = Saver(
+        step.model,
+        parts.tokenizer,
+        step.discriminator,
+        costs,
+        budget.clock.now,
+        context.logger,
+        settings.checkpoints.keep,
+        context.dist.is_main,
+    )
+    fit_tempo = getattr(parts.evaluator, "fit_tempo", None) if settings.evaluation.fit_tempo else None
+    exports = Exports(saver, saves.card, context.paths, context.run_log, fit_tempo)
+    evaluations = Evaluations(
+        context,
+        parts.evaluator,
+        exports,
+        state,
+        pacer,
+        step.model,
+        parts.frozen_parts,
+        settings.evaluation.early_stopping_patience,
+    )
+    last_good = LastGoodState(step.model, step.discriminator, context.resumed_from)
+
+    def payload(rng_by_rank: list) -> dict:
+        return checkpoint_payload(parts, settings, state, pacer, evaluations, saves, rng_by_rank)
+
+    return Machinery(
+        pacer=pacer,
+        windows=windows,
+        fitter=fitter,
+        exports=exports,
+        evaluations=evaluations,
+        divergence=Divergence(rollbacks=state.setbacks.rollbacks),
+        last_good=last_good,
+        checkpoints=Checkpoints(context, saver, state, payload, last_good.saved),
+        warmup=DiscriminatorWarmup(settings.warmup, state.warmup, context),
+    )
+
+
+def checkpoint_payload(
+    parts: TrainingParts,
+    settings: LoopSettings,
+    state: TrainingState,
+    pacer: Pacer,
+    evaluations: Evaluations,
+    saves: SaveExtras,
+    rng_by_rank: list,
+) -> dict:
+    """What a checkpoint holds (the state first takes what the run's estimates are now)."""
+    estimates, timer, costs, step = state.estimates, pacer.timer, pacer.costs, parts.step
+    estimates.micro_batch_s, estimates.update_s = timer.micro_batch_s, timer.update_s
+    estimates.export_s, estimates.eval_s = costs.export_s, costs.eval_s
+    estimates.checkpoint_s = costs.checkpoint_s
+    evaluations.keep_estimates()
+    return {
+        "model": step.model.state_dict(),
+        "discriminator": {
+            "config": step.discriminator.config.to_dict(),
+            "state": step.discriminator.state_dict(),
+            "warmup_steps": settings.warmup.steps,
+        },
+        "train_step": step.state_dict(),
+        "state": state.to_dict(),
+        "sampler": parts.sampler.state_dict(),
+        "rng": rng_by_rank[0],
+        "rng_by_rank": rng_by_rank,
+        "plan": pacer.plan.to_dict() if pacer.plan else None,
+        **saves.checkpoint,
+    }
