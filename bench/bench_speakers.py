@@ -5,6 +5,7 @@ than pooling the crowd into one voice, or than training on the target's few clip
     .venv/bin/python bench/bench_speakers.py --base_model demo/work/checkpoints/best_model   # ~25 min, 2 cores
     .venv/bin/python bench/bench_speakers.py                    # pretrains voice A first (bench_finetune's way)
     .venv/bin/python bench/bench_speakers.py --smoke            # the whole pipeline with tiny budgets
+    .venv/bin/python bench/bench_speakers.py --modes conditioned --train_flags="--target_share 0.9"  # a lever
 
 1. Voice A, the pretrained small voice: --base_model, or a tiny VITS pretrained on the demo corpus.
 2. A crowd made from the demo recordings, every sentence spoken by one speaker of four, each the demo
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import shlex
 import shutil
 import sys
 import tempfile
@@ -131,6 +133,11 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--swapped", type=int, default=8, help="clips whose texts are rotated for the transcript check")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--train_flags",
+        default="",
+        help='more train_vits.py flags for every fine-tune, one string (e.g. --train_flags="--target_share 0.9")',
+    )
     parser.add_argument("--work_dir", default=None, help="keep everything here (default: a temporary folder)")
     parser.add_argument(
         "--smoke",
@@ -163,6 +170,7 @@ def main() -> None:
         run_dir = work / mode
         shutil.rmtree(run_dir, ignore_errors=True)
         extra = ["--target_speaker", "T", "--speakers", mode, "--val_samples", "16", "--device", "cpu"]
+        extra += shlex.split(args.train_flags)
         if samples:
             extra += [
                 "--max_epochs",
