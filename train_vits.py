@@ -103,9 +103,9 @@ class TrainConfig(TrainingFlags):
         "target_only (the target's clips only)",
     )
     target_share: float = flag(
-        0.5,
+        0.9,
         "--speakers conditioned: the target's clips are repeated until they are this "
-        "share of each epoch's draws (0: as many as it has)",
+        "share of each epoch's draws (0: as many as it has; docs/training.md says why 0.9)",
     )
     hub_private: bool = flag(True, "create the --push_to_hub repository private (--no-hub_private: public)")
 
