@@ -267,3 +267,32 @@ def test_going_back_frees_the_optimizer_state_before_loading_the_saved_one(prepa
     step.load_optimizers(saved)
     assert held_when_loading == [0, 0]
     assert len(step.optimizer_g.state) > 0 and step.run([batch]).applied
+
+
+def fake_cuda(monkeypatch, count: int) -> list:
+    """CUDA as this CPU machine cannot have it: `count` devices, and set_device checking its argument the way
+    torch's own does (torch.cuda._utils._get_device_index raises ValueError on a device without an index)."""
+    from torch.cuda._utils import _get_device_index
+
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: chosen.append(_get_device_index(device)))
+    return chosen
+
+
+def test_a_cuda_device_always_gets_an_index(monkeypatch):
+    """--device auto or cuda on a GPU machine: a bare "cuda" made torch.cuda.set_device raise ValueError before
+    training started (seen on the first lent H200); every CUDA device the tool picks carries its index."""
+    from finetune.system.errors import ConfigError
+    from finetune.training.session import pick_device
+
+    chosen = fake_cuda(monkeypatch, count=2)
+    assert pick_device("auto") == torch.device("cuda", 0)
+    assert pick_device("cuda") == torch.device("cuda", 0)
+    assert pick_device("cuda:1") == torch.device("cuda", 1)
+    assert pick_device("cuda", local_rank=1) == torch.device("cuda", 1)
+    assert chosen == [0, 0, 1, 1]
+    with pytest.raises(ConfigError, match="--device cuda:2: this machine has 2 CUDA"):
+        pick_device("cuda:2")

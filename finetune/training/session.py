@@ -48,10 +48,18 @@ def pick_device(name: str, local_rank: int | None = None) -> torch.device:
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError([f"--device {name}: CUDA is not available on this machine (use --device cpu)"])
-    if device.type == "cuda" and local_rank is not None:
-        device = torch.device("cuda", local_rank)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)  # the current device: new tensors and the saved random state are its
+    if device.type != "cuda":
+        return device
+    # An index always: torch.cuda.set_device refuses a bare "cuda" (ValueError), and "cuda:0" is the name a
+    # checkpoint's random state and every log line should carry.
+    index = local_rank if local_rank is not None else device.index
+    index = torch.cuda.current_device() if index is None else index
+    if index >= torch.cuda.device_count():
+        raise ConfigError(
+            [f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s), numbered from 0"]
+        )
+    device = torch.device("cuda", index)
+    torch.cuda.set_device(device)  # the current device: new tensors and the saved random state are its
     return device
 
 
