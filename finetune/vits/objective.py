@@ -82,9 +82,10 @@ def pick_segment_starts(frame_lengths: torch.Tensor, segment_frames: int) -> tor
 
 
 def slice_segments(x: torch.Tensor, starts: torch.Tensor, size: int) -> torch.Tensor:
-    """x [batch, channels, length] -> [batch, channels, size] from each clip's start (zero past the end)."""
-    if x.shape[-1] < int(starts.max()) + size:
-        x = torch.nn.functional.pad(x, (0, int(starts.max()) + size - x.shape[-1]))
+    """x [batch, channels, length] -> [batch, channels, size] from each clip's start (zero past the end).
+    Starts lie within the length (pick_segment_starts), so `size` zeros more always suffice: padding by what
+    the largest start needs would read it on the host, a wait for the GPU."""
+    x = torch.nn.functional.pad(x, (0, size))
     index = starts.unsqueeze(1) + torch.arange(size, device=x.device).unsqueeze(0)  # [batch, size]
     return torch.gather(x, 2, index.unsqueeze(1).expand(-1, x.shape[1], -1))
 
