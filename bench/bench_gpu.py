@@ -9,6 +9,8 @@ Parts (each a table, ready for bench/RESULTS.md, and a JSON file with the same f
   step     MMS-size training step (scratch:mms generator, 36M; standard discriminator, 46.7M) in fp32,
            fp16 and bf16 at micro-batch 4, 8 and 16 on clips of --clip_seconds: seconds a step (timed
            after --burn_in steps), clips a second, peak VRAM allocated and reserved
+  waits    where a training step makes the host wait for the GPU (CUDA's sync debug mode: each synchronising
+           call counted by the line that made it, a step's worth): while it waits, the host queues no kernels
   fit      the largest micro-batch whose step (optimizer states, forward, backward, update: the same probe
            train_vits.py runs before training) fits in the user's RTX 2070, emulated on a larger card by
            capping this process's share of its memory (torch.cuda.set_per_process_memory_fraction) at
@@ -42,6 +44,8 @@ import sys
 import tempfile
 import time
 import traceback
+import warnings
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -212,6 +216,45 @@ def part_step(setup: Setup) -> list[dict]:
             print(f"  step {row}", flush=True)
         del step
         release()
+    return rows
+
+
+def part_waits(setup: Setup) -> list[dict]:
+    """Where a step makes the host wait for the GPU, by the line that asked: CUDA's sync debug mode warns at
+    each synchronising call, over `setup.steps` steps after the burn-in. A step that waits often cannot
+    queue the next kernels while the GPU works: on a fast card, the GPU idles (the H200's MMS-size step
+    was host-bound: bench/RESULTS.md). On the CPU nothing waits: the part runs its code and finds none."""
+    cuda = setup.device.type == "cuda"
+    precision = "fp16" if cuda else "fp32"
+    micro_batch = setup.micro_batches[len(setup.micro_batches) // 2]
+    step, hop = build_step(setup, precision)
+    examples = synthetic_examples(2 * micro_batch, setup.clip_seconds, hop, seed=6)
+    batches = [b.to(setup.device) for b in host_batches(examples, micro_batch, hop, setup.device)]
+    for index in range(max(1, setup.burn_in)):
+        run_step(step, batches[index % len(batches)])
+    sync(setup.device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if cuda:
+            torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for index in range(setup.steps):
+                run_step(step, batches[index % len(batches)])
+        finally:
+            if cuda:
+                torch.cuda.set_sync_debug_mode("default")
+    where = Counter(
+        f"{w.filename.split('site-packages/')[-1].replace(str(REPO) + '/', '')}:{w.lineno}"
+        for w in caught
+        if "synchroniz" in str(w.message).lower()
+    )
+    del step
+    release()
+    rows = [{"where": "all", "waits_per_step": round(where.total() / setup.steps, 2)}]
+    rows += [{"where": place, "waits_per_step": round(count / setup.steps, 2)} for place, count in where.most_common()]
+    for row in rows:
+        row.update(precision=precision, micro_batch=micro_batch)
+        print(f"  waits {row}", flush=True)
     return rows
 
 
@@ -456,6 +499,7 @@ def part_flops(setup: Setup) -> list[dict]:
 PARTS = {
     "flops": part_flops,
     "step": part_step,
+    "waits": part_waits,
     "fit": part_fit,
     "data": part_data,
     "compile": part_compile,
@@ -500,6 +544,7 @@ def markdown(results: dict) -> str:
             "peak_reserved_gib",
             "out_of_memory",
         ],
+        "waits": ["where", "waits_per_step", "precision", "micro_batch"],
         "fit": ["precision", "memory_limit_gib", "clip_s", "largest_micro_batch", "peak_reserved_gib", "first_failure"],
         "data": ["workers", "pinned", "micro_batch", "precision", "data_wait_share", "step_s"],
         "compile": ["compile", "precision", "micro_batch", "first_steps_s", "step_s", "out_of_memory"],

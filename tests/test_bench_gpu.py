@@ -23,7 +23,7 @@ def test_smoke_runs_each_part_on_the_cpu_and_writes_its_tables_and_json(tmp_path
     out = tmp_path / "gpu.json"
     assert bench_gpu.main(["--smoke", "--json", str(out)]) == 0
     results = json.loads(out.read_text())
-    assert results["parts"] == ["flops", "step", "fit", "data", "torchrun"]  # compile is left out of the smoke run
+    assert results["parts"] == ["flops", "step", "waits", "fit", "data", "torchrun"]  # compile is left out (CPU)
     assert [(r["precision"], r["micro_batch"]) for r in results["step"]] == [
         ("fp32", 1),
         ("fp32", 2),
@@ -35,6 +35,7 @@ def test_smoke_runs_each_part_on_the_cpu_and_writes_its_tables_and_json(tmp_path
     assert flops["gflops_per_clip"] == round(flops["generator_gflops"] + flops["discriminator_gflops"], 1)
     assert flops["generator_gflops"] > 0 and flops["discriminator_gflops"] > 0
     assert {r["card"] for r in results["flops"]} >= {"RTX 2070", "H100 SXM"}
+    assert results["waits"] == [{"where": "all", "waits_per_step": 0.0, "precision": "fp32", "micro_batch": 2}]
     assert results["fit"][0]["largest_micro_batch"] == 2  # no memory cap on a CPU: every size tried fits
     assert [r["workers"] for r in results["data"]] == [0, 2]
     assert results["torchrun"][0]["skipped"] == "needs 2 or more GPUs"
