@@ -25,6 +25,7 @@ SMOKE = {
     "bench_measure.py": ["--data_dir", "{data}"],
     "bench_naturalness.py": ["--smoke"],
     "bench_peers.py": ["--smoke"],
+    "bench_piper.py": ["--smoke"],
     "bench_prepare.py": ["--workers", "1", "--max_samples", "6"],
     "bench_step.py": ["--smoke", "--data_dir", "{data}"],
     "bench_speakers.py": ["--smoke"],
