@@ -97,10 +97,11 @@ class TrainConfig(TrainingFlags):
         "the speaker with the most hours; prepare_report.html lists them)",
     )
     speakers: str = flag(
-        "conditioned",
+        "auto",
         "a multi-speaker corpus: conditioned (every clip, each speaker its own "
-        "embedding; the target exported alone), pooled (every clip as one voice) or "
-        "target_only (the target's clips only)",
+        "embedding; the target exported alone), pooled (every clip as one voice), "
+        "target_only (the target's clips only) or auto (target_only from a pretrained voice, "
+        "conditioned from new weights: docs/training.md says why)",
     )
     target_share: float = flag(
         0.9,
@@ -131,8 +132,8 @@ class TrainConfig(TrainingFlags):
             problems.append(f"--keep_checkpoints {self.keep_checkpoints}: keep at least 1")
         if not 0 <= self.target_share < 1:
             problems.append(f"--target_share {self.target_share}: give a share from 0 up to (not including) 1")
-        if self.speakers not in ("conditioned", "pooled", "target_only"):
-            problems.append(f"--speakers {self.speakers}: choose conditioned, pooled or target_only")
+        if self.speakers not in (*speakers.MODES, speakers.AUTO):
+            problems.append(f"--speakers {self.speakers}: choose auto, conditioned, pooled or target_only")
         from finetune.reporting.tracking import check_trackers
 
         problems += check_trackers(self.report_to)
@@ -306,15 +307,12 @@ def build_model(config: TrainConfig, run: recipe.Run) -> Model:
     run.stop.check()  # loading a model takes seconds: a stop asked for meanwhile is honoured before the data
     session.check_vocabulary(loaded.tokenizer, texts)
     saved_names = getattr(loaded.model.config, "speaker_names", None) if run.payload else None
+    mode, why = speakers.resolve_mode(config.speakers, loaded.pretrained, resumed_conditioned=bool(saved_names))
     found = speakers.find_speakers(
-        Path(config.data_dir),
-        config.target_speaker,
-        config.speakers,
-        int(loaded.model.config.sampling_rate),
-        saved_names,
+        Path(config.data_dir), config.target_speaker, mode, int(loaded.model.config.sampling_rate), saved_names
     )
     if found is not None:
-        run.logger.info(found.describe())
+        run.logger.info(found.describe() + (f" ({why})" if why else ""))
     if found is not None and found.conditioned and not run.payload:  # a resumed run's model has them already
         loaded.model = speaker_layers.add_speakers(loaded.model, len(found.names), seed=config.seed)
         loaded.model.config.speaker_names = list(found.names)

@@ -307,6 +307,25 @@ def test_a_conditioned_run_exports_the_target_alone_and_resumes(crowd, tmp_path,
         == 0
     )
     assert json.loads((run / "final_model" / MULTI_SPEAKER_DIR / "speakers.json").read_text())["speakers"] == speakers
+    # From that voice (pretrained now) on the same crowd, --speakers left at auto: the target's clips only.
+    again = tmp_path / "again"
+    argv = args(crowd, again, "--target_hours", "1", "--max_epochs", "1", "--val_samples", "4")
+    argv[argv.index("--model_name") + 1] = str(run / "final_model")
+    assert train_vits.main([*argv, "--target_speaker", "bbb222"], clock=clock_for(fake)) == 0
+    log = (again / "checkpoints" / "train.log").read_text()
+    assert "trained the target's clips only (--speakers target_only)" in log
+    assert "--speakers auto: a pretrained voice learns the target nearest from the target's own clips" in log
+    assert not (again / "final_model" / MULTI_SPEAKER_DIR).exists()
+
+
+def test_auto_speakers_follow_the_start_and_a_resumed_run():
+    from finetune.data.speakers import resolve_mode
+
+    assert resolve_mode("auto", pretrained=True)[0] == "target_only"
+    assert resolve_mode("auto", pretrained=False)[0] == "conditioned"
+    assert resolve_mode("auto", pretrained=True, resumed_conditioned=True)[0] == "conditioned"
+    for mode in ("conditioned", "pooled", "target_only"):  # a mode given is kept, with no reason to log
+        assert resolve_mode(mode, pretrained=True) == (mode, "")
 
 
 def test_an_unknown_target_speaker_names_the_speakers(crowd, tmp_path):

@@ -23,6 +23,27 @@ from finetune.data.corpus import WAV_HEADER_BYTES, read_rows
 from finetune.system.errors import ConfigError
 
 MODES = ("conditioned", "pooled", "target_only")
+AUTO = "auto"  # --speakers' default: resolve_mode picks one of MODES
+
+
+def resolve_mode(mode: str, pretrained: bool, resumed_conditioned: bool = False) -> tuple[str, str]:
+    """--speakers as one of MODES, and why, for a multi-speaker corpus. `auto` follows what
+    bench/bench_speakers.py and the demo measured (docs/training.md, "Many speakers in, one voice out"):
+    from a pretrained voice the target's own clips give the nearer voice (conditioned on the crowd ended
+    3-6% behind at 180 and 360 s, the target 15% and 50% of the clips); from new weights the crowd is the
+    data a new model lacks. A resumed conditioned run stays conditioned (its checkpoint has the layers)."""
+    if mode != AUTO:
+        return mode, ""
+    if resumed_conditioned:
+        return "conditioned", "--speakers auto: the resumed run trained conditioned on its speakers"
+    if pretrained:
+        return "target_only", (
+            "--speakers auto: a pretrained voice learns the target nearest from the target's own clips "
+            "(--speakers conditioned trains on every clip)"
+        )
+    return "conditioned", "--speakers auto: new weights learn from every clip, each speaker under its own embedding"
+
+
 TARGET_SPEAKER = 0  # the id the voice trains under, is judged and exported as; a crowd's (or correctors') follow
 
 
