@@ -177,3 +177,16 @@ def test_durations_far_outside_the_spline_leave_the_loss_finite():
     nll.sum().backward()
     assert torch.isfinite(nll).all()
     assert all(torch.isfinite(p.grad).all() for p in sdp.parameters() if p.grad is not None)
+
+
+def test_a_nan_passes_through_the_spline_as_transformers_lets_it():
+    """A NaN input (what an overflowed encoder hands on) comes out as NaN at its position and nowhere else;
+    it must not find no bin (an out-of-bounds gather, a device assert on CUDA): the step's non-finite guard
+    then drops the step."""
+    x, *raw = spline_inputs(seed=4)
+    x = x.detach().clone()
+    x[1, 0, 3] = float("nan")
+    y, log_abs_det = rational_quadratic_spline(x, *raw, tail_bound=5.0)
+    assert torch.isnan(y[1, 0, 3]) and torch.isfinite(log_abs_det[1, 0, 3])
+    y[1, 0, 3] = 0.0
+    assert torch.isfinite(y).all() and torch.isfinite(log_abs_det).all()

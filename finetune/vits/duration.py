@@ -92,7 +92,9 @@ def rational_quadratic_spline(
     raw_derivatives [..., bins - 1] (the inner knots; the outer two are fixed so that the slope is 1 at the
     bounds). Returns (y, log |dy/dx|), both shaped like x."""
     inside = (x >= -tail_bound) & (x <= tail_bound)
-    x_in = x.clamp(-tail_bound, tail_bound)  # the spline's value outside is never used, only kept finite
+    # Outside (and NaN) the spline runs on 0, a point inside: its value there is never used, only kept finite,
+    # and a NaN would find no bin (index -1: an out-of-bounds gather, on CUDA a device assert).
+    x_in = torch.where(inside, x, torch.zeros_like(x))
     bins = raw_widths.shape[-1]
     outer = math.log(math.exp(1 - min_derivative) - 1)  # softplus^-1(1 - min_derivative): slope 1 at the bounds
     derivatives = min_derivative + F.softplus(F.pad(raw_derivatives, (1, 1), value=outer))
