@@ -29,9 +29,10 @@ AUTO = "auto"  # --speakers' default: resolve_mode picks one of MODES
 def resolve_mode(mode: str, pretrained: bool, resumed_conditioned: bool = False) -> tuple[str, str]:
     """--speakers as one of MODES, and why, for a multi-speaker corpus. `auto` follows what
     bench/bench_speakers.py and the demo measured (docs/training.md, "Many speakers in, one voice out"):
-    from a pretrained voice the target's own clips give the nearer voice (conditioned on the crowd ended
-    3-6% behind at 180 and 360 s, the target 15% and 50% of the clips); from new weights the crowd is the
-    data a new model lacks. A resumed conditioned run stays conditioned (its checkpoint has the layers)."""
+    from a pretrained voice the target's own clips gave the nearer voice (conditioned on the crowd ended
+    3-6% behind at 180 s with the target 15% and 50% of the clips, 6% at 360 s with 15%); from new weights
+    the two tied, and the crowd is the data a new model lacks. A resumed conditioned run stays conditioned
+    (its checkpoint has the layers)."""
     if mode != AUTO:
         return mode, ""
     if resumed_conditioned:
