@@ -172,8 +172,16 @@ def main(argv: list[str] | None = None) -> int:
         args.size, args.discriminator_width, args.batch_size, args.max_samples = "tiny", 0.0625, 2, 4
         args.steps, args.burn_in, args.peer_dir = 1, 0, None
     print(f"machine: {describe()}", flush=True)
-    work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_piper_")).resolve()
-    work.mkdir(parents=True, exist_ok=True)
+    if args.work_dir:
+        work = Path(args.work_dir).resolve()
+        work.mkdir(parents=True, exist_ok=True)
+        return measure(args, work)
+    with tempfile.TemporaryDirectory(prefix="bench_piper_") as work:  # Piper's venv too: made again next time
+        return measure(args, Path(work))
+
+
+def measure(args: argparse.Namespace, work: Path) -> int:
+    """Both steps on the same micro-batches; the table printed and W/results.json written."""
     threads = torch.get_num_threads()
 
     data = prepare_demo(work / "data", max_samples=args.max_samples)
