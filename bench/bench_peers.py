@@ -58,6 +58,7 @@ import numpy as np
 from bench.bench_selection import judge_model as judge  # the same judge as the kept-model bench
 from bench.launcher import run_script
 from bench.machine import describe
+from bench.peer_venv import made_venv, run
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -91,15 +92,6 @@ LEVERS = {
     "no_eval": ["--val_every", "1000000"],
     "disc3": ["--discriminator_loss_weight", "3"],
 }
-
-
-def run(command: list, log: Path, label: str, env: dict | None = None, cwd: Path | None = None) -> None:
-    with open(log, "w") as out:
-        code = subprocess.run(
-            [str(c) for c in command], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd
-        ).returncode
-    if code != 0:
-        raise SystemExit(f"{label} failed (exit {code}); see {log}")
 
 
 def recipe(script: str, argv: list, log: Path, label: str) -> None:
@@ -292,14 +284,7 @@ def run_ours(args, base: Path, data: Path, folder: Path, seed: int, extra: list[
 
 def peer_venv(peer: Path, work: Path) -> Path:
     """The peer's own environment (made once, in W/fhv_venv): PEER_VERSIONS, its monotonic_align built."""
-    venv = work / "fhv_venv"
-    python = venv / "bin" / "python"
-    wanted = "\n".join(PEER_VERSIONS) + "\n"
-    if not (venv / ".ready").is_file() or (venv / ".ready").read_text() != wanted:
-        shutil.rmtree(venv, ignore_errors=True)
-        run([sys.executable, "-m", "venv", venv], work / "fhv_venv.log", "making the peer's venv")
-        run([python, "-m", "pip", "install", *PEER_VERSIONS], work / "fhv_pip.log", "installing the peer's packages")
-        (venv / ".ready").write_text(wanted)
+    python = made_venv(work / "fhv_venv", PEER_VERSIONS, work, "fhv")
     build = peer / "monotonic_align"
     if not list(build.glob("**/core*.so")):  # its README: cd monotonic_align; mkdir monotonic_align; build in place
         (build / "monotonic_align").mkdir(exist_ok=True)

@@ -39,6 +39,7 @@ import torch
 
 from bench.demo_data import prepare_demo
 from bench.machine import describe
+from bench.peer_venv import made_venv, run
 from finetune.data.corpus import load_examples
 from finetune.data.examples import Example, collate
 from finetune.data.features import FeatureConfig, Features
@@ -118,13 +119,7 @@ def batch_starts(args, examples: list[Example]) -> range:
 def piper_python(peer: Path, work: Path) -> Path:
     """Piper's own environment (made once, in W/piper_venv), its monotonic_align built from the checkout."""
     venv = work / "piper_venv"
-    python = venv / "bin" / "python"
-    wanted = "\n".join(PIPER_VERSIONS) + "\n"
-    if not (venv / ".ready").is_file() or (venv / ".ready").read_text() != wanted:
-        shutil.rmtree(venv, ignore_errors=True)
-        run([sys.executable, "-m", "venv", str(venv)], work / "piper_venv.log")
-        run([str(python), "-m", "pip", "install", *PIPER_VERSIONS], work / "piper_pip.log")
-        (venv / ".ready").write_text(wanted)
+    python = made_venv(venv, PIPER_VERSIONS, work, "piper")
     folder = (
         Path(
             subprocess.run(
@@ -141,19 +136,16 @@ def piper_python(peer: Path, work: Path) -> Path:
     inner = folder / "monotonic_align"  # its __init__ imports .monotonic_align.core
     if not list(inner.glob("core*.so")):
         shutil.copy(peer / MONOTONIC_ALIGN, folder / "core.pyx")
-        run([str(venv / "bin" / "cythonize"), "-i", str(folder / "core.pyx")], work / "piper_build.log")
+        run(
+            [venv / "bin" / "cythonize", "-i", folder / "core.pyx"],
+            work / "piper_build.log",
+            "building its monotonic_align",
+        )
         inner.mkdir(exist_ok=True)
         (inner / "__init__.py").touch()
         for built in folder.glob("core*.so"):
             shutil.move(str(built), inner / built.name)
     return python
-
-
-def run(command: list[str], log: Path) -> None:
-    with open(log, "w", encoding="utf-8") as out:
-        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT)
-    if done.returncode:
-        sys.exit(f"bench_piper: {' '.join(command[:4])} ... failed (exit {done.returncode}); see {log}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -214,7 +206,7 @@ def measure(args: argparse.Namespace, work: Path) -> int:
         out = work / "piper_steps.json"
         command = [str(python), str(REPO / "bench" / "peer_piper.py"), str(batches_file), str(out)]
         command += [str(args.steps), str(args.burn_in), json.dumps(hparams)]
-        run(command, work / "piper_run.log")
+        run(command, work / "piper_run.log", "Piper's training steps")
         piper = json.loads(out.read_text())
         rows.append(
             {
