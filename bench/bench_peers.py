@@ -91,6 +91,14 @@ LEVERS = {
     "eps1e-8": ["--adam_eps", "1e-8"],
     "no_eval": ["--val_every", "1000000"],
     "disc3": ["--discriminator_loss_weight", "3"],
+    # beyond the peer's recipe (issue 35 part 2): the learning rate, what to freeze, the micro-batch
+    "lr2e-3": ["--learning_rate", "2e-3"],
+    "lr4e-3": ["--learning_rate", "4e-3"],
+    "lr8e-3": ["--learning_rate", "8e-3"],
+    "lr1.6e-2": ["--learning_rate", "1.6e-2"],
+    "freeze_text": ["--freeze", "text_encoder"],
+    "batch4": ["--batch_size", "4"],
+    "batch16": ["--batch_size", "16"],
 }
 
 
