@@ -28,6 +28,8 @@ Systems (--systems), each --seeds times, one after another on this machine:
                time limit); a training state saved every --peer_save_steps steps makes its curve, and the
                last one saved is its result
   fhv@lr       the same at --learning_rate, so that a difference is not a learning rate alone
+  fhv@RATE     the same at RATE (fhv@2e-3): a sweep of the peer's rate in one call, each in a folder and
+               a results.json entry of its own (`--systems fhv@1e-3 fhv@2e-3 fhv@4e-3`)
 
 The judge, the same for every model: stock transformers (VitsModel.forward on the text, one request a
 sentence, --judge_seeds seeds) on the judge's clips: the mean MCD-DTW against the recordings (each clip's
@@ -529,8 +531,26 @@ def systems_to_run(args) -> list[tuple[str, list[str]]]:
                 )
             out.append((name, [flag for lever in levers for flag in LEVERS[lever]]))
         else:
+            peer_rate(name, 0.0)  # an unknown system or a rate that is no number stops here, before any run
             out.append((name, []))
     return out
+
+
+def peer_rate(name: str, learning_rate: float) -> float | None:
+    """The learning rate a finetune-hf-vits system runs at: None for fhv (its documented config's),
+    --learning_rate for fhv@lr, RATE for fhv@RATE."""
+    if name == "fhv":
+        return None
+    if name == "fhv@lr":
+        return learning_rate
+    if name.startswith("fhv@"):
+        try:
+            return float(name[4:])
+        except ValueError:
+            raise SystemExit(f"--systems {name}: the rate after fhv@ is no number (fhv@2e-3, or fhv@lr)") from None
+    if name != "ours":
+        raise SystemExit(f"--systems {name}: unknown; ours, fhv, fhv@lr or fhv@RATE (levers: --levers)")
+    return None
 
 
 def main() -> None:
@@ -646,9 +666,7 @@ def main() -> None:
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             folder = work / f"{name.replace('@', '_at_').replace('+', '_')}_s{seed}"
             if name.startswith("fhv"):
-                outcome = run_peer(
-                    args, python, peer, start, clips, folder, seed, args.learning_rate if name == "fhv@lr" else None
-                )
+                outcome = run_peer(args, python, peer, start, clips, folder, seed, peer_rate(name, args.learning_rate))
             else:
                 outcome = run_ours(args, base, data, folder, seed, extra)
             outcome["judge"] = (

@@ -1,0 +1,33 @@
+"""bench_peers.py's systems as a user names them: a sweep of the peer's learning rate in one call, and a
+misspelt system stopped before any run spends its budget."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from bench.bench_peers import peer_rate, systems_to_run
+
+
+def test_each_system_of_a_sweep_runs_at_its_own_rate_and_levers_add_their_flags():
+    args = SimpleNamespace(systems=["ours", "fhv", "fhv@lr", "fhv@2e-3", "fhv@4e-3"], levers=["lr8e-3", "clip1+dur8"])
+    names = dict(systems_to_run(args))
+    assert list(names) == ["ours", "fhv", "fhv@lr", "fhv@2e-3", "fhv@4e-3", "ours+lr8e-3", "ours+clip1+dur8"]
+    assert names["ours+lr8e-3"] == ["--learning_rate", "8e-3"]
+    assert names["ours+clip1+dur8"] == ["--max_grad_norm", "1", "--duration_loss_weight", "8"]
+    rates = {name: peer_rate(name, 1e-3) for name in names if name.startswith("fhv")}
+    assert rates == {"fhv": None, "fhv@lr": 1e-3, "fhv@2e-3": 2e-3, "fhv@4e-3": 4e-3}
+
+
+@pytest.mark.parametrize(
+    "systems, levers, said",
+    [
+        (["fhv@fast"], [], "no number"),
+        (["piper"], [], "unknown"),
+        (["ours"], ["lr3"], "unknown"),
+    ],
+)
+def test_a_misspelt_system_or_lever_stops_before_any_run(systems, levers, said):
+    with pytest.raises(SystemExit, match=said):
+        systems_to_run(SimpleNamespace(systems=systems, levers=levers))
