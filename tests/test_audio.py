@@ -6,7 +6,7 @@ import soundfile as sf
 
 from finetune.data import audio
 from finetune.data.prepare import ClipJob, ClipSettings, process_clip
-from tests.conftest import encode, tone
+from tests.conftest import DEMO_CORPUS, encode, tone
 
 SETTINGS = ClipSettings(
     sample_rate=16000, trim_db=40.0, trim_margin_s=0.05, peak=0.95, min_seconds=0.1, max_seconds=10.0
@@ -42,6 +42,24 @@ def test_trimming_removes_silence_but_keeps_a_margin():
     trimmed = audio.trim_silence(padded, 16000, top_db=40.0, margin_s=0.05)
     frame_s = 1024 / 16000  # trimming works in frames; each end may keep up to one frame of silence
     assert 1.0 <= len(trimmed) / 16000 <= 1.0 + 2 * 0.05 + 2 * frame_s  # vs 2.6 s before trimming
+
+
+def test_the_loud_span_is_the_one_librosa_trim_finds():
+    """Our numpy framing against librosa.effects.trim itself: demo clips, bursts in noise, silence."""
+    import librosa
+
+    rng = np.random.default_rng(0)
+    signals = [audio.decode(path)[0][:, 0] for path in sorted((DEMO_CORPUS / "wavs").glob("*.wav"))[:20]]
+    for _ in range(20):
+        burst = np.zeros(int(rng.integers(2000, 30000)), dtype=np.float32)
+        at = int(rng.integers(0, len(burst) - 600))
+        burst[at : at + int(rng.integers(10, 600))] = rng.normal() * rng.random()
+        signals.append(burst + rng.normal(size=len(burst)).astype(np.float32) * 10 ** rng.uniform(-6, -2))
+    signals.append(np.zeros(5000, dtype=np.float32))
+    for samples in signals:
+        for top_db in (20.0, 40.0, 60.0):
+            _, expected = librosa.effects.trim(samples, top_db=top_db, frame_length=1024, hop_length=256)
+            assert audio.loud_span(samples, top_db) == tuple(int(i) for i in expected)
 
 
 def test_corrupt_and_missing_audio_raise_with_reasons(tmp_path):
