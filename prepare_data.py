@@ -62,7 +62,9 @@ class PrepareConfig:
     trim_db: float = flag(40.0, "trim leading/trailing audio this many dB below the clip's loudest part")
     trim_margin_seconds: float = flag(0.05, "silence kept at each end after trimming (seconds)")
     peak: float = flag(0.95, "peak level after normalisation (fraction of full scale)")
-    num_workers: int = flag(os.cpu_count() or 1, "parallel worker processes for audio")
+    num_workers: int = flag(
+        os.cpu_count() or 1, "parallel worker processes for audio (under 100 clips: this process alone)"
+    )
     max_samples: int = flag(0, "use only the first N items of the source (0: all)")
     min_snr_db: float = flag(
         0.0,

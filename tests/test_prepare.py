@@ -57,6 +57,23 @@ def test_ljspeech_folder(tmp_path, kurmanji_model_dir):
         assert (info.samplerate, info.channels, info.subtype) == (16000, 1, "PCM_16")
 
 
+def test_a_few_clips_are_prepared_in_this_process_whatever_the_workers(tmp_path, kurmanji_model_dir, monkeypatch):
+    """Under POOL_MIN_CLIPS a pool's start (a new interpreter a worker) would cost more than the clips."""
+    import finetune.data.prepare as prepare
+
+    def no_pool(*args, **kwargs):
+        raise AssertionError("a pool was started for 5 clips")
+
+    monkeypatch.setattr(prepare, "ProcessPoolExecutor", no_pool)
+    corpus = write_ljspeech(tmp_path / "corpus", good_rows(5))
+    argv = ["--input_dir", str(corpus), "--model_name", str(kurmanji_model_dir), "--num_workers", "2"]
+    report = run_prepare(*argv, "--data_dir", str(tmp_path / "out"))
+    assert report["counts"]["kept"] == 5
+    monkeypatch.setattr(prepare, "POOL_MIN_CLIPS", 5)  # at the threshold the pool is what runs them
+    with pytest.raises(AssertionError, match="a pool was started"):
+        prepare_data.main([*argv, "--data_dir", str(tmp_path / "again")])
+
+
 def make_saved_dataset(folder):
     """A DatasetDict with a 48 kHz audio column, two speakers, saved with save_to_disk (no torchcodec)."""
     import datasets

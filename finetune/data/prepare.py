@@ -227,6 +227,11 @@ class Tally:
         self.dropped.append(entry)
 
 
+# A pool's worker is a new interpreter that imports the audio stack and the caller's main module (a
+# benchmark's imports torch: seconds of CPU) before its first clip; a clip takes milliseconds to tens of them.
+POOL_MIN_CLIPS = 100
+
+
 class Preparer:
     """Runs one preparation: `run(source)` fills `tally`; `write_outputs` writes metadata and the report."""
 
@@ -318,7 +323,7 @@ class Preparer:
         last_save = time.monotonic()
         reserve = self.reserve_room(source.count)
         try:
-            for result in self.results(self.screen(source.iterate()), progress):
+            for result in self.results(self.screen(source.iterate()), progress, source.count):
                 self.finish(result)
                 if time.monotonic() - last_save > 60:  # an interrupted run keeps most of its work
                     self.save_cache()
@@ -357,9 +362,10 @@ class Preparer:
                 file=sys.stderr,
             )
 
-    def results(self, jobs: Iterator[ClipJob | None], progress: Progress) -> Iterator[ClipResult]:
-        """Run jobs in-process (1 worker) or in a pool, with a bounded number in flight."""
-        if self.num_workers == 1:
+    def results(self, jobs: Iterator[ClipJob | None], progress: Progress, count: int) -> Iterator[ClipResult]:
+        """Run jobs in a pool, with a bounded number in flight; in this process with 1 worker or fewer than
+        POOL_MIN_CLIPS clips (`count`), where starting the pool would cost more than it saves."""
+        if self.num_workers == 1 or count < POOL_MIN_CLIPS:
             for job in jobs:
                 if job is not None:
                     yield process_clip(job)
