@@ -35,7 +35,8 @@ The judge, the same for every model: stock transformers (VitsModel.forward on th
 sentence, --judge_seeds seeds) on the judge's clips: the mean MCD-DTW against the recordings (each clip's
 mean over seeds), and the median length of a request over the recording's. Every model a run saved on
 the way (ours: each whole evaluation's; the peer: each saved state) is judged too: the curve of the judge's
-MCD against wall time since launch, and from it each system's time to reach a quality.
+MCD against wall time since launch, and from it each system's time to reach a quality (interpolated between the
+curve's points, which are tens of seconds apart; the first point below it is printed as the bound).
 
 Outputs: W/<system>_s<seed>/final_model/ (a transformers folder), W/results.json, and the tables.
 """
