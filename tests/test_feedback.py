@@ -199,20 +199,33 @@ def read_at_another_tempo(folder, stretch: float, ids=CORRECTION_IDS):
     return folder
 
 
-def tempo_centred_copy(base, prepared_demo, folder, clips: int = 3):
+def tempo_centred_copy(base, prepared_demo, folder, clips: int = 3, also: list[str] = ()):
     """A copy of the voice at `base` whose config.json speaking_rate makes the stock pipeline read its first
-    `clips` held-out sentences at their recorded length (median of 4 seeds): the state a fitted voice is in,
-    forced, so that a 30-step voice's timing on its own clips is not at the rule's edge by chance."""
+    `clips` held-out sentences, and the demo clips `also` (their original recordings), at their recorded
+    length (the median over them and 4 seeds): the state a fitted voice is in, forced, so that a 30-step
+    voice's timing on the sentences a test reads is not at a rule's edge by chance."""
     import soundfile as sf
     from transformers import AutoTokenizer, VitsModel
 
+    from finetune.data import audio
     from finetune.data.corpus import read_rows
 
     shutil.copytree(base, folder)
     model, tokenizer = VitsModel.from_pretrained(str(folder)).eval(), AutoTokenizer.from_pretrained(str(folder))
+    rate = model.config.sampling_rate
+    sentences = [
+        (text, sf.info(str(prepared_demo / "wavs" / f"{item}.wav")).frames)
+        for item, _, text in read_rows(prepared_demo / "metadata_val.csv")[:clips]
+    ]
+    corpus = dict(
+        line.split("|", 1) for line in (DEMO_CORPUS / "metadata.csv").read_text(encoding="utf-8").splitlines()
+    )
+    for item in also:  # as preparation leaves a recording: mono, at the model's rate, its silences trimmed
+        samples, source_rate = audio.decode(DEMO_CORPUS / "wavs" / f"{item}.mp3")
+        speech = audio.resample(audio.to_mono(samples), source_rate, rate)
+        sentences.append((corpus[item], len(audio.trim_silence(speech, rate, top_db=40.0, margin_s=0.05))))
     ratios = []
-    for item, _, text in read_rows(prepared_demo / "metadata_val.csv")[:clips]:
-        recorded = sf.info(str(prepared_demo / "wavs" / f"{item}.wav")).frames
+    for text, recorded in sentences:
         for seed in range(4):
             torch.manual_seed(seed)
             with torch.no_grad():
@@ -234,7 +247,11 @@ def test_corrections_read_at_another_tempo_are_not_held_to_the_voices_timing(
     so the starting voice passes the rule there)."""
     fake, _ = timed_work
     feedback = read_at_another_tempo(tmp_path / "feedback", stretch)
-    voice = tempo_centred_copy(base_run / "checkpoints" / "best_model", prepared_demo, tmp_path / "voice")
+    # Centred on the voice's held-out clips and on the corrections' sentences as the voice's corpus recorded
+    # them: read 1.4x slower (or faster), the corrections are then well outside 0.80-1.25, whatever the voice.
+    voice = tempo_centred_copy(
+        base_run / "checkpoints" / "best_model", prepared_demo, tmp_path / "voice", also=CORRECTION_IDS
+    )
     args = feedback_args(
         prepared_demo, base_run, tmp_path, feedback, "--max_epochs", "1", "--val_samples", "3", relaxed_timing=False
     )
