@@ -65,6 +65,9 @@ from finetune.vits.objective import (
 )
 
 ADAM_BETAS = (0.8, 0.99)  # original VITS
+# AdamW's fused kernel (one pass over every tensor) where torch has one: the same update as the per-tensor
+# loops, 5.8x faster on the tiny voice's 397 tensors on one CPU thread (10.4 -> 1.8 ms; bench/RESULTS.md).
+FUSED_ADAM_DEVICES = ("cpu", "cuda")
 
 
 @dataclass(frozen=True)
@@ -221,6 +224,7 @@ class TrainStep:
             betas=ADAM_BETAS,
             eps=settings.adam_eps,
             weight_decay=0.0 if self.start_weights is not None else settings.weight_decay,
+            fused=device.type in FUSED_ADAM_DEVICES,
         )
         self.optimizer_d = torch.optim.AdamW(
             discriminator.parameters(),
@@ -228,6 +232,7 @@ class TrainStep:
             betas=ADAM_BETAS,
             eps=settings.adam_eps,
             weight_decay=settings.weight_decay,
+            fused=device.type in FUSED_ADAM_DEVICES,
         )
         self.scaler_g = torch.amp.GradScaler(device.type, enabled=precision.uses_scaler)
         self.scaler_d = torch.amp.GradScaler(device.type, enabled=precision.uses_scaler)
