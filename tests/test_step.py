@@ -301,3 +301,24 @@ def test_a_resumed_run_keeps_the_anchor_where_the_first_run_started(prepared_dem
     assert not all(torch.equal(a, b) for a, b in zip(resumed.start_weights, start))  # built from the moved weights
     resumed.load_state_dict(saved)
     assert all(torch.equal(a, b) for a, b in zip(resumed.start_weights, start))
+
+
+def test_the_optimizers_are_fused_on_the_cpu_and_make_the_loop_s_update(prepared_demo):
+    """AdamW's fused kernel where torch has one: the update the per-tensor loop makes, at our settings."""
+    from finetune.training.step import ADAM_BETAS
+
+    step = make_step(tiny_generator(prepared_demo).model.train())
+    assert step.optimizer_g.defaults["fused"] and step.optimizer_d.defaults["fused"]
+    generator = torch.Generator().manual_seed(0)
+    start = [torch.randn(64, 64, generator=generator) for _ in range(8)]
+    gradients = [[torch.randn(64, 64, generator=generator) for _ in start] for _ in range(20)]
+    weights = {}
+    for fused in (False, True):
+        params = [torch.nn.Parameter(w.clone()) for w in start]
+        optimizer = torch.optim.AdamW(params, lr=8e-3, betas=ADAM_BETAS, eps=1e-9, weight_decay=0.01, fused=fused)
+        for grads in gradients:
+            for param, grad in zip(params, grads):
+                param.grad = grad.clone()
+            optimizer.step()
+        weights[fused] = params
+    assert max(float((a - b).detach().abs().max()) for a, b in zip(weights[False], weights[True])) < 1e-5
