@@ -66,7 +66,8 @@ from finetune.vits.objective import (
 
 ADAM_BETAS = (0.8, 0.99)  # original VITS
 # AdamW's fused kernel (one pass over every tensor) where torch has one: the same update as the per-tensor
-# loops, 5.8x faster on the tiny voice's 397 tensors on one CPU thread (10.4 -> 1.8 ms; bench/RESULTS.md).
+# loops, faster: a step's optimizer updates 18.7 -> 9.5 ms for the tiny voice, 291.8 -> 127.1 ms at MMS size
+# on a 2-core CPU (bench/bench_step.py, bench/RESULTS.md).
 FUSED_ADAM_DEVICES = ("cpu", "cuda")
 
 
