@@ -23,6 +23,12 @@ os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 
 
+def demo_texts() -> dict[str, str]:
+    """The bundled demo corpus's texts by clip id (its metadata.csv)."""
+    rows = (DEMO_CORPUS / "metadata.csv").read_text(encoding="utf-8").splitlines()
+    return dict(row.split("|", 1) for row in rows)
+
+
 def tone(
     freq_hz: float = 440.0,
     seconds: float = 1.0,

@@ -4,7 +4,7 @@ import hashlib
 
 import soundfile as sf
 
-from tests.conftest import DEMO_CORPUS
+from tests.conftest import DEMO_CORPUS, demo_texts
 
 
 def test_every_metadata_row_has_its_audio_and_the_corpus_fits_the_budget():
@@ -29,7 +29,7 @@ def test_the_common_voice_view_names_a_crowd_with_the_target_a_minority():
 
     with open(DEMO_CORPUS / "validated.tsv", encoding="utf-8", newline="") as tsv:
         rows = list(csv.DictReader(tsv, delimiter="\t"))
-    texts = dict(row.split("|", 1) for row in (DEMO_CORPUS / "metadata.csv").read_text(encoding="utf-8").splitlines())
+    texts = demo_texts()
     assert {r["path"]: r["sentence"] for r in rows} == {f"wavs/{i}.mp3": t for i, t in texts.items()}
     clips = Counter(r["client_id"] for r in rows)
     assert len(clips) == 5 and 0.1 < clips["ciya"] / len(rows) < 0.2 and clips.most_common(1)[0][0] == "axin"

@@ -16,7 +16,7 @@ import train_vits
 from finetune.data.corrections import FeedbackError, replay_sample
 from finetune.reporting.evaluation import ClipScore, EvalResult
 from finetune.training.feedback import Versions, decide
-from tests.conftest import DEMO_CORPUS, clock_for
+from tests.conftest import DEMO_CORPUS, clock_for, demo_texts
 
 CORRECTION_IDS = ["kmr_demo_0101", "kmr_demo_0102", "kmr_demo_0103", "kmr_demo_0104"]
 
@@ -84,7 +84,7 @@ def base_run(prepared_demo, tmp_path_factory):
 
 def make_feedback(folder, ids=CORRECTION_IDS, extra_rows=()):
     """Corrections from demo clips outside the training slice: their original 22.05 kHz MP3s and texts."""
-    texts = dict(line.split("|", 1) for line in (DEMO_CORPUS / "metadata.csv").read_text(encoding="utf-8").splitlines())
+    texts = demo_texts()
     (folder / "wavs").mkdir(parents=True, exist_ok=True)
     for item_id in ids:
         shutil.copy(DEMO_CORPUS / "wavs" / f"{item_id}.mp3", folder / "wavs" / f"{item_id}.mp3")
@@ -217,9 +217,7 @@ def tempo_centred_copy(base, prepared_demo, folder, clips: int = 3, also: list[s
         (text, sf.info(str(prepared_demo / "wavs" / f"{item}.wav")).frames)
         for item, _, text in read_rows(prepared_demo / "metadata_val.csv")[:clips]
     ]
-    corpus = dict(
-        line.split("|", 1) for line in (DEMO_CORPUS / "metadata.csv").read_text(encoding="utf-8").splitlines()
-    )
+    corpus = demo_texts()
     for item in also:  # as preparation leaves a recording: mono, at the model's rate, its silences trimmed
         samples, source_rate = audio.decode(DEMO_CORPUS / "wavs" / f"{item}.mp3")
         speech = audio.resample(audio.to_mono(samples), source_rate, rate)
@@ -415,7 +413,7 @@ def test_pairs_a_recording_app_writes_are_found_in_training_feedback_and_bad_pai
     prepared_demo, base_run, tmp_path, timed_work, monkeypatch
 ):
     fake, _ = timed_work
-    texts = dict(line.split("|", 1) for line in (DEMO_CORPUS / "metadata.csv").read_text(encoding="utf-8").splitlines())
+    texts = demo_texts()
     folder = tmp_path / "training" / "feedback"
     folder.mkdir(parents=True)
     for index, item_id in enumerate(CORRECTION_IDS[:2], start=1):
