@@ -109,3 +109,26 @@ def test_the_exported_config_speaks_with_the_fitted_settings(voice, tmp_path):
     loaded = VitsModel.from_pretrained(tmp_path / "voice")
     assert (loaded.speaking_rate, loaded.noise_scale_duration) == (0.83, 0.5)
     assert model.config.speaking_rate == 1.0 and model.speaking_rate == 1.0  # the training model is untouched
+
+
+def test_the_sampler_draws_what_the_stock_predictor_draws(voice):
+    """DurationSampler encodes the texts once and draws a grid of settings in one pass: with one setting, its
+    draws are duration_draws' (transformers' own predictor) for the same seed; with several, each setting's
+    are draws at that setting, and a subset of the clips is measured as if alone."""
+    from finetune.vits.inference import DurationSampler
+
+    model, _, ids = voice
+    cpu = torch.device("cpu")
+    sampler = DurationSampler(model, ids, cpu, draws=6)
+    for clips, noise, rate in (([0, 1, 2, 3, 4, 5], 0.8, 1.0), ([1, 3], 0.333, 1.3), ([4], 0.5, 0.7)):
+        stock = duration_draws(
+            model, [ids[i] for i in clips], cpu, 11, 6, noise_scale_duration=noise, speaking_rate=rate
+        )
+        mine = sampler.frames(clips, [noise], rate, 11)
+        assert mine.shape == (1, len(clips), 6)
+        np.testing.assert_allclose(mine[0], stock, atol=1.0)  # a frame apart at most: a ceil on float noise
+    grid = sampler.frames([0, 1, 2, 3, 4, 5], [0.8, 0.2, 0.0], 1.0, 11)
+    spread = [np.median(np.std(np.log(g), axis=1)) for g in grid]
+    assert spread[0] > spread[1] > spread[2] == 0.0  # narrower noise, steadier draws; none: every draw alike
+    deterministic = duration_draws(model, ids, cpu, 11, 1, noise_scale_duration=0.0)
+    np.testing.assert_allclose(grid[2][:, 0], deterministic[:, 0], atol=1.0)

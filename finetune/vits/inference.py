@@ -156,6 +156,66 @@ def duration_draws(
     return totals.cpu().numpy()
 
 
+class DurationSampler:
+    """The frames the duration predictor asks for, for a fixed set of texts measured many times over
+    (fit_tempo: a grid of settings, then halves of the clips, then refinements). What does not depend on
+    the noise is computed once: the text encoder, and the predictor's conditioning on it (its conv_pre,
+    speaker input, DDSConv and projection, once a clip rather than once a draw); each call then runs the
+    predictor's inverse flows over every setting and draw in one pass. The arithmetic is transformers'
+    reverse pass (`VitsStochasticDurationPredictor.forward(reverse=True)`), the noise drawn as it draws it
+    (a standard normal [rows, 2, tokens] on the CPU generator, times the setting's noise_scale_duration):
+    with one setting, the draws are `duration_draws`' (tests/test_tempo_fit.py)."""
+
+    def __init__(self, model, token_ids: list[np.ndarray], device: torch.device, draws: int, speaker=None):
+        self.model, self.device = model, device
+        self.stochastic = bool(model.config.use_stochastic_duration_prediction)
+        self.draws = draws if self.stochastic else 1  # a deterministic predictor: every draw is the same
+        self.lengths = [len(t) for t in token_ids]
+        with torch.no_grad():
+            _, hidden, self.mask = encode_text(model, token_ids, device)  # [texts, hidden | 1, tokens]
+            g = speaker_conditioning(model, speaker, len(token_ids), device)
+            if self.stochastic:
+                predictor = model.duration_predictor
+                conditioning = predictor.conv_pre(hidden)
+                if g is not None:
+                    conditioning = conditioning + predictor.cond(g)
+                conditioning = predictor.conv_dds(conditioning, self.mask)
+                self.conditioning = predictor.conv_proj(conditioning) * self.mask  # [texts, channels, tokens]
+            else:
+                self.log_duration = predict_log_duration(model, hidden, self.mask, None, None)
+
+    @torch.no_grad()
+    def frames(self, clips: list[int], noise_scales: list[float], speaking_rate: float, seed: int) -> np.ndarray:
+        """[settings, clips, draws]: each clip's length under `draws` noise draws at each noise_scale_duration
+        of `noise_scales` (ignored by a deterministic predictor) and `speaking_rate`, as stock transformers
+        computes it (ceil(exp(log duration)) per token, summed). Seeded, in a forked RNG. Non-finite
+        lengths come back as inf."""
+        index = torch.as_tensor(clips, device=self.device)
+        longest = max(self.lengths[i] for i in clips)
+        mask = self.mask[index, :, :longest]
+        if self.stochastic:
+            settings, rows = len(noise_scales), len(noise_scales) * len(clips) * self.draws  # [setting, clip, draw]
+            mask = mask.repeat_interleave(self.draws, dim=0).repeat(settings, 1, 1)
+            conditioning = self.conditioning[index, :, :longest].repeat_interleave(self.draws, dim=0)
+            conditioning = conditioning.repeat(settings, 1, 1)
+            dtype = conditioning.dtype
+            noise = torch.tensor(noise_scales, device=self.device, dtype=dtype).repeat_interleave(rows // settings)
+            flows = list(reversed(self.model.duration_predictor.flows))
+            flows = flows[:-2] + [flows[-1]]  # as transformers: the flow that only moves the noise channel left out
+            with fork_rng(self.device):
+                torch.manual_seed(seed)
+                latents = torch.randn(rows, 2, longest).to(device=self.device, dtype=dtype) * noise.view(-1, 1, 1)
+            for flow in flows:
+                latents = torch.flip(latents, [1])
+                latents, _ = flow(latents, mask, global_conditioning=conditioning, reverse=True)
+            log_duration = latents[:, :1]
+        else:
+            settings, log_duration = 1, self.log_duration[index, :, :longest]
+        frames = torch.ceil(torch.exp(log_duration.float()) * mask / speaking_rate)  # [rows, 1, tokens]
+        totals = torch.nan_to_num(frames, nan=float("inf")).sum(dim=(1, 2)).view(settings, len(clips), self.draws)
+        return totals.expand(len(noise_scales), -1, -1).cpu().numpy()
+
+
 def speaker_conditioning(model, speaker: int | None, count: int, device: torch.device) -> torch.Tensor | None:
     """g [count, embedding, 1] for one speaker of a conditioned model; None for a plain model."""
     from finetune.vits.speakers import conditioning

@@ -11,7 +11,8 @@ config.json, and an app makes one draw a sentence with them:
 A voice fine-tuned for a few hours often speaks its recordings' sentences a little fast or slow at the
 model's own settings, and a sentence's length can vary several-fold between requests (one draw of the
 duration predictor is a sum of exponentials, skewed long). `fit_tempo` sets the first two from held-out
-recordings, using only the duration predictor (no flow, no decoder: a small share of one synthesis):
+recordings, using only the duration predictor (no flow, no decoder: a small share of one synthesis; the
+texts encoded once and each grid drawn in one pass, inference.DurationSampler):
 
     1. for each noise_scale_duration of NOISE_SCALE_GRID (the model's own among them), `draws` draws of
        every clip at speaking_rate 1: the clips' median draw spread (geometric_spread)
@@ -135,7 +136,7 @@ def fit_tempo(
     """The fitted settings for `model` (eval mode) from held-out clips, with the figures after them measured
     out of sample (see the module docstring); None without clips. Seeded, in a forked RNG: the caller's
     random state is left as it was."""
-    from finetune.vits.inference import duration_draws
+    from finetune.vits.inference import DurationSampler
 
     if not token_ids:
         return None
@@ -145,22 +146,14 @@ def fit_tempo(
         "noise_scale_duration": float(model.noise_scale_duration),
         "noise_scale": float(model.noise_scale),
     }
+    sampler = DurationSampler(model, token_ids, device, draws, speaker=speaker)  # the texts encoded once
 
-    def measure(clips: list[int], noise: float, rate: float, offset: int) -> np.ndarray:
-        """Frames asked for [clips, draws] at these settings."""
-        return duration_draws(
-            model,
-            [token_ids[i] for i in clips],
-            device,
-            seed + offset,
-            draws,
-            speaker=speaker,
-            noise_scale_duration=noise,
-            speaking_rate=rate,
-        )
+    def measure(clips: list[int], noises: list[float], rate: float, offset: int) -> list[np.ndarray]:
+        """Frames asked for [clips, draws] at each noise_scale_duration of `noises` and this rate."""
+        return list(sampler.frames(clips, noises, rate, seed + offset))
 
     everything = list(range(len(token_ids)))
-    before = figures(measure(everything, own["noise_scale_duration"], own["speaking_rate"], 0), frames)
+    before = figures(measure(everything, [own["noise_scale_duration"]], own["speaking_rate"], 0)[0], frames)
     fitted = settings_for(
         everything, frames, measure, own, bool(model.config.use_stochastic_duration_prediction), max_spread
     )
@@ -189,7 +182,7 @@ def fit_tempo(
             other, frames, measure, own, bool(model.config.use_stochastic_duration_prediction), max_spread
         )
         half_rate, half_noise = (other_fit[0], other_fit[1]) if other_fit else (rate, noise)
-        held_out[half] = measure(half, half_noise, half_rate, 10)
+        held_out[half] = measure(half, [half_noise], half_rate, 10)[0]
     return TempoFit(rate, noise, own["noise_scale"], before, figures(held_out, frames), len(token_ids), own, note)
 
 
@@ -204,7 +197,7 @@ def settings_for(
         if stochastic
         else [own["noise_scale_duration"]]
     )  # a deterministic predictor: its noise setting does nothing
-    at_rate_one = {noise: figures(measure(clips, noise, 1.0, 1), mine) for noise in grid}
+    at_rate_one = {noise: figures(draws, mine) for noise, draws in zip(grid, measure(clips, grid, 1.0, 1))}
     steady = [noise for noise in grid if at_rate_one[noise].draw_spread <= max_spread]
     noise = steady[0] if steady else min(grid, key=lambda n: at_rate_one[n].draw_spread)
     rate, after, note = 1.0, at_rate_one[noise], ""
@@ -220,5 +213,5 @@ def settings_for(
                 "(a voice this far from its recordings' tempo needs more training, not a setting)"
             )
             rate = min(MAX_RATE, max(MIN_RATE, rate))
-        after = figures(measure(clips, noise, rate, 2 + refinement), mine)
+        after = figures(measure(clips, [noise], rate, 2 + refinement)[0], mine)
     return rate, noise, note, after
