@@ -186,6 +186,8 @@ def main() -> None:
                 "--benchmark_samples",
                 "8",
             ]
+            if mode == "conditioned":  # an epoch of a few steps: at the default 0.9, the target's clips 9 times
+                extra += ["--target_share", "0.5"]
         seconds = train(work / "data", run_dir, str(voice_a), args.finetune_hours, args.finetune_lr, extra=extra)
         end = [json.loads(line) for line in (run_dir / "checkpoints" / "metrics.jsonl").read_text().splitlines()]
         steps = next(r for r in reversed(end) if r.get("kind") == "end")["steps"]

@@ -44,7 +44,9 @@ PRELOAD = [
 _context = None
 
 
-def _server():
+def server():
+    """The multiprocessing context whose processes are forked from the preloaded server (for a test that
+    runs a function of its own in processes of their own: `server().Process(target=...)`)."""
     global _context
     if _context is None:
         _context = multiprocessing.get_context("forkserver")
@@ -121,7 +123,7 @@ def launch(recipe: str, argv: list[str], faults: str = "", n: int = 1) -> Launch
     out, err = (str(Path(folder.name) / name) for name in ("stdout", "stderr"))
     for path in (out, err):
         Path(path).touch()
-    process = _server().Process(target=_child, args=(recipe, list(argv), faults, n, out, err))
+    process = server().Process(target=_child, args=(recipe, list(argv), faults, n, out, err))
     process.start()
     return Launched(process, folder)
 

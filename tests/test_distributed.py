@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 import train_vits
 from finetune.data.sampler import ResumeMismatch
 from finetune.training.checkpoint import load_checkpoint
+from tests import launch
 from tests.conftest import REPO
 from tests.test_train import args, metrics
 
@@ -95,7 +95,7 @@ def one_step(data_dir: str, rank: int, world_size: int, out: str, port: int) -> 
 @pytest.mark.timeout(600)  # the real script in subprocesses
 def test_two_processes_hold_identical_weights_equal_to_one_process_on_both_batches(prepared_demo, tmp_path):
     port = free_port()
-    context = mp.get_context("spawn")
+    context = launch.server()  # processes of their own, forked from a server that imported torch already
     workers = [
         context.Process(target=one_step, args=(str(prepared_demo), rank, 2, str(tmp_path / f"rank_{rank}.pt"), port))
         for rank in range(2)

@@ -205,7 +205,11 @@ def test_an_unreadable_newest_checkpoint_is_skipped_with_a_warning(prepared_demo
     fake, _ = timed_work
     assert (
         train_vits.main(
-            args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "2", "--keep_checkpoints", "5"),
+            args(
+                prepared_demo,
+                tmp_path,
+                *("--target_hours", "1", "--max_epochs", "2", "--keep_checkpoints", "5", "--max_samples", "8"),
+            ),
             clock=clock_for(fake),
         )
         == 0
@@ -344,10 +348,10 @@ def test_fp16_out_of_memory_inside_the_optimizer_update_goes_back_to_the_last_go
     """fp16, as the user's card runs: the gradient scalers' stages survive the failed update, the run goes
     back to its last checkpoint, refits the batch once and trains on to the end."""
     fake, _ = timed_work
-    calls = update_runs_out_of_memory(5)
-    # Two epochs, not three: fp16 has no fast kernels on a CPU, and the step after the refit is what shows
-    # that training goes on.
-    fp16 = args(prepared_demo, tmp_path, *COMMON, "--fp16", "--max_epochs", "2")
+    calls = update_runs_out_of_memory(3)
+    # Two epochs of 12 clips (two steps each), not three of all: fp16 has no fast kernels on a CPU, and the
+    # step after the refit is what shows that training goes on.
+    fp16 = args(prepared_demo, tmp_path, *COMMON, "--fp16", "--max_epochs", "2", "--max_samples", "12")
     assert train_vits.main(fp16, clock=clock_for(fake)) == 0
     assert calls["hooked"]["left"] == 0  # the error was raised, from inside AdamW's step
     log = (tmp_path / "checkpoints" / "train.log").read_text()

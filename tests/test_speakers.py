@@ -372,6 +372,8 @@ def test_a_feedback_round_keeps_the_corrections_apart_and_judges_the_target(crow
                 "2",
                 "--target_speaker",
                 "bbb222",
+                "--target_share",
+                "0.5",  # an epoch of a few steps, as in the test above
             ),
             clock=clock_for(fake),
         )

@@ -77,7 +77,7 @@ def wait_for_training(process, run_dir, timeout_s: float = 240) -> None:
 
 def test_deadline_is_kept_with_an_injected_clock_and_the_model_is_usable(prepared_demo, tmp_path, timed_work):
     fake, costs = timed_work
-    target_s = 120.0
+    target_s = 75.0
     code = train_vits.main(
         args(prepared_demo, tmp_path, "--target_hours", str(target_s / 3600), "--max_samples", "12"),
         clock=clock_for(fake),
@@ -216,7 +216,7 @@ def test_checkpoints_slower_than_steps_still_fit_the_deadline(prepared_demo, tmp
     checkpoint 3x as slow as a step, the run still ends inside the budget, on a step at the floor."""
     fake, costs = timed_work
     costs["checkpoint_s"] = 10.0
-    for target_s in (150.0, 160.0, 170.0):
+    for target_s in (75.0, 80.0, 85.0):
         run_dir = tmp_path / str(int(target_s))
         fake.t = 0.0
         code = train_vits.main(
