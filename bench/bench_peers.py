@@ -4,11 +4,12 @@
     python bench/bench_peers.py --base_model DIR --data_dir DIR --budget_s 180 --work_dir W \\
         --peer_dir finetune-hf-vits=PATH [--seeds 2] [--learning_rate 1e-3] [--levers clip1 dur8]
     python bench/bench_peers.py --scenario tiny --work_dir W --peer_dir finetune-hf-vits=PATH --budget_s 180
+    python bench/bench_peers.py --scenario small ...  # the same with an 11M-parameter voice (scratch:small)
     python bench/bench_peers.py --smoke            # ours alone on a few clips, seconds of training
 
 The start: --base_model, a voice folder this tool wrote (config.json, weights, tokenizer, discriminator.pt),
 and --data_dir, a corpus prepared for it (prepare_data.py: wavs/, metadata.csv, metadata_val.csv). Or
---scenario tiny: this script makes both (bench_finetune.py's scenario: a tiny voice A pretrained from
+--scenario tiny (or small): this script makes both (bench_finetune.py's scenario: a tiny voice A pretrained from
 scratch on the demo corpus, fine-tuned onto B, A's recordings played 1.25x slower and lower), with a
 discriminator finetune-hf-vits can hold too (the period discriminators alone, width 1/16).
 
@@ -114,9 +115,9 @@ def recipe(script: str, argv: list, log: Path, label: str) -> None:
 # ---------------------------------------------------------------- the start and the clips
 
 
-def tiny_scenario(work: Path, pretrain_hours: float, max_samples: int) -> tuple[Path, Path]:
-    """Voice A pretrained from scratch on the demo corpus (a discriminator both tools can hold), and B's
-    data: A's recordings 1.25x slower and lower, prepared with A's vocabulary, 30% held out."""
+def scenario(work: Path, size: str, pretrain_hours: float, max_samples: int) -> tuple[Path, Path]:
+    """Voice A (scratch:`size`) pretrained from scratch on the demo corpus (a discriminator both tools can
+    hold), and B's data: A's recordings 1.25x slower and lower, prepared with A's vocabulary, 30% held out."""
     from bench.bench_finetune import make_voice_b
 
     voice_a = work / "voice_a" / "checkpoints" / "best_model"
@@ -129,7 +130,7 @@ def tiny_scenario(work: Path, pretrain_hours: float, max_samples: int) -> tuple[
                 "--data_dir",
                 work / "data_a",
                 "--model_name",
-                "scratch:tiny",
+                f"scratch:{size}",
                 "--val_fraction",
                 "0.05",
                 "--num_workers",
@@ -151,7 +152,7 @@ def tiny_scenario(work: Path, pretrain_hours: float, max_samples: int) -> tuple[
                 "--output_dir",
                 work / "voice_a" / "final_model",
                 "--model_name",
-                "scratch:tiny",
+                f"scratch:{size}",
                 "--target_hours",
                 pretrain_hours,
                 "--discriminator_width",
@@ -569,8 +570,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base_model", help="the starting voice: a folder this tool wrote (with discriminator.pt)")
     parser.add_argument("--data_dir", help="the clips: a corpus prepared for the base model")
-    parser.add_argument("--scenario", choices=["tiny"], help="make the start and the clips here instead")
-    parser.add_argument("--pretrain_hours", type=float, default=0.17, help="--scenario tiny: voice A's pretraining")
+    parser.add_argument(
+        "--scenario",
+        choices=["tiny", "small"],
+        help="make the start and the clips here instead: voice A at this scratch size (tiny 0.7M, small 11M)",
+    )
+    parser.add_argument("--pretrain_hours", type=float, default=0.17, help="--scenario: voice A's pretraining")
     parser.add_argument("--budget_s", type=float, default=180.0, help="wall seconds each run gets, launch to result")
     parser.add_argument("--work_dir", default=None)
     parser.add_argument(
@@ -626,11 +631,13 @@ def main() -> None:
         args.budget_s = max(args.budget_s, 600.0)  # room for any machine: the epoch ends the run
     peers = dict(p.split("=", 1) for p in args.peer_dir)
     if args.scenario:
-        base, data_dir = tiny_scenario(work, 0.1 if args.smoke else args.pretrain_hours, 40 if args.smoke else 0)
+        base, data_dir = scenario(
+            work, args.scenario, 0.1 if args.smoke else args.pretrain_hours, 40 if args.smoke else 0
+        )
     elif args.base_model and args.data_dir:
         base, data_dir = Path(args.base_model).resolve(), Path(args.data_dir).resolve()
     else:
-        parser.error("give --base_model and --data_dir, or --scenario tiny (or --smoke)")
+        parser.error("give --base_model and --data_dir, or --scenario tiny|small (or --smoke)")
     data, judged = split_held_out(data_dir, work, args.eval_clips)
     print(
         f"start: {base}; clips: {data_dir} ({len(judged)} held-out clips for the judge, {args.eval_clips} for the "
