@@ -19,7 +19,7 @@ from tests.conftest import REPO
 SMOKE = {
     "bench_corrections.py": ["--smoke"],
     "bench_deadline.py": ["--smoke", "--data_dir", "{data}", "--work_dir", "{data}/../bench_deadline_smoke"],
-    "bench_export.py": ["--size", "tiny", "--repeats", "1"],
+    "bench_export.py": ["--size", "tiny", "--repeats", "1", "--threads", "1"],  # one core: the other runs a test
     "bench_finetune.py": ["--smoke"],
     "bench_gpu.py": None,  # its --smoke setting runs in tests/test_bench_gpu.py (the same main(), in-process)
     "bench_measure.py": ["--data_dir", "{data}"],

@@ -18,6 +18,16 @@ SENTENCES = [
 ]
 
 
+def one_thread_session(path):
+    """An onnxruntime session on one thread (its default is a spinning thread a core: the suite runs a test
+    on each core)."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
 def test_tokens_file_follows_the_sherpa_onnx_character_format():
     lines = tokens_lines({"<pad>": 0, " ": 1, "a": 2, "ç": 3, "'": 4, "B": 5, "b": 6})
     # The blank (<pad>) is left out (its id is the metadata's blank_id); the space is a bare id; each
@@ -57,10 +67,9 @@ def test_the_graph_equals_the_bounded_inference_without_noise(exported):
 
 
 def test_onnxruntime_speaks_as_pytorch_at_every_length_and_speed(exported):
-    import onnxruntime
 
     model, tokenizer, out = exported
-    session = onnxruntime.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    session = one_thread_session(out / "model.onnx")
     assert [i.name for i in session.get_inputs()] == ["x", "x_length", "noise_scale", "length_scale", "noise_scale_w"]
     for text in SENTENCES:
         for length in (1.0, 1.5):
@@ -174,8 +183,6 @@ def test_a_crowd_model_exports_its_voice_and_every_speaker_behind_a_sid_input(tm
     sid input, each checked against PyTorch."""
     import json
 
-    import onnxruntime
-
     from finetune.system.model_source import resolve_model
     from finetune.vits.generator import load_generator, ready_for_training
     from finetune.vits.model_folder import export_model
@@ -200,7 +207,7 @@ def test_a_crowd_model_exports_its_voice_and_every_speaker_behind_a_sid_input(tm
     assert json.loads((several / "speakers.json").read_text())["speakers"] == {"ciya": 0, "axin": 1, "baran": 2}
     assert json.loads((several / "voice.json").read_text())["n_speakers"] == "3"
     assert json.loads((tmp_path / "onnx" / "voice.json").read_text())["n_speakers"] == "0"
-    session = onnxruntime.InferenceSession(str(several / "model.onnx"), providers=["CPUExecutionProvider"])
+    session = one_thread_session(several / "model.onnx")
     assert [i.name for i in session.get_inputs()][-1] == "sid"
     ids = np.array([[3, 5, 7, 9, 11, 13]], dtype=np.int64)
     speech = [
