@@ -207,8 +207,9 @@ def tempo_centred_copy(base, prepared_demo, folder, clips: int = 3, also: list[s
     import soundfile as sf
     from transformers import AutoTokenizer, VitsModel
 
-    from finetune.data import audio
+    import prepare_data
     from finetune.data.corpus import read_rows
+    from finetune.data.prepare import ClipJob, ClipSettings, process_clip
 
     shutil.copytree(base, folder)
     model, tokenizer = VitsModel.from_pretrained(str(folder)).eval(), AutoTokenizer.from_pretrained(str(folder))
@@ -217,11 +218,14 @@ def tempo_centred_copy(base, prepared_demo, folder, clips: int = 3, also: list[s
         (text, sf.info(str(prepared_demo / "wavs" / f"{item}.wav")).frames)
         for item, _, text in read_rows(prepared_demo / "metadata_val.csv")[:clips]
     ]
-    corpus = demo_texts()
-    for item in also:  # as preparation leaves a recording: mono, at the model's rate, its silences trimmed
-        samples, source_rate = audio.decode(DEMO_CORPUS / "wavs" / f"{item}.mp3")
-        speech = audio.resample(audio.to_mono(samples), source_rate, rate)
-        sentences.append((corpus[item], len(audio.trim_silence(speech, rate, top_db=40.0, margin_s=0.05))))
+    corpus, defaults = demo_texts(), prepare_data.PrepareConfig()
+    settings = ClipSettings(rate, defaults.trim_db, defaults.trim_margin_seconds, defaults.peak, 0.0, 0.0)
+    recordings = folder.with_name(f"{folder.name}_recordings")
+    recordings.mkdir()
+    for item in also:  # prepared as the corpus was (prepare_data.py's defaults, at the model's rate)
+        wav = recordings / f"{item}.wav"
+        process_clip(ClipJob(item, str(DEMO_CORPUS / "wavs" / f"{item}.mp3"), None, str(wav), settings))
+        sentences.append((corpus[item], sf.info(str(wav)).frames))
     ratios = []
     for text, recorded in sentences:
         for seed in range(4):

@@ -151,9 +151,14 @@ def duration_draws(
         hidden, mask = hidden.repeat_interleave(draws, dim=0), mask.repeat_interleave(draws, dim=0)
         g = speaker_conditioning(model, speaker, hidden.shape[0], device)
         log_duration = predict_log_duration(model, hidden, mask, g, noise)
-    frames = torch.ceil(torch.exp(log_duration.float()) * mask / rate)  # [texts * draws, 1, tokens]
-    totals = torch.nan_to_num(frames, nan=float("inf")).sum(dim=(1, 2)).view(len(token_ids), draws)
-    return totals.cpu().numpy()
+    return requested_frames(log_duration, mask, rate).view(len(token_ids), draws).cpu().numpy()
+
+
+def requested_frames(log_duration: torch.Tensor, mask: torch.Tensor, speaking_rate: float) -> torch.Tensor:
+    """[rows]: the frames each row's durations ask for, as stock transformers computes them (ceil(exp(log
+    duration) / rate) per token, summed); inf where they are not finite."""
+    frames = torch.ceil(torch.exp(log_duration.float()) * mask / speaking_rate)  # [rows, 1, tokens]
+    return torch.nan_to_num(frames, nan=float("inf")).sum(dim=(1, 2))
 
 
 class DurationSampler:
@@ -211,8 +216,7 @@ class DurationSampler:
             log_duration = latents[:, :1]
         else:
             settings, log_duration = 1, self.log_duration[index, :, :longest]
-        frames = torch.ceil(torch.exp(log_duration.float()) * mask / speaking_rate)  # [rows, 1, tokens]
-        totals = torch.nan_to_num(frames, nan=float("inf")).sum(dim=(1, 2)).view(settings, len(clips), self.draws)
+        totals = requested_frames(log_duration, mask, speaking_rate).view(settings, len(clips), self.draws)
         return totals.expand(len(noise_scales), -1, -1).cpu().numpy()
 
 
