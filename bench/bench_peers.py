@@ -21,11 +21,12 @@ Systems (--systems), each --seeds times, one after another on this machine:
                --discriminator) and --learning_rate (default: this tool's default)
   ours+LEVER   the same with one recipe difference changed (--levers; LEVERS below)
   fhv          finetune-hf-vits (ylacombe/finetune-hf-vits, the checkout of --peer_dir, in a venv of its own
-               with the versions of its time, PEER_VERSIONS), started the way its README says
+               with the versions of its time, PEER_VERSIONS, or the interpreter --peer_python names), started
+               the way its README says
                (convert_original_discriminator_checkpoint.py on our generator and our discriminator written
                as an original VITS D_*.pth), run with its documented MMS fine-tuning config
                (training_config_examples/finetune_mms.json: learning rate 2e-5, batch 16, its loss weights,
-               an evaluation every 50 steps) on the same clips, stopped at the budget (killed: it has no
+               an evaluation every 50 steps, fp16 where a GPU is) on the same clips, stopped at the budget (killed: it has no
                time limit); a training state saved every --peer_save_steps steps makes its curve, and the
                last one saved is its result
   fhv@lr       the same at --learning_rate, so that a difference is not a learning rate alone
@@ -172,6 +173,10 @@ def scenario(work: Path, size: str, pretrain_hours: float, max_samples: int) -> 
         )
     if not (voice_a / "config.json").is_file():
         voice_a = work / "voice_a" / "final_model"
+    elif (voice_a / "eval.json").is_file() and json.loads((voice_a / "eval.json").read_text()).get("step") == 0:
+        # a short pretraining whose evaluations all missed the timing rule keeps its step 0 (new weights) as
+        # the fallback best_model (seen on the H200 with 54 s of it): the start is its last weights instead
+        voice_a = work / "voice_a" / "checkpoints" / "last_model"
     data_b = work / "data_b"
     if not (data_b / "metadata.csv").is_file():
         shutil.rmtree(work / "corpus_b", ignore_errors=True)
@@ -294,9 +299,10 @@ def run_ours(args, base: Path, data: Path, folder: Path, seed: int, extra: list[
 # ---------------------------------------------------------------- finetune-hf-vits
 
 
-def peer_venv(peer: Path, work: Path) -> Path:
-    """The peer's own environment (made once, in W/fhv_venv): PEER_VERSIONS, its monotonic_align built."""
-    python = made_venv(work / "fhv_venv", PEER_VERSIONS, work, "fhv")
+def peer_venv(peer: Path, work: Path, given: str | None) -> Path:
+    """The peer's own environment (made once, in W/fhv_venv: PEER_VERSIONS), or the interpreter --peer_python
+    names (a machine with no package registry brings its own); its monotonic_align built with it."""
+    python = Path(given) if given else made_venv(work / "fhv_venv", PEER_VERSIONS, work, "fhv")
     build = peer / "monotonic_align"
     if not list(build.glob("**/core*.so")):  # its README: cd monotonic_align; mkdir monotonic_align; build in place
         (build / "monotonic_align").mkdir(exist_ok=True)
@@ -403,8 +409,10 @@ def peer_data(data: Path, work: Path) -> Path:
 def peer_config(
     peer: Path, start: Path, clips: Path, out: Path, seed: int, learning_rate: float | None, save_steps: int
 ) -> Path:
-    """Its documented MMS config with our start, clips and folders, offline and on the CPU (no fp16, no
-    hub, no wandb); the rest as documented."""
+    """Its documented MMS config with our start, clips and folders, offline (no hub, no wandb); fp16 as
+    documented where a GPU is (its Accelerator takes it), off on the CPU; the rest as documented."""
+    import torch
+
     config = json.loads((peer / "training_config_examples" / "finetune_mms.json").read_text())
     for key in (
         "hub_model_id",
@@ -421,7 +429,7 @@ def peer_config(
         project_name="bench_peers",
         dataset_name=str(clips),
         model_name_or_path=str(start),
-        fp16=False,
+        fp16=bool(config.get("fp16")) and torch.cuda.is_available(),
         seed=seed,
         full_generation_sample_text="rojbaş, tu çawa yî",
         preprocessing_num_workers=1,
@@ -581,6 +589,11 @@ def main() -> None:
     parser.add_argument(
         "--peer_dir", action="append", default=[], help="finetune-hf-vits=PATH: a checkout of ylacombe/finetune-hf-vits"
     )
+    parser.add_argument(
+        "--peer_python",
+        help="an interpreter (or a script starting one) that holds finetune-hf-vits's packages: no venv is made "
+        "(a machine without a package registry)",
+    )
     parser.add_argument("--systems", nargs="*", default=["ours", "fhv", "fhv@lr"])
     parser.add_argument(
         "--levers",
@@ -680,7 +693,7 @@ def main() -> None:
                 continue
             peer = Path(peers["finetune-hf-vits"]).resolve()
             if python is None:
-                python = peer_venv(peer, work)
+                python = peer_venv(peer, work, args.peer_python)
                 start, clips = peer_start(python, peer, base, work), peer_data(data, work)
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             folder = work / f"{name.replace('@', '_at_').replace('+', '_')}_s{seed}"

@@ -206,14 +206,17 @@ def held_out_rows(data: Path, target: str) -> list[tuple[str, str]]:
 
 
 def judge_model(model_dir: Path, examples: list, seeds: int) -> dict:
-    """Stock transformers, one draw a sentence: each clip's MCD (mean over seeds) and every draw's length."""
+    """Stock transformers, one draw a sentence: each clip's MCD (mean over seeds) and every draw's length.
+    The draws run on the GPU where there is one (nine tenths of the judge's time on a CPU), so a figure is
+    compared only with figures judged on the same machine."""
     import torch
     from transformers import VitsModel
 
     from finetune.data.features import FeatureConfig, Features
     from finetune.reporting.measures import mcd_dtw
 
-    model = VitsModel.from_pretrained(str(model_dir)).eval()
+    device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    model = VitsModel.from_pretrained(str(model_dir)).eval().to(device)
     features = Features(FeatureConfig())
     mcd, ratios = {}, []
     for index, example in enumerate(examples):
@@ -222,8 +225,8 @@ def judge_model(model_dir: Path, examples: list, seeds: int) -> dict:
         for seed in range(seeds):
             torch.manual_seed(10_000 * seed + index)
             with torch.no_grad():
-                out = model(input_ids=torch.from_numpy(example.token_ids.astype(np.int64)).unsqueeze(0))
-            wave = out.waveform[0, : int(out.sequence_lengths[0])]
+                out = model(input_ids=torch.from_numpy(example.token_ids.astype(np.int64)).unsqueeze(0).to(device))
+            wave = out.waveform[0, : int(out.sequence_lengths[0])].float().cpu()
             scores.append(mcd_dtw(features.mel(wave.unsqueeze(0))[0].numpy(), real))
             ratios.append(int(out.sequence_lengths[0]) / len(example.audio))
         mcd[example.item_id] = float(np.mean(scores))

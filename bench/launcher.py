@@ -64,6 +64,10 @@ def _child(script: str, argv: list[str], log: str) -> None:
     for fd in (1, 2):
         os.dup2(handle, fd)
     os.close(handle)
+    # A process the forkserver started inherits its start method; the recipe gets the platform's own, as
+    # in a new interpreter (else each DataLoader worker of a CUDA run starts through a forkserver: 26 s
+    # before the first batch of a run on the H200, bench/RESULTS.md).
+    multiprocessing.set_start_method(None, force=True)
     os.chdir(REPO)
     sys.argv = [script, *argv]
     runpy.run_path(script, run_name="__main__")  # its sys.exit(status) becomes the process's exit status

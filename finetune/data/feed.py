@@ -1,13 +1,18 @@
 """Micro-batches for the training loop, one at a time, in the sampler's order.
 
 A DataLoader (workers, pinned memory on CUDA) collates the sampler's remaining batches of the current
-epoch; each micro-batch moves to the device as it is taken. The sampler's position moves only when the
+epoch; each micro-batch moves to the device as it is taken. Its workers are forked on Linux whatever the
+process's default start method: a new loader each epoch whose workers start through a forkserver (Python
+3.14's default there, and what a process the forkserver started inherits) waited 26 s for its first batch
+on an H200, and 54.6% of a run's step time went to data (bench/RESULTS.md). The sampler's position moves only when the
 loop takes a micro-batch, never when the loader prefetches one, so a checkpoint never skips or repeats
 data, and a window cut short at the deadline leaves its untaken batches for a resumed run.
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import sys
 import time
 from functools import partial
 
@@ -27,6 +32,14 @@ class ExampleList(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> Example:
         return self.examples[index]
+
+
+def worker_context(num_workers: int):
+    """How the loader's workers start: forked on Linux (they copy the examples already in memory and touch
+    no CUDA); the platform's default elsewhere (macOS and Windows spawn)."""
+    if num_workers == 0 or sys.platform != "linux":
+        return None
+    return multiprocessing.get_context("fork")
 
 
 class MicroBatchFeed:
@@ -53,6 +66,7 @@ class MicroBatchFeed:
             num_workers=self.num_workers,
             pin_memory=self.device.type == "cuda",
             generator=generator,
+            multiprocessing_context=worker_context(self.num_workers),
         )
 
     def _host_batches(self):
