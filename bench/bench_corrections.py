@@ -148,7 +148,11 @@ def pretrain(data: Path, work: Path, hours: float, smoke: bool) -> Path:
         print(f"reusing the voice in {run_dir}", flush=True)
         return best
     shutil.rmtree(run_dir, ignore_errors=True)
-    extra = ["--max_epochs", "2", "--val_samples", "2", "--discriminator_warmup_steps", "0"] if smoke else []
+    extra = (
+        ["--max_epochs", "1", "--val_samples", "2", "--benchmark_samples", "4", "--discriminator_warmup_steps", "0"]
+        if smoke
+        else []
+    )
     run(
         "train_vits.py",
         [

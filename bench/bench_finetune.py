@@ -289,7 +289,7 @@ def main() -> None:
 
 
 def smoke(args) -> None:
-    """Tiny budgets for the smoke test: voice A from 24 clips in 2 epochs; a fine-tune on 8 clips (one
+    """Tiny budgets for the smoke test: voice A from 24 clips in 1 epoch; a fine-tune on 8 clips (one
     micro-batch an epoch): 1 warm-up step, 2 training steps."""
     args.smoke_samples = 24
     args.pretrain_hours, args.finetune_hours = 0.1, 0.1  # room for start-up and evaluations; the epoch caps end them
@@ -317,7 +317,11 @@ def pretrain_voice_a(args, work: Path) -> Path:
         print(f"reusing voice A ({voice_a}) from an earlier run in {work}", flush=True)
     else:
         prepare(REPO / "demo" / "corpus", work / "data_a", "scratch:tiny", samples)
-        extra = ["--max_epochs", "2", "--val_samples", "2", "--discriminator_warmup_steps", "0"] if samples else []
+        extra = (
+            ["--max_epochs", "1", "--val_samples", "2", "--benchmark_samples", "4", "--discriminator_warmup_steps", "0"]
+            if samples
+            else []
+        )
         seconds = train(
             work / "data_a", work / "voice_a", "scratch:tiny", args.pretrain_hours, args.pretrain_lr, extra=extra
         )

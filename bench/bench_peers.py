@@ -142,7 +142,7 @@ def scenario(work: Path, size: str, pretrain_hours: float, max_samples: int) -> 
             work / "data_a.log",
             "preparing A",
         )
-        smoke = ["--max_epochs", "2", "--val_samples", "2"] if max_samples else []
+        smoke = ["--max_epochs", "1", "--val_samples", "2", "--benchmark_samples", "4"] if max_samples else []
         recipe(
             "train_vits.py",
             [

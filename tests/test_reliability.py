@@ -349,9 +349,11 @@ def test_fp16_out_of_memory_inside_the_optimizer_update_goes_back_to_the_last_go
     back to its last checkpoint, refits the batch once and trains on to the end."""
     fake, _ = timed_work
     calls = update_runs_out_of_memory(3)
-    # Two epochs of 12 clips (two steps each), not three of all: fp16 has no fast kernels on a CPU, and the
-    # step after the refit is what shows that training goes on.
-    fp16 = args(prepared_demo, tmp_path, *COMMON, "--fp16", "--max_epochs", "2", "--max_samples", "12")
+    # Two epochs of 8 clips in micro-batches of 2 (two steps each), not three of all: fp16 has no fast kernels
+    # on a CPU, and the step after the refit is what shows that training goes on.
+    fp16 = args(
+        prepared_demo, tmp_path, *COMMON, "--fp16", "--max_epochs", "2", "--max_samples", "8", "--batch_size", "2"
+    )
     assert train_vits.main(fp16, clock=clock_for(fake)) == 0
     assert calls["hooked"]["left"] == 0  # the error was raised, from inside AdamW's step
     log = (tmp_path / "checkpoints" / "train.log").read_text()
