@@ -118,23 +118,23 @@ def losses_by_step(run_dir) -> dict[int, dict]:
 
 def test_resume_gives_the_same_losses_as_an_uninterrupted_run(prepared_demo, tmp_path, timed_work):
     fake, _ = timed_work
-    common = ["--target_hours", "1", "--max_epochs", "3", "--gradient_accumulation_steps", "2", "--val_every", "3"]
+    common = ["--target_hours", "1", "--max_epochs", "2", "--gradient_accumulation_steps", "2", "--val_every", "3"]
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     assert train_vits.main(args(prepared_demo, whole, *common), clock=clock_for(fake)) == 0
 
-    def stop_at_5(loop):
-        if loop.state.step == 5:
+    def stop_at_4(loop):  # inside the second epoch, after the step-3 evaluation
+        if loop.state.step == 4:
             loop.stop.request("SIGINT")
 
     fake.t = 0.0
-    assert train_vits.main(args(prepared_demo, parts, *common), clock=clock_for(fake), step_callback=stop_at_5) == 130
+    assert train_vits.main(args(prepared_demo, parts, *common), clock=clock_for(fake), step_callback=stop_at_4) == 130
     fake.t = 0.0
     # The short command: every other setting (learning rate, batch, data, model...) comes from the checkpoint.
     resume = ["--checkpoint_dir", str(parts / "checkpoints"), "--resume", "auto"]
     assert train_vits.main(resume, clock=clock_for(fake)) == 0
 
     expected, got = losses_by_step(whole), losses_by_step(parts)
-    assert sorted(expected) == sorted(got) and len(expected) >= 9
+    assert sorted(expected) == sorted(got) and len(expected) >= 6
     for step_number, values in expected.items():
         for name, value in values.items():
             assert got[step_number][name] == pytest.approx(value, rel=1e-5, abs=1e-7), (step_number, name)
