@@ -26,9 +26,9 @@ Systems (--systems), each --seeds times, one after another on this machine:
                (convert_original_discriminator_checkpoint.py on our generator and our discriminator written
                as an original VITS D_*.pth), run with its documented MMS fine-tuning config
                (training_config_examples/finetune_mms.json: learning rate 2e-5, batch 16, its loss weights,
-               an evaluation every 50 steps, fp16 where a GPU is) on the same clips, stopped at the budget (killed: it has no
-               time limit); a training state saved every --peer_save_steps steps makes its curve, and the
-               last one saved is its result
+               an evaluation every 50 steps, fp16 where a GPU is) on the same clips, stopped at the budget
+               (killed: it has no time limit); a training state saved every --peer_save_steps steps makes
+               its curve, and the last one saved is its result
   fhv@lr       the same at --learning_rate, so that a difference is not a learning rate alone
   fhv@RATE     the same at RATE (fhv@2e-3): a sweep of the peer's rate in one call, each in a folder and
                a results.json entry of its own (`--systems fhv@1e-3 fhv@2e-3 fhv@4e-3`)
@@ -591,8 +591,8 @@ def main() -> None:
     )
     parser.add_argument(
         "--peer_python",
-        help="an interpreter (or a script starting one) that holds finetune-hf-vits's packages: no venv is made "
-        "(a machine without a package registry)",
+        help="an interpreter (or a script starting one) that holds finetune-hf-vits's packages: no venv "
+        "is made (a machine without a package registry)",
     )
     parser.add_argument("--systems", nargs="*", default=["ours", "fhv", "fhv@lr"])
     parser.add_argument(

@@ -1,12 +1,13 @@
 """Micro-batches for the training loop, one at a time, in the sampler's order.
 
 A DataLoader (workers, pinned memory on CUDA) collates the sampler's remaining batches of the current
-epoch; each micro-batch moves to the device as it is taken. Its workers are forked on Linux whatever the
-process's default start method: a new loader each epoch whose workers start through a forkserver (Python
-3.14's default there, and what a process the forkserver started inherits) waited 26 s for its first batch
-on an H200, and 54.6% of a run's step time went to data (bench/RESULTS.md). The sampler's position moves only when the
+epoch; each micro-batch moves to the device as it is taken. The sampler's position moves only when the
 loop takes a micro-batch, never when the loader prefetches one, so a checkpoint never skips or repeats
 data, and a window cut short at the deadline leaves its untaken batches for a resumed run.
+
+The workers are forked on Linux whatever the process's default start method. Started through a
+forkserver (Python 3.14's default there, and what a process a forkserver started inherits), a run on an
+H200 waited 26 s for its first batch and spent 54.6% of its step time on data (bench/RESULTS.md).
 """
 
 from __future__ import annotations
