@@ -67,7 +67,6 @@ def test_the_graph_equals_the_bounded_inference_without_noise(exported):
 
 
 def test_onnxruntime_speaks_as_pytorch_at_every_length_and_speed(exported):
-
     model, tokenizer, out = exported
     session = one_thread_session(out / "model.onnx")
     assert [i.name for i in session.get_inputs()] == ["x", "x_length", "noise_scale", "length_scale", "noise_scale_w"]
