@@ -34,7 +34,7 @@ Systems (--systems), each --seeds times, one after another on this machine:
                a results.json entry of its own (`--systems fhv@1e-3 fhv@2e-3 fhv@4e-3`)
 
 The judge, the same for every model: stock transformers (VitsModel.forward on the text, one request a
-sentence, --judge_seeds seeds) on the judge's clips: the mean MCD-DTW against the recordings (each clip's
+sentence, --judge_seeds seeds) on the judge's clips (all, or the first --judge_clips): the mean MCD-DTW against the recordings (each clip's
 mean over seeds), and the median length of a request over the recording's. Every model a run saved on
 the way (ours: each whole evaluation's; the peer: each saved state) is judged too: the curve of the judge's
 MCD against wall time since launch, and from it each system's time to reach a quality (interpolated between the
@@ -201,9 +201,11 @@ def scenario(work: Path, size: str, pretrain_hours: float, max_samples: int) -> 
     return voice_a, data_b
 
 
-def split_held_out(data_dir: Path, work: Path, eval_clips: int) -> tuple[Path, list[tuple[str, str]]]:
+def split_held_out(
+    data_dir: Path, work: Path, eval_clips: int, judge_clips: int = 0
+) -> tuple[Path, list[tuple[str, str]]]:
     """W/data: the training clips as they are, the first `eval_clips` held-out clips as the runs'
-    metadata_val.csv; the other held-out clips, the judge's (id, text)."""
+    metadata_val.csv; the other held-out clips (the first `judge_clips` of them, 0: all), the judge's (id, text)."""
     from finetune.data.corpus import read_rows
 
     held = [(item, text) for item, _, text in read_rows(data_dir / "metadata_val.csv")]
@@ -219,8 +221,9 @@ def split_held_out(data_dir: Path, work: Path, eval_clips: int) -> tuple[Path, l
     (data / "wavs").symlink_to((data_dir / "wavs").resolve())
     shutil.copyfile(data_dir / "metadata.csv", data / "metadata.csv")
     (data / "metadata_val.csv").write_text("".join(f"{i}|{t}\n" for i, t in held[:eval_clips]), encoding="utf-8")
-    (data / "judge.csv").write_text("".join(f"{i}|{t}\n" for i, t in held[eval_clips:]), encoding="utf-8")
-    return data, held[eval_clips:]
+    judged = held[eval_clips : eval_clips + judge_clips] if judge_clips else held[eval_clips:]
+    (data / "judge.csv").write_text("".join(f"{i}|{t}\n" for i, t in judged), encoding="utf-8")
+    return data, judged
 
 
 # ---------------------------------------------------------------- ours
@@ -622,6 +625,12 @@ def main() -> None:
     )
     parser.add_argument("--eval_clips", type=int, default=16, help="held-out clips the runs evaluate on")
     parser.add_argument("--judge_seeds", type=int, default=2)
+    parser.add_argument(
+        "--judge_clips",
+        type=int,
+        default=0,
+        help="judge on the first N of the judge's held-out clips (0: all; fewer where judging is the slow part)",
+    )
     parser.add_argument("--peer_save_steps", type=int, default=50, help="the peer saves its state this often")
     parser.add_argument(
         "--smoke",
@@ -651,7 +660,7 @@ def main() -> None:
         base, data_dir = Path(args.base_model).resolve(), Path(args.data_dir).resolve()
     else:
         parser.error("give --base_model and --data_dir, or --scenario tiny|small (or --smoke)")
-    data, judged = split_held_out(data_dir, work, args.eval_clips)
+    data, judged = split_held_out(data_dir, work, args.eval_clips, args.judge_clips)
     print(
         f"start: {base}; clips: {data_dir} ({len(judged)} held-out clips for the judge, {args.eval_clips} for the "
         f"runs' evaluations); {args.budget_s:.0f} s a run",
@@ -701,6 +710,7 @@ def main() -> None:
                 outcome = run_peer(args, python, peer, start, clips, folder, seed, peer_rate(name, args.learning_rate))
             else:
                 outcome = run_ours(args, base, data, folder, seed, extra)
+            judging = time.monotonic()
             outcome["judge"] = (
                 judge(outcome["final_model"], examples, args.judge_seeds) if outcome["final_model"] else None
             )
@@ -709,6 +719,7 @@ def main() -> None:
                 for t, path in outcome["curve"].items()
             }
             outcome["seed"] = seed
+            outcome["judge_s"] = time.monotonic() - judging
             results["runs"].setdefault(name, []).append(outcome)
             score = outcome["judge"]
             print(
@@ -717,7 +728,8 @@ def main() -> None:
                     f"{score['mcd_db']:.3f} dB, length x{score['length_ratio']:.3f}"
                     if score
                     else "none (nothing saved)"
-                ),
+                )
+                + f" ({len(outcome['curve']) + 1} models judged in {outcome['judge_s']:.0f} s)",
                 flush=True,
             )
             (work / "results.json").write_text(json.dumps(results, indent=2))
