@@ -34,11 +34,12 @@ Systems (--systems), each --seeds times, one after another on this machine:
                a results.json entry of its own (`--systems fhv@1e-3 fhv@2e-3 fhv@4e-3`)
 
 The judge, the same for every model: stock transformers (VitsModel.forward on the text, one request a
-sentence, --judge_seeds seeds) on the judge's clips (all, or the first --judge_clips): the mean MCD-DTW against the recordings (each clip's
-mean over seeds), and the median length of a request over the recording's. Every model a run saved on
-the way (ours: each whole evaluation's; the peer: each saved state) is judged too: the curve of the judge's
-MCD against wall time since launch, and from it each system's time to reach a quality (interpolated between the
-curve's points, which are tens of seconds apart; the first point below it is printed as the bound).
+sentence, --judge_seeds seeds) on the judge's clips (all, or the first --judge_clips): the mean MCD-DTW
+against the recordings (each clip's mean over seeds), and the median length of a request over the
+recording's. Every model a run saved on the way (ours: each whole evaluation's; the peer: each saved state)
+is judged too: the curve of the judge's MCD against wall time since launch, and from it each system's time
+to reach a quality (interpolated between the curve's points, which are tens of seconds apart; the first
+point below it is printed as the bound).
 
 Outputs: W/<system>_s<seed>/final_model/ (a transformers folder), W/results.json, and the tables.
 """
@@ -205,7 +206,8 @@ def split_held_out(
     data_dir: Path, work: Path, eval_clips: int, judge_clips: int = 0
 ) -> tuple[Path, list[tuple[str, str]]]:
     """W/data: the training clips as they are, the first `eval_clips` held-out clips as the runs'
-    metadata_val.csv; the other held-out clips (the first `judge_clips` of them, 0: all), the judge's (id, text)."""
+    metadata_val.csv; the other held-out clips (the first `judge_clips` of them; 0: all), the judge's
+    (id, text)."""
     from finetune.data.corpus import read_rows
 
     held = [(item, text) for item, _, text in read_rows(data_dir / "metadata_val.csv")]
@@ -643,6 +645,8 @@ def main() -> None:
     if args.child_record:
         sys.exit(child(args.child_record, args.rest))
     args.ours_flags = shlex.split(args.ours_flags)
+    if args.judge_clips < 0:
+        parser.error(f"--judge_clips {args.judge_clips}: give a count of clips, or 0 for all")
     print(f"machine: {describe()}", flush=True)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_peers_")).resolve()
     work.mkdir(parents=True, exist_ok=True)
