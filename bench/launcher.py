@@ -5,7 +5,8 @@ Benchmarks that compare what runs produce (bench_finetune.py, bench_speakers.py)
 recipes; a new interpreter pays 5 to 6 s of CPU importing torch and transformers each time. A forked
 process is as separate as one from `python train_vits.py` (its own pid, threads, memory, exit status;
 its output goes to its log), it only skips the imports. Benchmarks that time a launch or measure a
-process's memory (bench_deadline.py, bench_scale.py, bench_train.py) start real interpreters instead.
+process's memory (bench_deadline.py, bench_scale.py, bench_train.py), or race a run against another tool's
+(bench_peers.py: a run's imports count against its budget), start real interpreters instead.
 
 Where this process runs torch on one thread and has no CUDA context (the test suite's smoke runs:
 OMP_NUM_THREADS=1, forked from tests/launch.py's server, which holds these imports already), a launch
