@@ -282,8 +282,8 @@ def run_ours(args, base: Path, data: Path, folder: Path, seed: int, extra: list[
         *args.ours_flags,
     ]
     # A new interpreter, as the peer's run and a user's `python train_vits.py` are: its start-up and imports
-    # count against its budget and its wall time (a fork of this process would skip them: 5 s and more of a
-    # run's budget on a 2-core CPU, bench/RESULTS.md).
+    # count against its budget and its wall time (a fork of this process would skip them: 4.4 s of a 180 s
+    # budget on a 2-core CPU, bench/RESULTS.md).
     started = time.perf_counter()
     with open(folder / "run.log", "w") as log:
         code = subprocess.run(
