@@ -285,23 +285,13 @@ def run_ours(args, base: Path, data: Path, folder: Path, seed: int, extra: list[
     # count against its budget and its wall time (a fork of this process would skip them: 4.4 s of a 180 s
     # budget on a 2-core CPU, bench/RESULTS.md).
     started = time.perf_counter()
-    with open(folder / "run.log", "w") as log:
-        code = subprocess.run(
-            [
-                sys.executable,
-                str(Path(__file__).resolve()),
-                "--child_record",
-                str(folder),
-                "--",
-                *[str(f) for f in flags],
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-        ).returncode
+    run(
+        [sys.executable, Path(__file__).resolve(), "--child_record", folder, "--", *flags],
+        folder / "run.log",
+        "ours",
+        cwd=REPO,
+    )
     wall = time.perf_counter() - started
-    if code != 0:
-        raise SystemExit(f"ours failed (exit {code}); see {folder / 'run.log'}")
     end = [
         json.loads(line)
         for line in (folder / "checkpoints" / "metrics.jsonl").read_text().splitlines()
