@@ -39,8 +39,11 @@ PRELOAD = [
     "finetune.reporting.tracking",
     "finetune.data.prepare",
     "librosa",
+    "librosa.sequence",  # its numba functions, loaded from their cache on import: 0.5-1.5 s a process
+    "librosa.core.audio",
     "scipy.signal",
     "matplotlib",
+    "matplotlib.pyplot",
     "torch.utils.tensorboard",
 ]
 _context = None

@@ -37,8 +37,11 @@ PRELOAD = [
     "finetune.reporting.run_report",
     "finetune.reporting.tracking",
     "librosa",
+    "librosa.sequence",  # its numba functions, loaded from their cache on import: 0.5-1.5 s a process
+    "librosa.core.audio",
     "scipy.signal",
     "matplotlib",
+    "matplotlib.pyplot",
     "torch.utils.tensorboard",
 ]
 _context = None

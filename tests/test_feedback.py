@@ -29,7 +29,9 @@ def folder_digest(folder) -> dict[str, str]:
     }
 
 
-@pytest.fixture(scope="module")
+# Session-scoped, though only this module uses it: a module's fixture is torn down whenever its worker
+# steals a test from another module (make test: --dist worksteal), and this one was trained three times.
+@pytest.fixture(scope="session")
 def base_run(prepared_demo, tmp_path_factory):
     """A tiny model trained for a few epochs on the first demo clips (best_model with its discriminator).
     30 steps from scratch do not learn the corpus's tempo; the timing rule is relaxed for these tests (it
