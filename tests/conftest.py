@@ -89,6 +89,22 @@ def kurmanji_model_dir(tmp_path: Path) -> Path:
     return make_tokenizer_dir(tmp_path / "model", KURMANJI_LETTERS + " '-")
 
 
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """A folder that `build(folder)` makes once for the whole session, in whichever test process asks
+    first; the others (make test runs several, pytest-xdist) wait for it and share it. For what the tests
+    only read, and is costly to make (a trained model: each process trained its own)."""
+    from filelock import FileLock
+
+    basetemp = tmp_path_factory.getbasetemp()
+    root = basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp  # the session's, not older ones
+    folder, done = root / name, root / f"{name}.built"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.is_file():
+            build(folder)
+            done.touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def prepared_demo(tmp_path_factory) -> Path:
     """The first 24 demo clips prepared with an open vocabulary (16 kHz WAVs + metadata)."""

@@ -16,7 +16,7 @@ import train_vits
 from finetune.data.corrections import FeedbackError, replay_sample
 from finetune.reporting.evaluation import ClipScore, EvalResult
 from finetune.training.feedback import Versions, decide
-from tests.conftest import DEMO_CORPUS, clock_for, demo_texts
+from tests.conftest import DEMO_CORPUS, built_once, clock_for, demo_texts
 
 CORRECTION_IDS = ["kmr_demo_0101", "kmr_demo_0102", "kmr_demo_0103", "kmr_demo_0104"]
 
@@ -29,16 +29,20 @@ def folder_digest(folder) -> dict[str, str]:
     }
 
 
-# Session-scoped, though only this module uses it: a module's fixture is torn down whenever its worker
-# steals a test from another module (make test: --dist worksteal), and this one was trained three times.
+# Session-scoped, though only this module uses it, and trained once for the session (built_once): a module's
+# fixture is torn down whenever its process steals a test from another module (make test: --dist worksteal),
+# and this one was trained three times, 9 s each.
 @pytest.fixture(scope="session")
 def base_run(prepared_demo, tmp_path_factory):
     """A tiny model trained for a few epochs on the first demo clips (best_model with its discriminator).
     30 steps from scratch do not learn the corpus's tempo; the timing rule is relaxed for these tests (it
     has its own)."""
+    return built_once(tmp_path_factory, "feedback_base", lambda run: train_base(prepared_demo, run))
+
+
+def train_base(prepared_demo: Path, run: Path) -> None:
     from tests.conftest import FakeClock
 
-    run = tmp_path_factory.mktemp("base")
     fake = FakeClock()
     code = train_vits.main(
         [
@@ -81,7 +85,6 @@ def base_run(prepared_demo, tmp_path_factory):
         clock=clock_for(fake),
     )
     assert code == 0
-    return run
 
 
 def make_feedback(folder, ids=CORRECTION_IDS, extra_rows=()):

@@ -20,23 +20,24 @@ def _figure(width: float = 7.0, height: float = 3.0):
 
 # A figure's margins in inches, fixed: room for tick labels of up to about 7 characters, an axis label
 # and a one-line title. tight_layout measured every label to fit them and cost a third of each figure
-# (0.63 against 0.41 s for a run report's five curves, bench/RESULTS.md); figures with long category names
-# or several rows still ask for it (fit_labels).
+# (0.63 against 0.41 s for a run report's five curves, bench/RESULTS.md).
 MARGINS_IN = {"left": 0.85, "right": 0.15, "bottom": 0.5, "top": 0.35}
+ROW_GAP_IN = 0.55  # between stacked axes: the lower one's title and the upper one's tick labels
+CHARACTER_IN = 0.085  # a tick label's character at the default 10 pt, with room to spare
 
 
-def _save(pyplot, figure, path: Path | None, fit_labels: bool = False) -> bytes:
+def _save(pyplot, figure, path: Path | None, left_in: float = MARGINS_IN["left"]) -> bytes:
     buffer = io.BytesIO()
-    if fit_labels:
-        figure.tight_layout()
-    else:
-        width, height = figure.get_size_inches()
-        figure.subplots_adjust(
-            left=MARGINS_IN["left"] / width,
-            right=1 - MARGINS_IN["right"] / width,
-            bottom=MARGINS_IN["bottom"] / height,
-            top=1 - MARGINS_IN["top"] / height,
-        )
+    width, height = figure.get_size_inches()
+    rows = max(1, len(figure.axes))  # stacked one above the other, as every figure here is
+    row_height = (height - MARGINS_IN["bottom"] - MARGINS_IN["top"] - (rows - 1) * ROW_GAP_IN) / rows
+    figure.subplots_adjust(
+        left=left_in / width,
+        right=1 - MARGINS_IN["right"] / width,
+        bottom=MARGINS_IN["bottom"] / height,
+        top=1 - MARGINS_IN["top"] / height,
+        hspace=ROW_GAP_IN / row_height,  # a fraction of the axes' height
+    )
     figure.savefig(buffer, format="png")
     pyplot.close(figure)
     data = buffer.getvalue()
@@ -57,7 +58,7 @@ def mel_comparison_rgb(generated: np.ndarray, recorded: np.ndarray, title: str) 
     axis.set_xlabel("frame")
     from PIL import Image
 
-    return np.asarray(Image.open(io.BytesIO(_save(pyplot, figure, None, fit_labels=True))).convert("RGB"))
+    return np.asarray(Image.open(io.BytesIO(_save(pyplot, figure, None))).convert("RGB"))
 
 
 def curves(
@@ -109,4 +110,4 @@ def bars(path: Path, title: str, values: dict[str, float], unit: str) -> None:
     axis.set_title(title, fontsize=10)
     axis.set_xlabel(unit)
     axis.grid(alpha=0.3, axis="x")
-    _save(pyplot, figure, path, fit_labels=True)  # the names of the parts, left of the bars
+    _save(pyplot, figure, path, left_in=0.3 + CHARACTER_IN * max(map(len, names), default=0))  # the names, left

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from torch.nn.utils import parametrize
 from transformers import VitsConfig, VitsModel, VitsTokenizer
+from transformers.initialization import no_init_weights
 from transformers.utils import logging as transformers_logging
 
 from finetune.system.model_source import ModelSource, ModelSourceError, load_tokenizer
@@ -220,9 +221,10 @@ def fold_weight_norm(module: torch.nn.Module) -> None:
 
 def inference_copy(model: VitsModel) -> VitsModel:
     """A CPU copy in the stock layout (decoder weight norm folded), built fresh so no GPU memory is used.
-    Building it initialises weights, which draws random numbers: that happens in a forked generator, or a
-    run's random state would depend on when it exported (and a resumed run would not match)."""
-    with torch.random.fork_rng(devices=[]):
+    Built without initialising its weights, which the model's own overwrite (at the MMS size 0.05-0.23 s
+    against 0.58 s an export, bench/RESULTS.md); in a forked generator all the same, so that nothing a
+    constructor draws moves the run's random state (a resumed run must match an uninterrupted one)."""
+    with torch.random.fork_rng(devices=[]), no_init_weights():
         plain = VitsModel(model.config)
     if has_weight_norm(model.decoder):
         plain.decoder.apply_weight_norm()
