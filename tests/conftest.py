@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -100,6 +101,7 @@ def built_once(tmp_path_factory, name: str, build) -> Path:
     folder, done = root / name, root / f"{name}.built"
     with FileLock(str(root / f"{name}.lock")):
         if not done.is_file():
+            shutil.rmtree(folder, ignore_errors=True)  # what a build that failed in another process left
             build(folder)
             done.touch()
     return folder
