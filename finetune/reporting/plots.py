@@ -20,7 +20,8 @@ def _figure(width: float = 7.0, height: float = 3.0):
 
 # A figure's margins in inches, fixed: room for tick labels of up to about 7 characters, an axis label
 # and a one-line title. tight_layout measured every label to fit them and cost a third of each figure
-# (0.63 against 0.41 s for a run report's five curves, bench/RESULTS.md).
+# (0.63 against 0.41 s for a run report's five curves, bench/RESULTS.md). tests/test_plots.py draws every
+# figure at the extremes a run can log and checks that no label reaches an edge.
 MARGINS_IN = {"left": 0.85, "right": 0.15, "bottom": 0.5, "top": 0.35}
 ROW_GAP_IN = 0.55  # between stacked axes: the lower one's title and the upper one's tick labels
 CHARACTER_IN = 0.085  # a tick label's character at the default 10 pt, with room to spare
