@@ -738,7 +738,7 @@ def main() -> None:
                     if score
                     else "none (nothing saved)"
                 )
-                + f" ({len(outcome['curve']) + 1} models judged in {outcome['judge_s']:.0f} s)",
+                + f" ({len(outcome['curve']) + bool(score)} models judged in {outcome['judge_s']:.0f} s)",
                 flush=True,
             )
             (work / "results.json").write_text(json.dumps(results, indent=2))
