@@ -12,7 +12,7 @@ import pytest
 import soundfile as sf
 
 import train_vits
-from finetune.reporting.evaluation import ClipScore, judge
+from finetune.reporting.evaluation import ClipScore, judge, says_nothing
 from finetune.reporting.measures import TimingRule
 from finetune.reporting.model_card import card_facts, card_text
 from finetune.reporting.selection import NONE_YET, better, chosen_as, compare, judge_candidate, standing, timing_error
@@ -172,6 +172,55 @@ def test_a_run_that_never_meets_the_timing_rule_still_ends_with_a_best_model(pre
         card = (folder / "README.md").read_text()
         header = card.split("---")[1]  # no language line where it is unknown (the Hub reads it as a code)
         assert "license: other" in header and "language:" not in header and 'pipeline("text-to-speech"' in card
+
+
+def test_a_constant_signal_says_nothing_and_noise_or_speech_says_something():
+    rng = np.random.default_rng(0)
+    pinned = np.full(16_000, -1.0, dtype=np.float32)
+    pinned[:80] = np.linspace(0, -1, 80)  # a collapsed generator's output: -1.00 but for its first samples
+    assert says_nothing(pinned) and says_nothing(np.zeros(16_000)) and says_nothing(np.zeros(1))
+    tone = 0.3 * np.sin(2 * np.pi * 220 * np.arange(16_000) / 16_000)
+    loud_noise = np.clip(rng.normal(0, 3, 16_000), -1, 1)  # new weights: pinned at +-1 most of the time
+    assert not says_nothing(tone) and not says_nothing(loud_noise)
+    assert not says_nothing(np.concatenate([np.zeros(12_000), tone[:4_000]]))  # a pause, then speech
+
+
+def test_a_voice_that_says_nothing_is_never_kept_not_even_as_the_fallback(
+    prepared_demo, tmp_path, timed_work, monkeypatch
+):
+    """After step 0 every clip comes out as a constant -1.00 (the collapsed scratch:small pretraining's output,
+    bench/RESULTS.md), at exactly the recordings' length. No evaluation can meet the timing rule here
+    (--max_length_ratio 1 takes 1.0 exactly, and a voice that says nothing is not eligible), so each collapsed
+    one would be the fallback nearest the rule; none is kept, and each says why."""
+    from finetune.reporting import evaluation
+
+    collapsed = {"on": False}
+    real_speak, real_ratio, timed_evaluate = evaluation.speak, evaluation.length_ratio, evaluation.Evaluator.evaluate
+
+    def speak(*a, **k):
+        speech = real_speak(*a, **k)
+        if collapsed["on"]:
+            speech.waveforms = [np.full_like(w, -1.0) for w in speech.waveforms]
+        return speech
+
+    def evaluate(self, model, step, *a, **k):
+        collapsed["on"] = step > 0
+        return timed_evaluate(self, model, step, *a, **k)
+
+    monkeypatch.setattr(evaluation, "speak", speak)
+    monkeypatch.setattr(evaluation, "length_ratio", lambda *a: 1.0 if collapsed["on"] else real_ratio(*a))
+    monkeypatch.setattr(evaluation.Evaluator, "evaluate", evaluate)
+    fake, _ = timed_work
+    run = args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "2", "--val_every", "2")
+    assert train_vits.main([*run, "--max_length_ratio", "1", "--no-naturalness"], clock=clock_for(fake)) == 0
+    evals = metrics(tmp_path, "eval")
+    assert evals[0]["step"] == 0 and evals[0]["best"] and evals[0]["length_ratio"] != 1.0 and len(evals) >= 3
+    for later in evals[1:]:
+        assert later["says_nothing"] and later["length_ratio"] == 1.0 and not later["best"], later
+        assert later["ineligible_reason"].startswith("the voice says nothing")
+    saved = json.loads((tmp_path / "checkpoints" / "best_model" / "eval.json").read_text())
+    assert saved["step"] == 0 and saved["chosen_as"].startswith("fallback") and "says_nothing" not in saved
+    assert "a voice that says nothing is never kept" in (tmp_path / "checkpoints" / "train.log").read_text()
 
 
 # ---------------------------------------------------------------- the model card

@@ -18,8 +18,10 @@ best_model compares models beyond it, finetune/reporting/selection.py), the medi
 draws of all clips (what a listener typically hears) and the median draw spread (a property of the voice),
 the mean duration error, the mean naturalness, the objective's own losses (mel, KL, duration) on the same
 clips, and whether the model may become the best one: only when its median length ratio passes the
-timing rule. It judges speech synthesised from text, duration predictor included, not just how well the
-training loss is minimised.
+timing rule, and never when every clip came out as a constant signal (the voice says nothing: a collapsed
+generator, whose decoder is pinned at one level; not even as the fallback nearest the timing rule). It
+judges speech synthesised from text, duration predictor included, not just how well the training loss is
+minimised.
 
 Synthesis is bounded (finetune/vits/inference.py): each clip at most MAX_LENGTH_VS_RECORDING times its
 recording, so a broken model is scored, as broken, in about the time a good one takes; its length ratio
@@ -70,6 +72,12 @@ TEST_SENTENCE_MAX_S = 30.0
 DURATION_DRAWS = 8  # noise draws of the duration predictor per clip: its typical length and its spread
 DRAW_SEED_OFFSET = 104_729  # the duration draws' seed, apart from the synthesis's
 TEMPO_SEED_OFFSET = 7_919  # the tempo fit's draws, apart from the evaluation's
+# A clip says nothing when its waveform stays where it was (within FLAT_STEP of full scale) from nearly every
+# sample to the next: silence, or a decoder pinned at one level. A collapsed scratch:small generator (2e-3,
+# from new weights, bench/RESULTS.md) said -1.00 for 100% of its samples; new weights' loud noise repeats
+# its sample 7-65% of the time, speech far less.
+FLAT_STEP = 1e-4
+SAYS_NOTHING_SHARE = 0.99
 
 
 @dataclass
@@ -81,6 +89,15 @@ class ClipScore:
     naturalness: float | None = None  # DNSMOS OVRL of the synthesised clip (None: the measure is off)
     length_draws: tuple[float, ...] = ()  # the length ratio of each duration draw (not written per clip)
     draw_spread: float = 1.0  # geometric standard deviation of those draws (1: all alike)
+    says_nothing: bool = False  # the synthesised clip is a constant signal (says_nothing())
+
+
+def says_nothing(waveform: np.ndarray) -> bool:
+    """Whether a synthesised waveform (full scale 1) is a constant signal: at least SAYS_NOTHING_SHARE of its
+    samples within FLAT_STEP of the one before (silence, or a level it is pinned at)."""
+    if len(waveform) < 2:
+        return True
+    return float(np.mean(np.abs(np.diff(waveform)) < FLAT_STEP)) >= SAYS_NOTHING_SHARE
 
 
 @dataclass
@@ -117,6 +134,11 @@ class EvalResult:
         """Not a single clip fitted in the time it had."""
         return not self.per_clip
 
+    @property
+    def says_nothing(self) -> bool:
+        """Every clip scored came out as a constant signal: the voice says nothing (never kept as best_model)."""
+        return bool(self.per_clip) and all(score.says_nothing for score in self.per_clip.values())
+
     def summary(self) -> dict:
         return {
             "step": self.step,
@@ -128,6 +150,7 @@ class EvalResult:
             "duration_error": round(self.duration_error, 4),
             "eligible": self.eligible,
             **({"ineligible_reason": self.ineligible_reason} if not self.eligible else {}),
+            **({"says_nothing": True} if self.says_nothing else {}),
             "clips_scored": self.clips_scored,
             "clips_planned": self.clips_planned,
             "sentences_written": len(self.samples),
@@ -171,6 +194,11 @@ def judge(
         reason = f"cut short by the deadline after {len(scores)} of {planned} clips (a partial score is not compared)"
     elif not np.isfinite(mcd):
         reason = "the synthesised speech is not finite"
+    elif all(s.says_nothing for s in scores.values()):
+        reason = (
+            f"the voice says nothing: all {len(scores)} clips came out as a constant signal (a collapsed generator; "
+            "training on seldom brings it back: a lower --learning_rate, or the last checkpoint before it)"
+        )
     elif rule is not None and not rule.accepts(ratio):
         digits = next((d for d in range(2, 7) if not rule.accepts(round(ratio, d))), 6)  # never "0.80 is outside 0.80-"
         reason = f"median length ratio {ratio:.{digits}f} is outside {rule.describe()}"
@@ -466,6 +494,7 @@ class Evaluator:
                 capped=speech.capped[i],
                 length_draws=ratios,
                 draw_spread=geometric_spread(ratios),
+                says_nothing=says_nothing(speech.waveforms[i]),
                 naturalness=self.naturalness.overall(speech.waveforms[i], self.sample_rate)
                 if self.naturalness
                 else None,

@@ -129,6 +129,9 @@ class Evaluations:
         if result.clips_scored < result.clips_planned:  # a mean over fewer clips is not comparable
             best.evals_since += 1
             return False, "cut short", 0.0
+        if result.says_nothing:  # not even as the fallback nearest the timing rule
+            best.evals_since += 1
+            return False, "a voice that says nothing is never kept", 0.0
         kept = self.kept_standing()
         verdict = judge_candidate(candidate, kept)
         improved = verdict.replace
@@ -163,7 +166,7 @@ class Evaluations:
                 "nearest to the timing rule so far: saved best_model as a fallback" if fallback else "saved best_model"
             ) + because
         if best.step < 0:
-            return "no model kept yet (no finite score)"
+            return "no model kept yet (no finite score that says something)"
         return (
             f"best {best.score:.3f} at step {best.step}"
             + (", a fallback: none within the timing rule yet" if fallback else "")
