@@ -179,6 +179,11 @@ def scenario(work: Path, size: str, pretrain_hours: float, max_samples: int) -> 
         # a short pretraining whose evaluations all missed the timing rule keeps its step 0 (new weights) as
         # the fallback best_model (seen on the H200 with 54 s of it): the start is its last weights instead
         voice_a = work / "voice_a" / "checkpoints" / "last_model"
+    if start_says_nothing(voice_a):
+        raise SystemExit(
+            f"voice A ({voice_a}) says nothing: its pretraining collapsed (every sample at one level, as a scratch:small "
+            f"one did at 2e-3 on a CPU, bench/RESULTS.md); delete {work / 'voice_a'} and pretrain again"
+        )
     data_b = work / "data_b"
     if not (data_b / "metadata.csv").is_file():
         shutil.rmtree(work / "corpus_b", ignore_errors=True)
@@ -201,6 +206,20 @@ def scenario(work: Path, size: str, pretrain_hours: float, max_samples: int) -> 
             "preparing B",
         )
     return voice_a, data_b
+
+
+def start_says_nothing(voice: Path) -> bool:
+    """Whether a voice folder speaks a demo sentence as a constant signal (finetune/reporting/evaluation.py)."""
+    import torch
+    from transformers import AutoTokenizer, VitsModel
+
+    from finetune.reporting.evaluation import says_nothing
+
+    model, tokenizer = VitsModel.from_pretrained(str(voice)).eval(), AutoTokenizer.from_pretrained(str(voice))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        waveform = model(**tokenizer("ez baş im, tu çawa yî?", return_tensors="pt")).waveform[0]
+    return says_nothing(waveform.numpy())
 
 
 def split_held_out(
