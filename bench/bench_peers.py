@@ -118,7 +118,9 @@ def recipe(script: str, argv: list, log: Path, label: str) -> None:
 # ---------------------------------------------------------------- the start and the clips
 
 
-def scenario(work: Path, size: str, pretrain_hours: float, max_samples: int) -> tuple[Path, Path]:
+def scenario(
+    work: Path, size: str, pretrain_hours: float, max_samples: int, pretrain_rate: float = 2e-3
+) -> tuple[Path, Path]:
     """Voice A (scratch:`size`) pretrained from scratch on the demo corpus (a discriminator both tools can
     hold), and B's data: A's recordings 1.25x slower and lower, prepared with A's vocabulary, 30% held out."""
     from bench.bench_finetune import make_voice_b
@@ -163,7 +165,7 @@ def scenario(work: Path, size: str, pretrain_hours: float, max_samples: int) -> 
                 "--discriminator_scales",
                 "0",
                 "--learning_rate",
-                "2e-3",
+                pretrain_rate,
                 "--gradient_accumulation_steps",
                 "1",
                 "--log_every_seconds",
@@ -613,6 +615,12 @@ def main() -> None:
         help="make the start and the clips here instead: voice A at this scratch size (tiny 0.7M, small 11M)",
     )
     parser.add_argument("--pretrain_hours", type=float, default=0.17, help="--scenario: voice A's pretraining")
+    parser.add_argument(
+        "--pretrain_learning_rate",
+        type=float,
+        default=2e-3,
+        help="--scenario: voice A's pretraining rate (a scratch:small one collapsed at 2e-3 on a CPU: say nothing)",
+    )
     parser.add_argument("--budget_s", type=float, default=180.0, help="wall seconds each run gets, launch to result")
     parser.add_argument("--work_dir", default=None)
     parser.add_argument(
@@ -682,7 +690,11 @@ def main() -> None:
     peers = dict(p.split("=", 1) for p in args.peer_dir)
     if args.scenario:
         base, data_dir = scenario(
-            work, args.scenario, 0.1 if args.smoke else args.pretrain_hours, 40 if args.smoke else 0
+            work,
+            args.scenario,
+            0.1 if args.smoke else args.pretrain_hours,
+            40 if args.smoke else 0,
+            args.pretrain_learning_rate,
         )
     elif args.base_model and args.data_dir:
         base, data_dir = Path(args.base_model).resolve(), Path(args.data_dir).resolve()
