@@ -48,6 +48,7 @@ Outputs: W/<system>_s<seed>/final_model/ (a transformers folder), W/results.json
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -63,7 +64,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.bench_selection import judge_model as judge  # the same judge as the kept-model bench
-from bench.launcher import run_script
+from bench.launcher import run_script, wait_passing_stops
 from bench.machine import describe
 from bench.peer_venv import made_venv, run
 
@@ -183,8 +184,8 @@ def scenario(
         voice_a = work / "voice_a" / "checkpoints" / "last_model"
     if start_says_nothing(voice_a):
         raise SystemExit(
-            f"voice A ({voice_a}) says nothing: its pretraining collapsed (every sample at one level, as a scratch:small "
-            f"one did at 2e-3 on a CPU, bench/RESULTS.md); delete {work / 'voice_a'} and pretrain again"
+            f"voice A ({voice_a}) says nothing: its pretraining collapsed (as two scratch:small ones did on a CPU, at "
+            f"2e-3 and 1e-3, bench/RESULTS.md); delete {work / 'voice_a'} and pretrain again"
         )
     data_b = work / "data_b"
     if not (data_b / "metadata.csv").is_file():
@@ -492,10 +493,20 @@ def run_peer(
             start_new_session=True,
         )
         saved_at: dict[str, float] = {}
-        while process.poll() is None and time.perf_counter() - started < args.budget_s:
-            time.sleep(0.5)
-            for state in (folder / "out").glob("checkpoint-*"):
-                saved_at.setdefault(state.name, time.perf_counter() - started)
+
+        def until_the_budget() -> None:
+            while process.poll() is None and time.perf_counter() - started < args.budget_s:
+                time.sleep(0.5)
+                for state in (folder / "out").glob("checkpoint-*"):
+                    saved_at.setdefault(state.name, time.perf_counter() - started)
+
+        # Its own session (so that the kill at the budget takes its workers too): a stop of this bench is passed
+        # on to that whole group, or the peer would train on alone with no limit of its own.
+        def end_its_group(_signum: int) -> None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+
+        wait_passing_stops(until_the_budget, end_its_group)
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)  # at the budget: what it saved by then is what it made
         elif process.returncode != 0:
@@ -619,7 +630,7 @@ def main() -> None:
         "--pretrain_learning_rate",
         type=float,
         default=2e-3,
-        help="--scenario: voice A's pretraining rate (a scratch:small one collapsed at 2e-3 on a CPU: say nothing)",
+        help="--scenario: voice A's pretraining rate (scratch:small ones collapsed at 2e-3 and 1e-3 on a CPU)",
     )
     parser.add_argument("--budget_s", type=float, default=180.0, help="wall seconds each run gets, launch to result")
     parser.add_argument("--work_dir", default=None)

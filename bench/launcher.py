@@ -20,8 +20,12 @@ from __future__ import annotations
 import multiprocessing
 import os
 import runpy
+import signal
 import sys
 from pathlib import Path
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parent.parent
 # The recipes, and what they import on first use (a run's parts, librosa, matplotlib, TensorBoard): each of
@@ -77,12 +81,47 @@ def _child(script: str, argv: list[str], log: str) -> None:
     runpy.run_path(script, run_name="__main__")  # its sys.exit(status) becomes the process's exit status
 
 
+def wait_passing_stops(wait: Callable[[], T], stop: Callable[[int], None]) -> T:
+    """wait() for a child, passing each SIGTERM or SIGINT this process gets on to it (`stop(signal)`); once the
+    child has ended after one, this process stops too (exit status 128 + the signal). Without it a benchmark
+    stopped by SIGTERM (a scheduler, `timeout`) left its recipe training on alone (its forked children are not
+    in its process group's reach either when the signal is sent to it alone)."""
+    received: list[int] = []
+
+    def pass_on(signum, _frame) -> None:
+        received.append(signum)
+        stop(signum)
+
+    previous = {s: signal.signal(s, pass_on) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        result = wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if received:
+        raise SystemExit(128 + received[0])
+    return result
+
+
+def signal_process(pid: int) -> Callable[[int], None]:
+    """stop() for wait_passing_stops: the signal, to process `pid` (gone already: nothing to do)."""
+
+    def stop(signum: int) -> None:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+    return stop
+
+
 def run_script(script: Path, argv: list[str], log: Path) -> int:
-    """Run `script` with `argv` in a forked process, its output in `log`; its exit status."""
+    """Run `script` with `argv` in a forked process, its output in `log`; its exit status. A SIGTERM or SIGINT
+    to this process reaches the script too (a recipe saves and stops within seconds), then ends this one."""
     context = _server()
     sys.stdout.flush()  # a forked child would otherwise write this process's pending output into its log
     sys.stderr.flush()
     process = context.Process(target=_child, args=(str(script), [str(a) for a in argv], str(log)))
     process.start()
-    process.join()
+    wait_passing_stops(process.join, signal_process(process.pid))
     return process.exitcode

@@ -8,13 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.launcher import signal_process, wait_passing_stops
+
 
 def run(command: list, log: Path, label: str, env: dict | None = None, cwd: Path | None = None) -> None:
-    """`command` with its output in `log`; a failure stops the bench, naming the step and the log."""
+    """`command` with its output in `log`; a failure stops the bench, naming the step and the log. A SIGTERM or
+    SIGINT to the bench reaches the command too, then ends the bench."""
     with open(log, "w") as out:
-        code = subprocess.run(
-            [str(c) for c in command], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd
-        ).returncode
+        process = subprocess.Popen([str(c) for c in command], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+        code = wait_passing_stops(process.wait, signal_process(process.pid))
     if code != 0:
         raise SystemExit(f"{label} failed (exit {code}); see {log}")
 
