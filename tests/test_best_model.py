@@ -174,11 +174,12 @@ def test_a_run_that_never_meets_the_timing_rule_still_ends_with_a_best_model(pre
         assert "license: other" in header and "language:" not in header and 'pipeline("text-to-speech"' in card
 
 
-def test_a_constant_signal_says_nothing_and_noise_or_speech_says_something():
+def test_one_level_or_full_scale_says_nothing_and_noise_or_speech_says_something():
     rng = np.random.default_rng(0)
-    pinned = np.full(16_000, -1.0, dtype=np.float32)
-    pinned[:80] = np.linspace(0, -1, 80)  # a collapsed generator's output: -1.00 but for its first samples
-    assert says_nothing(pinned) and says_nothing(np.zeros(16_000)) and says_nothing(np.zeros(1))
+    held = np.full(16_000, -1.0, dtype=np.float32)
+    held[:80] = np.linspace(0, -1, 80)  # a collapsed generator's output: -1.00 but for its first samples
+    pattern = np.tile(np.array([-1, 1, 1, -1, 1, -1, -1, -1], dtype=np.float32), 2_000)  # another's, whatever the text
+    assert says_nothing(held) and says_nothing(pattern) and says_nothing(np.zeros(16_000)) and says_nothing(np.zeros(1))
     tone = 0.3 * np.sin(2 * np.pi * 220 * np.arange(16_000) / 16_000)
     loud_noise = np.clip(rng.normal(0, 3, 16_000), -1, 1)  # new weights: pinned at +-1 most of the time
     assert not says_nothing(tone) and not says_nothing(loud_noise)

@@ -18,8 +18,8 @@ best_model compares models beyond it, finetune/reporting/selection.py), the medi
 draws of all clips (what a listener typically hears) and the median draw spread (a property of the voice),
 the mean duration error, the mean naturalness, the objective's own losses (mel, KL, duration) on the same
 clips, and whether the model may become the best one: only when its median length ratio passes the
-timing rule, and never when every clip came out as a constant signal (the voice says nothing: a collapsed
-generator, whose decoder is pinned at one level; not even as the fallback nearest the timing rule). It
+timing rule, and never when every clip came out held at one level or pinned at full scale (the voice says
+nothing: a collapsed generator; not even as the fallback nearest the timing rule). It
 judges speech synthesised from text, duration predictor included, not just how well the training loss is
 minimised.
 
@@ -72,11 +72,13 @@ TEST_SENTENCE_MAX_S = 30.0
 DURATION_DRAWS = 8  # noise draws of the duration predictor per clip: its typical length and its spread
 DRAW_SEED_OFFSET = 104_729  # the duration draws' seed, apart from the synthesis's
 TEMPO_SEED_OFFSET = 7_919  # the tempo fit's draws, apart from the evaluation's
-# A clip says nothing when its waveform stays where it was (within FLAT_STEP of full scale) from nearly every
-# sample to the next: silence, or a decoder pinned at one level. A collapsed scratch:small generator (2e-3,
-# from new weights, bench/RESULTS.md) said -1.00 for 100% of its samples; new weights' loud noise repeats
-# its sample 7-65% of the time, speech far less.
+# A clip says nothing when nearly all its samples either stay where the one before was (within FLAT_STEP of
+# full scale: silence, or one level held) or sit at full scale (|x| >= PINNED_LEVEL: a decoder pinned at its
+# limits). Two scratch:small pretrainings collapsed so on a CPU (bench/RESULTS.md): one said -1.00 for every
+# sample, the other the same +-1 pattern whatever the text. New weights' loud noise is at full scale 67-91% of
+# the time and repeats its sample 7-65% of it; speech neither.
 FLAT_STEP = 1e-4
+PINNED_LEVEL = 0.999
 SAYS_NOTHING_SHARE = 0.99
 
 
@@ -89,15 +91,17 @@ class ClipScore:
     naturalness: float | None = None  # DNSMOS OVRL of the synthesised clip (None: the measure is off)
     length_draws: tuple[float, ...] = ()  # the length ratio of each duration draw (not written per clip)
     draw_spread: float = 1.0  # geometric standard deviation of those draws (1: all alike)
-    says_nothing: bool = False  # the synthesised clip is a constant signal (says_nothing())
+    says_nothing: bool = False  # the synthesised clip holds no speech: silence, one level, full scale (says_nothing())
 
 
 def says_nothing(waveform: np.ndarray) -> bool:
-    """Whether a synthesised waveform (full scale 1) is a constant signal: at least SAYS_NOTHING_SHARE of its
-    samples within FLAT_STEP of the one before (silence, or a level it is pinned at)."""
+    """Whether a synthesised waveform (full scale 1) holds no speech: at least SAYS_NOTHING_SHARE of its samples
+    within FLAT_STEP of the one before (silence, one level held), or at full scale (pinned at its limits)."""
     if len(waveform) < 2:
         return True
-    return float(np.mean(np.abs(np.diff(waveform)) < FLAT_STEP)) >= SAYS_NOTHING_SHARE
+    held = float(np.mean(np.abs(np.diff(waveform)) < FLAT_STEP))
+    pinned = float(np.mean(np.abs(waveform) >= PINNED_LEVEL))
+    return max(held, pinned) >= SAYS_NOTHING_SHARE
 
 
 @dataclass
@@ -136,7 +140,7 @@ class EvalResult:
 
     @property
     def says_nothing(self) -> bool:
-        """Every clip scored came out as a constant signal: the voice says nothing (never kept as best_model)."""
+        """Every clip scored came out without speech (says_nothing()): never kept as best_model."""
         return bool(self.per_clip) and all(score.says_nothing for score in self.per_clip.values())
 
     def summary(self) -> dict:
@@ -196,8 +200,9 @@ def judge(
         reason = "the synthesised speech is not finite"
     elif all(s.says_nothing for s in scores.values()):
         reason = (
-            f"the voice says nothing: all {len(scores)} clips came out as a constant signal (a collapsed generator; "
-            "training on seldom brings it back: a lower --learning_rate, or the last checkpoint before it)"
+            f"the voice says nothing: all {len(scores)} clips came out held at one level or pinned at full scale (a "
+            "collapsed generator; training on seldom brings it back: a lower --learning_rate, or the last checkpoint "
+            "before it)"
         )
     elif rule is not None and not rule.accepts(ratio):
         digits = next((d for d in range(2, 7) if not rule.accepts(round(ratio, d))), 6)  # never "0.80 is outside 0.80-"
