@@ -624,7 +624,7 @@ def describe_best(state, band: str, best_dir: Path) -> str:
     """The end line's words on best_model: its score, and whether it met the timing rule or is the fallback."""
     best = state.best
     if best.step < 0:
-        return "no best_model (no evaluation had a finite score)"
+        return "no best_model (no evaluation had a finite score, or every one said nothing)"
     kept = f"best MCD {best.score:.3f} dB at step {best.step} -> {best_dir}"
     if best.eligible:
         return kept

@@ -224,6 +224,34 @@ def test_a_voice_that_says_nothing_is_never_kept_not_even_as_the_fallback(
     assert "a voice that says nothing is never kept" in (tmp_path / "checkpoints" / "train.log").read_text()
 
 
+def test_a_run_whose_every_evaluation_says_nothing_ends_with_its_last_weights_and_says_so(
+    prepared_demo, tmp_path, timed_work, monkeypatch
+):
+    from finetune.reporting import evaluation
+
+    real_speak = evaluation.speak
+
+    def silent(*a, **k):
+        speech = real_speak(*a, **k)
+        speech.waveforms = [np.zeros_like(w) for w in speech.waveforms]
+        return speech
+
+    monkeypatch.setattr(evaluation, "speak", silent)
+    fake, _ = timed_work
+    run = args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "1", "--val_every", "2")
+    assert train_vits.main(run, clock=clock_for(fake)) == 0
+    assert all(record["says_nothing"] and not record["best"] for record in metrics(tmp_path, "eval"))
+    checkpoints = tmp_path / "checkpoints"
+    assert not (checkpoints / "best_model").exists()
+    log = (checkpoints / "train.log").read_text()
+    assert "no best_model (no evaluation had a finite score, or every one said nothing)" in log
+    summary = json.loads((tmp_path / "final_model" / "training_summary.json").read_text())
+    assert summary["final_model_holds"].startswith("the last weights")
+    assert (tmp_path / "final_model" / "model.safetensors").read_bytes() == (
+        checkpoints / "last_model" / "model.safetensors"
+    ).read_bytes()
+
+
 # ---------------------------------------------------------------- the model card
 
 

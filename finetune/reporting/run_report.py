@@ -185,7 +185,7 @@ def _summary(end: dict) -> str:
     best = (
         f"best MCD {end['best_mcd_db']:.3f} dB at step {end['best_step']}"
         if end.get("best_step", -1) >= 0
-        else "no best model (no evaluation had a finite score)"
+        else "no best model (no evaluation had a finite score, or every one said nothing)"
     )
     if end.get("best_step", -1) >= 0 and not end.get("best_within_timing_rule", True):
         best += " (a fallback: no evaluation met the timing rule; it is the one nearest to it)"

@@ -166,7 +166,7 @@ class Evaluations:
                 "nearest to the timing rule so far: saved best_model as a fallback" if fallback else "saved best_model"
             ) + because
         if best.step < 0:
-            return "no model kept yet (no finite score that says something)"
+            return "no model kept yet (none with a finite score that says something)"
         return (
             f"best {best.score:.3f} at step {best.step}"
             + (", a fallback: none within the timing rule yet" if fallback else "")
