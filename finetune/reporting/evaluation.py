@@ -104,6 +104,11 @@ def says_nothing(waveform: np.ndarray) -> bool:
     return max(held, pinned) >= SAYS_NOTHING_SHARE
 
 
+def all_say_nothing(scores: dict[str, ClipScore]) -> bool:
+    """Every clip scored (at least one) came out without speech: the voice says nothing."""
+    return bool(scores) and all(score.says_nothing for score in scores.values())
+
+
 @dataclass
 class EvalResult:
     step: int
@@ -141,7 +146,7 @@ class EvalResult:
     @property
     def says_nothing(self) -> bool:
         """Every clip scored came out without speech (says_nothing()): never kept as best_model."""
-        return bool(self.per_clip) and all(score.says_nothing for score in self.per_clip.values())
+        return all_say_nothing(self.per_clip)
 
     def summary(self) -> dict:
         return {
@@ -198,7 +203,7 @@ def judge(
         reason = f"cut short by the deadline after {len(scores)} of {planned} clips (a partial score is not compared)"
     elif not np.isfinite(mcd):
         reason = "the synthesised speech is not finite"
-    elif all(s.says_nothing for s in scores.values()):
+    elif all_say_nothing(scores):
         reason = (
             f"the voice says nothing: all {len(scores)} clips came out held at one level or pinned at full scale (a "
             "collapsed generator; training on seldom brings it back: a lower --learning_rate, or the last checkpoint "
