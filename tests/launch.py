@@ -6,7 +6,7 @@ transformers costs 5 to 6 s of CPU every time, half of such a test. multiprocess
 once per test worker: the server imports the recipes, then forks a fresh process for each launch. That
 process is as real as one from `python train_vits.py` (its own pid, clock, signal handlers, SIGKILL,
 exit status, stdout and stderr); it only skips the imports. Tests of the command line as users type it
-(tests/test_bench_smoke.py, test_distributed.py's torchrun command, test_prepare.py, test_run_lock.py) still
+(tests/test_bench_smoke.py, test_distributed.py's torchrun command, test_prepare.py) still
 start a new interpreter.
 
     process = launch("train_vits", argv, faults="slow-stop")   # faults: tests/crash_helper.py's

@@ -1,6 +1,7 @@
 """Data-parallel training on CPU with gloo: two processes stay identical and equal one process trained on
-both their batches; the real script under torchrun runs end to end and resumes; under torch's elastic agent
-(torchrun's own code, its ranks forked), an out-of-memory error on one rank is both ranks' decision."""
+both their batches; the real script under the torchrun command runs end to end, and resumes under torch's
+elastic agent (torchrun's own code, its ranks forked); under that agent, an out-of-memory error on one rank is
+both ranks' decision."""
 
 import json
 import os
@@ -150,8 +151,11 @@ def test_the_script_under_torchrun_runs_end_to_end_and_resumes(prepared_demo, tm
     assert latest["state"]["step"] == 3
     assert (tmp_path / "final_model" / "model.safetensors").is_file()
 
-    resumed = torchrun(["--checkpoint_dir", str(run), "--resume", "auto", "--max_epochs", "2"])
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    # The resume under torchrun's own agent, its ranks forked (below): the command was run just above.
+    code, out = under_agent(
+        ["--checkpoint_dir", str(run), "--resume", "auto", "--max_epochs", "2"], tmp_path / "agent.out"
+    )
+    assert code == 0, out[-6000:]
     assert metrics(tmp_path, "end")[-1]["steps"] == 6
 
     # A single process cannot continue it: the data positions mean something else with another count.
@@ -164,7 +168,7 @@ def rank(argv: list[str], faults: str, n: int) -> None:
     main, as `python tests/crash_helper.py FAULTS N train_vits ARGS` runs it."""
     from tests import crash_helper
 
-    for fault in faults.split(","):
+    for fault in filter(None, faults.split(",")):
         crash_helper.inject(fault, n)
     code = train_vits.main(argv)
     if code:
@@ -183,12 +187,27 @@ def agent(argv: list[str], faults: str, n: int, weights: str, out: str) -> None:
     handle = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     for fd in (1, 2):
         os.dup2(handle, fd)
-    os.environ.update(OMP_NUM_THREADS="1", WEIGHTS_DIR=weights)
+    os.environ.update(OMP_NUM_THREADS="1")
+    if weights:
+        os.environ["WEIGHTS_DIR"] = weights
     options = torchrun_command.parse_args(["--standalone", "--nproc_per_node=2", "--start-method=fork", "rank"])
     # What --standalone stands for (torch.distributed.run.run): a rendezvous on this machine, a port of its own.
     options.rdzv_backend, options.rdzv_endpoint, options.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
     config, _, _ = torchrun_command.config_from_args(options)
     elastic_launch(config, rank)(argv, faults, n)
+
+
+def under_agent(argv: list[str], out: Path, faults: str = "", n: int = 1, weights: Path | None = None):
+    """train_vits.main(argv) on two ranks under agent() (a process forked from the launch server): its exit
+    code and what it printed."""
+    process = launch.server().Process(target=agent, args=(argv, faults, n, str(weights or ""), str(out)))
+    process.start()
+    process.join(timeout=500)
+    if process.exitcode is None:  # a hang: the agent ends its ranks on SIGTERM, as torchrun does
+        process.terminate()
+        process.join(timeout=30)
+        process.kill()
+    return process.exitcode, out.read_text()
 
 
 @pytest.mark.timeout(600)  # the real agent and ranks in processes of their own
@@ -214,17 +233,10 @@ def test_out_of_memory_on_one_process_is_every_process_s_decision(prepared_demo,
         "--log_every_seconds",
         "0.001",
     )
-    out = tmp_path / "agent.out"
-    process = launch.server().Process(
-        target=agent, args=(argv, "oom-window-rank1,oom-update-rank1,weights-at-end", 3, str(weights), str(out))
+    code, out = under_agent(
+        argv, tmp_path / "agent.out", "oom-window-rank1,oom-update-rank1,weights-at-end", 3, weights
     )
-    process.start()
-    process.join(timeout=500)
-    if process.exitcode is None:  # a hang: the agent ends its ranks on SIGTERM, as torchrun does
-        process.terminate()
-        process.join(timeout=30)
-        process.kill()
-    assert process.exitcode == 0, out.read_text()[-6000:]
+    assert code == 0, out[-6000:]
     log = (tmp_path / "checkpoints" / "train.log").read_text()
     assert "out of memory during training at step" in log and "micro-batch 4 -> 2 clips" in log
     assert "another process" in log and "went back to checkpoint" in log

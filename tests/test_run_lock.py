@@ -1,5 +1,6 @@
 """One run per folder, with real processes: a live holder refuses a second run (train_vits.py --resume
-auto included) with a message naming it; a holder killed with SIGKILL leaves a lock the next run takes."""
+auto included, in a process of its own forked from tests/launch.py's server) with a message naming it; a
+holder killed with SIGKILL leaves a lock the next run takes."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 import pytest
 
 from finetune.system.run_lock import LOCK_NAME, FolderBusy, RunLock
-from tests.conftest import REPO
+from tests import launch
 
 HOLD = (
     "import time; from finetune.system.run_lock import RunLock; "
@@ -31,10 +32,9 @@ def test_a_second_run_in_a_held_folder_is_refused_naming_the_holder(prepared_dem
     run = tmp_path / "checkpoints"
     holder = start_holder(run)
     try:
-        second = subprocess.run(
+        second = launch.run(
+            "train_vits",
             [
-                sys.executable,
-                str(REPO / "train_vits.py"),
                 "--data_dir",
                 str(prepared_demo),
                 "--checkpoint_dir",
@@ -44,9 +44,6 @@ def test_a_second_run_in_a_held_folder_is_refused_naming_the_holder(prepared_dem
                 "--model_name",
                 "scratch:tiny",
             ],
-            capture_output=True,
-            text=True,
-            timeout=300,
         )
     finally:
         holder.kill()
@@ -97,10 +94,9 @@ def test_a_second_run_publishing_into_a_held_output_folder_is_refused(prepared_d
     )
     assert holder.stdout.readline().strip() == "held"
     try:
-        second = subprocess.run(
+        second = launch.run(
+            "train_vits",
             [
-                sys.executable,
-                str(REPO / "train_vits.py"),
                 "--data_dir",
                 str(prepared_demo),
                 "--checkpoint_dir",
@@ -110,9 +106,6 @@ def test_a_second_run_publishing_into_a_held_output_folder_is_refused(prepared_d
                 "--model_name",
                 "scratch:tiny",
             ],
-            capture_output=True,
-            text=True,
-            timeout=300,
         )
     finally:
         holder.kill()
