@@ -211,10 +211,12 @@ def judge_model(model_dir: Path, examples: list, seeds: int) -> dict:
     compared only with figures judged on the same machine."""
     import torch
     from transformers import VitsModel
+    from transformers.utils import logging as transformers_logging
 
     from finetune.data.features import FeatureConfig, Features
     from finetune.reporting.measures import mcd_dtw
 
+    transformers_logging.disable_progress_bar()  # a "Loading weights" bar a model judged, between the tables' lines
     device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
     model = VitsModel.from_pretrained(str(model_dir)).eval().to(device)
     features = Features(FeatureConfig())
