@@ -117,8 +117,9 @@ def test_two_processes_hold_identical_weights_equal_to_one_process_on_both_batch
             assert torch.allclose(value, single[part][key], rtol=1e-4, atol=1e-6), (part, key)
 
 
-def torchrun(argv: list[str]) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def torchrun(argv: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    # TMPDIR: the agent's log folder (torchelastic_*) in the test's folder; torch leaves it behind
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
     return subprocess.run(
         [
             sys.executable,
@@ -139,7 +140,7 @@ def torchrun(argv: list[str]) -> subprocess.CompletedProcess:
 @pytest.mark.timeout(600)  # the real script in subprocesses
 def test_the_script_under_torchrun_runs_end_to_end_and_resumes(prepared_demo, tmp_path):
     common = ["--target_hours", "1", "--val_every", "2", "--log_every_seconds", "0.001"]
-    first = torchrun(args(prepared_demo, tmp_path, "--max_epochs", "1", *common))
+    first = torchrun(args(prepared_demo, tmp_path, "--max_epochs", "1", *common), tmp_path)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert "data parallel: 2 processes (gloo)" in first.stdout
     run = tmp_path / "checkpoints"
@@ -179,6 +180,7 @@ def agent(argv: list[str], faults: str, n: int, weights: str, out: str) -> None:
     """In a process forked from the launch server: torch's elastic agent, the code torchrun runs, configured as
     `torchrun --standalone --nproc_per_node=2` configures it, with its ranks forked from this process (which holds
     torch and the recipe already: the command's three new interpreters cost 20 s of CPU importing them)."""
+    import tempfile
     import uuid
 
     from torch.distributed import run as torchrun_command
@@ -188,6 +190,7 @@ def agent(argv: list[str], faults: str, n: int, weights: str, out: str) -> None:
     for fd in (1, 2):
         os.dup2(handle, fd)
     os.environ.update(OMP_NUM_THREADS="1")
+    tempfile.tempdir = str(Path(out).parent)  # the agent's log folder (torchelastic_*), which torch leaves behind
     if weights:
         os.environ["WEIGHTS_DIR"] = weights
     options = torchrun_command.parse_args(["--standalone", "--nproc_per_node=2", "--start-method=fork", "rank"])
