@@ -2,7 +2,9 @@
 """Bounded synthesis: how long an evaluation takes, and how much RAM, when the duration predictor has run
 away, against a healthy model; and what stock transformers does with the same runaway model.
 
-Each case runs in its own process (peak RSS is per process): an Evaluator scores the demo corpus's
+Each case runs in a process of its own, forked from bench/launcher.py's server (torch and transformers
+imported once, not per case; their pages are in the case's RSS from its start): the table gives its peak RSS
+and how far it grew above its RSS at the start. An Evaluator scores the demo corpus's
 held-out clips with a model whose duration predictor is blown up to ask for about e^K frames per token
 (K = --blow_up), or left alone. `stock` renders one held-out sentence with `VitsModel.forward` under a
 memory ceiling (--stock_limit_gib, RLIMIT_AS) and a time limit, and reports how far it got.
@@ -14,17 +16,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from bench.demo_data import prepare_demo
+from bench.launcher import run_script
 from bench.machine import describe
 
-REPO = Path(__file__).resolve().parent.parent
+EVALUATION_TIMEOUT_S = 900.0  # a bounded evaluation still running after this is a finding, reported as killed
 
 
 def build(size: str, data_dir: Path, blow_up: float):
@@ -80,16 +82,22 @@ def case_stock(size: str, data_dir: Path, blow_up: float, limit_gib: float) -> d
     return {"seconds": time.perf_counter() - started, "outcome": outcome, "recording_s": len(examples[0].audio) / 16000}
 
 
-def run_case(args: list[str], timeout_s: float) -> dict:
-    command = [sys.executable, __file__, "--case", *args]
+def rss_gib() -> float:
+    """This process's resident set now (Linux)."""
+    with open("/proc/self/statm", encoding="ascii") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
+
+
+def run_case(args: list[str], timeout_s: float, log: Path) -> dict:
+    """One case in a process of its own; its result (the last line it printed)."""
     started = time.perf_counter()
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
+    code = run_script(Path(__file__), ["--case", *args], log, timeout_s=timeout_s)
+    if code is None:
         return {"seconds": time.perf_counter() - started, "outcome": f"still running after {timeout_s:.0f} s: killed"}
-    if done.returncode != 0:
-        return {"outcome": f"exit {done.returncode}: {done.stderr.strip().splitlines()[-1][:100]}"}
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    lines = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+    if code != 0:
+        return {"outcome": f"exit {code}: {(lines or ['(no output)'])[-1][:100]}"}
+    return json.loads(lines[-1])
 
 
 def main() -> None:
@@ -97,7 +105,9 @@ def main() -> None:
     parser.add_argument("--size", action="append", choices=["tiny", "small", "mms"])
     parser.add_argument("--blow_up", type=float, default=12.0, help="log-duration shift: e^K frames per token")
     parser.add_argument("--stock_limit_gib", type=float, default=8.0)
-    parser.add_argument("--stock_timeout_s", type=float, default=300.0)
+    parser.add_argument(
+        "--stock_timeout_s", type=float, default=300.0, help="the stock case is killed after this many seconds"
+    )
     parser.add_argument(
         "--max_samples", type=int, default=0, help="demo clips prepared (0: all; a few for a smoke run)"
     )
@@ -105,12 +115,19 @@ def main() -> None:
     args = parser.parse_args()
     if args.case:
         kind, size, data_dir, blow_up = args.case[0], args.case[1], Path(args.case[2]), float(args.case[3])
+        import torch  # noqa: F401  (what every case imports, in its RSS at the start: the growth is the case's)
+
+        import finetune.reporting.evaluation  # noqa: F401
+        import finetune.training.session  # noqa: F401
+
+        at_start = rss_gib()
         result = (
             case_evaluate(size, data_dir, blow_up)
             if kind == "evaluate"
             else case_stock(size, data_dir, blow_up, args.stock_limit_gib)
         )
         result["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        result["grew_gib"] = result["peak_rss_gib"] - at_start
         print(json.dumps(result))
         return
     print(f"machine: {describe()}")
@@ -122,7 +139,9 @@ def main() -> None:
                 (f"runaway predictor (e^{args.blow_up:g} frames a token), evaluation", "evaluate", args.blow_up),
                 ("runaway predictor, stock VitsModel.forward, one clip", "stock", args.blow_up),
             ):
-                result = run_case([kind, size, str(data_dir), str(blow_up)], args.stock_timeout_s)
+                log = Path(tmp) / f"{size}_{kind}_{blow_up:g}.log"
+                timeout_s = args.stock_timeout_s if kind == "stock" else EVALUATION_TIMEOUT_S
+                result = run_case([kind, size, str(data_dir), str(blow_up)], timeout_s, log)
                 print(
                     f"{size:5s} | {label:62s} | "
                     + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in result.items()),

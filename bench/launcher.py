@@ -2,11 +2,12 @@
 and the recipes once (multiprocessing's forkserver).
 
 Benchmarks that compare what runs produce (bench_finetune.py, bench_speakers.py) launch several
-recipes; a new interpreter pays 5 to 6 s of CPU importing torch and transformers each time. A forked
-process is as separate as one from `python train_vits.py` (its own pid, threads, memory, exit status;
-its output goes to its log), it only skips the imports. Benchmarks that time a launch or measure a
-process's memory (bench_deadline.py, bench_scale.py, bench_train.py), or race a run against another tool's
-(bench_peers.py: a run's imports count against its budget), start real interpreters instead.
+recipes, and bench_synthesis.py its cases; a new interpreter pays 5 to 6 s of CPU importing torch and
+transformers each time. A forked process is as separate as one from `python train_vits.py` (its own pid,
+threads, memory, exit status; its output goes to its log), it only skips the imports. Benchmarks that time
+a launch or measure a whole process's memory (bench_deadline.py, bench_scale.py, bench_train.py), or race a
+run against another tool's (bench_peers.py: a run's imports count against its budget), start real
+interpreters instead.
 
 Where this process runs torch on one thread and has no CUDA context (the test suite's smoke runs:
 OMP_NUM_THREADS=1, forked from tests/launch.py's server, which holds these imports already), a launch
@@ -115,13 +116,18 @@ def signal_process(pid: int) -> Callable[[int], None]:
     return stop
 
 
-def run_script(script: Path, argv: list[str], log: Path) -> int:
-    """Run `script` with `argv` in a forked process, its output in `log`; its exit status. A SIGTERM or SIGINT
-    to this process reaches the script too (a recipe saves and stops within seconds), then ends this one."""
+def run_script(script: Path, argv: list[str], log: Path, timeout_s: float | None = None) -> int | None:
+    """Run `script` with `argv` in a forked process, its output in `log`; its exit status, or None when it was
+    still running after `timeout_s` (then it is killed). A SIGTERM or SIGINT to this process reaches the script
+    too (a recipe saves and stops within seconds), then ends this one."""
     context = _server()
     sys.stdout.flush()  # a forked child would otherwise write this process's pending output into its log
     sys.stderr.flush()
     process = context.Process(target=_child, args=(str(script), [str(a) for a in argv], str(log)))
     process.start()
-    wait_passing_stops(process.join, signal_process(process.pid))
+    wait_passing_stops(lambda: process.join(timeout_s), signal_process(process.pid))
+    if process.exitcode is None:
+        process.kill()
+        process.join()
+        return None
     return process.exitcode
