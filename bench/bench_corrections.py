@@ -363,14 +363,14 @@ def main() -> None:
     )
     parser.add_argument("--judge_seeds", type=int, default=3)
     parser.add_argument(
-        "--smoke", action="store_true", help="the pipeline on 64 clips with tiny budgets (figures mean nothing)"
+        "--smoke", action="store_true", help="the pipeline on 32 clips with tiny budgets (figures mean nothing)"
     )
     args = parser.parse_args()
     print(f"machine: {describe()}", flush=True)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_corrections_"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"work folder: {work}", flush=True)
-    prepared = prepare_all(work, 64 if args.smoke else 0)
+    prepared = prepare_all(work, 32 if args.smoke else 0)
     parts = split(prepared, work, args.letter, args.stretch)
     print(f"clips: {json.dumps(parts['counts'])}", flush=True)
     voice = pretrain(parts["voice"], work, 0.1 if args.smoke else args.pretrain_hours, args.smoke)

@@ -62,7 +62,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model_dir", nargs="?", default=None)
     parser.add_argument("--size", default="mms", choices=["tiny", "small", "mms"])
-    parser.add_argument("--length_scale", type=float, default=0.0, help="for --size: 0 picks ~12 frames a token")
+    parser.add_argument(
+        "--length_scale", type=float, default=0.0, help="for --size: 0 picks --frames_per_token frames a token"
+    )
+    parser.add_argument(
+        "--frames_per_token", type=float, default=12.0, help="random weights' durations scaled to this (speech: ~12)"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
@@ -75,7 +80,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     model, tokenizer, length_scale = build(args)
     ids = [np.asarray(tokenizer(s).input_ids, dtype=np.int64) for s in SENTENCES]
-    if not length_scale:  # random weights: scale the durations to about 12 frames a token
+    if not length_scale:  # random weights: scale the durations to about --frames_per_token frames a token
         with torch.no_grad():
             natural = (
                 synthesise_graph(
@@ -87,7 +92,7 @@ def main() -> None:
                 ).shape[-1]
                 / 256
             )
-        length_scale = 12 * len(ids[2]) / max(natural, 1.0)
+        length_scale = args.frames_per_token * len(ids[2]) / max(natural, 1.0)
     model.speaking_rate = 1.0 / length_scale
     rate = int(model.config.sampling_rate)
     print(f"machine: {describe()}; {args.threads} threads")

@@ -687,7 +687,7 @@ def main() -> None:
     parser.add_argument(
         "--smoke",
         action="store_true",
-        help="ours alone on the tiny scenario with 40 clips, a few steps (figures mean nothing)",
+        help="ours alone on the tiny scenario with 24 clips, a few steps (figures mean nothing)",
     )
     parser.add_argument("--child_record", help=argparse.SUPPRESS)
     parser.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
@@ -711,7 +711,7 @@ def main() -> None:
             work,
             args.scenario,
             0.1 if args.smoke else args.pretrain_hours,
-            40 if args.smoke else 0,
+            24 if args.smoke else 0,
             args.pretrain_learning_rate or PRETRAIN_RATES[args.scenario],
         )
     elif args.base_model and args.data_dir:

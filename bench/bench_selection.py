@@ -345,7 +345,7 @@ def main() -> None:
     parser.add_argument(
         "--smoke",
         action="store_true",
-        help="finetune only, from an untrained tiny voice, 40 clips, 2 epochs: the pipeline, not a measurement",
+        help="finetune only, from an untrained tiny voice, 24 clips, 1 epoch: the pipeline, not a measurement",
     )
     parser.add_argument("--child_record", default=None, help=argparse.SUPPRESS)
     parser.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
@@ -355,7 +355,7 @@ def main() -> None:
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_selection_"))
     work.mkdir(parents=True, exist_ok=True)
     if args.smoke:
-        args.scenarios, args.seeds, args.max_samples, args.max_epochs = ["finetune"], 1, 40, 2
+        args.scenarios, args.seeds, args.max_samples, args.max_epochs = ["finetune"], 1, 24, 1
         args.finetune_hours, args.val_samples, args.subsets, args.judge_clips, args.judge_seeds = 0.1, 4, [2], 4, 1
         args.voice_a = "scratch:tiny"
     print(f"machine: {describe()}", flush=True)

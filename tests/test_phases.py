@@ -317,61 +317,51 @@ def deadline_run(prepared_demo, run_dir, fake, target_s: float, *flags: str) -> 
 
 
 def test_the_micro_batch_deadline_cuts_the_last_window_short(prepared_demo, tmp_path, timed_work):
-    """Windows of 4 micro-batches (12 s each): at some budgets the last window is cut after 1-3
-    micro-batches rather than leaving its time unused or overrunning; every run ends inside its budget,
-    on a step at the learning-rate floor."""
+    """Windows of 4 micro-batches (12 s each): at a budget whose last window would overrun, that window is cut
+    after 1-3 micro-batches rather than leaving its time unused or overrunning; the run ends inside its
+    budget, on a step at the learning-rate floor."""
     fake, _ = timed_work
-    cut_short = []
-    for target_s in (67.0, 70.0):  # 3 s apart: a window's 12 s leave different remainders (64 s cut none)
-        run_dir = tmp_path / str(int(target_s))
-        end = deadline_run(
-            prepared_demo,
-            run_dir,
-            fake,
-            target_s,
-            "--max_samples",
-            "12",
-            "--gradient_accumulation_steps",
-            "4",
-            "--batch_size",
-            "2",
-        )
-        assert end["last_lr"] == pytest.approx(2e-3 * 0.1)
-        last = metrics(run_dir, "train")[-1]
-        assert last["step"] == end["steps"]
-        if last["micro_batches"] < 4:
-            cut_short.append(target_s)
-            assert f"| {last['micro_batches']} of 4 micro-batches" in log_of(run_dir)
-    assert cut_short, "no budget cut a window short"
+    end = deadline_run(
+        prepared_demo,
+        tmp_path,
+        fake,
+        70.0,  # a remainder a whole window does not fit in (the fake clock makes it so on any machine; 64 s: none)
+        "--max_samples",
+        "12",
+        "--gradient_accumulation_steps",
+        "4",
+        "--batch_size",
+        "2",
+    )
+    assert end["last_lr"] == pytest.approx(2e-3 * 0.1)
+    last = metrics(tmp_path, "train")[-1]
+    assert last["step"] == end["steps"]
+    assert last["micro_batches"] < 4, "the last window was not cut short"
+    assert f"| {last['micro_batches']} of 4 micro-batches" in log_of(tmp_path)
 
 
 def test_a_coarse_last_step_is_cut_to_the_clips_that_fit(prepared_demo, tmp_path, timed_work):
     """Steps of one micro-batch of 8 clips, 16 s each (a clip 2 s): the last one is cut to the clips that
-    still fit rather than leaving up to 16 s unused; every run ends inside its budget."""
+    still fit rather than leaving up to 16 s unused; the run ends inside its budget."""
     fake, costs = timed_work
     costs.update(micro_batch_s=16.0, clips=8)
-    cut = []
-    for target_s in (75.0, 81.0):  # 6 s apart: different remainders of a 16 s step
-        run_dir = tmp_path / str(int(target_s))
-        end = deadline_run(
-            prepared_demo,
-            run_dir,
-            fake,
-            target_s,
-            "--max_samples",
-            "16",
-            "--gradient_accumulation_steps",
-            "1",
-            "--batch_size",
-            "8",
-        )
-        line = next((l for l in log_of(run_dir).splitlines() if "its last micro-batch cut to" in l), "")
-        if line:
-            cut.append(target_s)
-            assert f"step {end['steps']}: its last micro-batch cut to" in line and "of 8 clips" in line
-            kept = int(line.split("cut to ")[1].split(" of")[0])
-            assert end["samples_seen"] == 8 * (end["steps"] - 1) + kept  # what it used, not a whole micro-batch
-    assert cut, "no budget cut the last micro-batch"
+    end = deadline_run(
+        prepared_demo,
+        tmp_path,
+        fake,
+        75.0,  # a remainder of a 16 s step that some of its clips fit in (the fake clock makes it so)
+        "--max_samples",
+        "16",
+        "--gradient_accumulation_steps",
+        "1",
+        "--batch_size",
+        "8",
+    )
+    line = next((l for l in log_of(tmp_path).splitlines() if "its last micro-batch cut to" in l), "")
+    assert line, "the last micro-batch was not cut"
+    assert f"step {end['steps']}: its last micro-batch cut to" in line and "of 8 clips" in line
+    kept = int(line.split("cut to ")[1].split(" of")[0])
+    assert end["samples_seen"] == 8 * (end["steps"] - 1) + kept  # what it used, not a whole micro-batch
 
 
 def test_a_better_score_outside_the_timing_rule_is_never_written_as_best(

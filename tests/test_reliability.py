@@ -173,7 +173,7 @@ def crash(fault: str, n: int, recipe_args: list[str]) -> subprocess.CompletedPro
 @pytest.mark.timeout(400)  # the real script in a process of its own
 def test_killed_while_writing_a_checkpoint_the_previous_one_resumes(prepared_demo, tmp_path, timed_work):
     fake, _ = timed_work
-    killed = crash("checkpoint-write", 3, args(prepared_demo, tmp_path, *COMMON))
+    killed = crash("checkpoint-write", 2, args(prepared_demo, tmp_path, *COMMON, "--max_epochs", "2"))  # the last
     assert killed.returncode == -signal.SIGKILL
     run = tmp_path / "checkpoints"
     assert list(run.glob(".checkpoint_epoch_*.tmp"))  # the half-written file, under its temporary name
@@ -190,9 +190,10 @@ def test_killed_between_the_renames_of_a_best_model_export_the_previous_one_come
 ):
     fake, _ = timed_work
     # Every evaluation scores better than the last, so each exports best_model: the baseline's is the
-    # first export, step 6's the second, killed after the old folder was set aside and before the new one
-    # was moved in.
-    killed = crash("improving-scores,export-swap", 2, args(prepared_demo, tmp_path, *COMMON))
+    # first export, the final evaluation's (step 6) the second, killed after the old folder was set aside and
+    # before the new one was moved in.
+    two_epochs = args(prepared_demo, tmp_path, *COMMON, "--max_epochs", "2")
+    killed = crash("improving-scores,export-swap", 2, two_epochs)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     run = tmp_path / "checkpoints"
     assert not (run / "best_model").exists() and list(run.glob(".best_model.old-*"))
@@ -442,7 +443,7 @@ def test_a_resume_after_an_evaluation_ran_out_of_memory_starts_at_the_size_that_
     latest = load_checkpoint(run / json.loads((run / "latest_checkpoint.json").read_text())["path"])
     assert latest["state"]["estimates"]["eval_batch_size"] == 2
     fake.t = 0.0
-    assert resume(tmp_path, fake) == 0
+    assert resume(tmp_path, fake, "--max_epochs", "2") == 0  # its final evaluation at step 6
     assert raised["n"] == 1  # the resumed process never tried 4 again
     assert (run / "train.log").read_text().count("evaluation ran out of GPU memory") == 1
     assert all(e["clips_scored"] == 4 for e in metrics(tmp_path, "eval"))
@@ -472,7 +473,8 @@ def test_sigterm_in_the_final_evaluation_still_publishes_the_best_model(
 
     monkeypatch.setattr(TrainingLoop, "finish", finish)
     monkeypatch.setattr(evaluation.Evaluator, "score_group", score_group)
-    assert train_vits.main(args(prepared_demo, tmp_path, *COMMON, "--val_every", "2"), clock=clock_for(fake)) == 143
+    flags = (*COMMON, "--val_every", "2", "--max_epochs", "2")  # evaluations at steps 0, 4 and 6 (the final one)
+    assert train_vits.main(args(prepared_demo, tmp_path, *flags), clock=clock_for(fake)) == 143
     log = (tmp_path / "checkpoints" / "train.log").read_text()
     assert "interrupted (SIGTERM)" in log and "the final model was written to" in log
     best = json.loads((tmp_path / "checkpoints" / "best_model" / "eval.json").read_text())
