@@ -173,7 +173,7 @@ def crash(fault: str, n: int, recipe_args: list[str]) -> subprocess.CompletedPro
 @pytest.mark.timeout(400)  # the real script in a process of its own
 def test_killed_while_writing_a_checkpoint_the_previous_one_resumes(prepared_demo, tmp_path, timed_work):
     fake, _ = timed_work
-    killed = crash("checkpoint-write", 2, args(prepared_demo, tmp_path, *COMMON, "--max_epochs", "2"))  # the last
+    killed = crash("checkpoint-write", 2, args(prepared_demo, tmp_path, *COMMON, "--max_epochs", "2"))  # the 2nd write
     assert killed.returncode == -signal.SIGKILL
     run = tmp_path / "checkpoints"
     assert list(run.glob(".checkpoint_epoch_*.tmp"))  # the half-written file, under its temporary name
