@@ -514,7 +514,7 @@ def run_peer(
 
         wait_passing_stops(until_the_budget, end_its_group)
         if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)  # at the budget: what it saved by then is what it made
+            end_its_group(signal.SIGKILL)  # at the budget: what it saved by then is what it made
         elif process.returncode != 0:
             raise SystemExit(
                 f"finetune-hf-vits failed before its budget (exit {process.returncode}); see {folder / 'run.log'}"
