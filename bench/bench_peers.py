@@ -100,6 +100,7 @@ LEVERS = {
     "no_eval": ["--val_every", "1000000"],
     "disc3": ["--discriminator_loss_weight", "3"],
     # beyond the peer's recipe (issue 35 part 2): the learning rate, what to freeze, the micro-batch
+    "lr5e-4": ["--learning_rate", "5e-4"],
     "lr2e-3": ["--learning_rate", "2e-3"],
     "lr4e-3": ["--learning_rate", "4e-3"],
     "lr8e-3": ["--learning_rate", "8e-3"],
