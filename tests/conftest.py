@@ -234,11 +234,24 @@ def timed_work(monkeypatch):
     return fake, costs
 
 
-# The modules whose tests are the slowest (each 10-30 s on 2 cores) and hold no module-scoped fixture, run
-# first: with `--dist worksteal` (make test), the worker that runs out of tests takes from the other's queue,
-# so the suite ends on short tests on both cores instead of one long test running alone on one.
-SLOW_MODULES_FIRST = ("test_bench_smoke.py", "test_distributed.py")
+# The modules in the order of their tests' summed time, slowest first (each 20-140 s of test time on 2 cores);
+# the rest after them. With `--dist worksteal` (make test) a process that runs out of tests takes the later half
+# of the other's queue, so the suite ends on short tests on both cores instead of a long one running alone on
+# one (the two processes ended 5-6 s apart when test_feedback.py's tests were the last, in alphabetical order).
+SLOW_MODULES_FIRST = (
+    "test_bench_smoke.py",
+    "test_reliability.py",
+    "test_feedback.py",
+    "test_phases.py",
+    "test_distributed.py",
+    "test_speakers.py",
+    "test_train.py",
+)
 
 
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: item.path.name not in SLOW_MODULES_FIRST)  # stable: each module's order kept
+    def rank(item) -> int:
+        name = item.path.name
+        return SLOW_MODULES_FIRST.index(name) if name in SLOW_MODULES_FIRST else len(SLOW_MODULES_FIRST)
+
+    items.sort(key=rank)  # stable: each module's order kept
