@@ -195,7 +195,7 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(prepared_demo, tmp_path):
 def test_checkpoints_slower_than_steps_still_fit_the_deadline(prepared_demo, tmp_path, timed_work):
     """An epoch-end checkpoint after a step is counted before the step runs: with 3 steps an epoch and a
     checkpoint 3x as slow as a step, the run still ends inside the budget, on a step at the floor. At 70 s
-    the third epoch's checkpoint falls due where only the final save still fits: with that checkpoint's cost
+    the third epoch's checkpoint falls due with no room for it before the final save: with that checkpoint's cost
     left out of what falls due after a step (TrainingLoop.due_after_s), or a due checkpoint always written
     (Pacer.room_for_due), the run ends at 72 s (tried by hand; 75, 80 and 85 s, which this test ran
     before, caught neither)."""
