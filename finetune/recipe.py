@@ -110,6 +110,7 @@ def train_step(flags: TrainingFlags, run: Run, model, discriminator, features: F
         learning_rate=flags.learning_rate,
         discriminator_learning_rate=flags.discriminator_learning_rate,
         max_grad_norm=flags.max_grad_norm,
+        segment_frames=flags.segment_frames,
         adam_eps=flags.adam_eps,
         discriminator_loss_weight=flags.discriminator_loss_weight,
         anchor_weight=flags.anchor_weight,

@@ -75,6 +75,11 @@ class TrainingFlags:
     adversarial_loss_weight: float = flag(1.0, "weight of the generator's adversarial loss")
     feature_matching_loss_weight: float = flag(1.0, "weight of the feature-matching loss")
     max_grad_norm: float = flag(10.0, "clip each model's gradient norm to this (0: no clipping)")
+    segment_frames: int = flag(
+        32,
+        "spectrogram frames of each clip that the decoder and the discriminators train on in a step "
+        "(x the hop: 32 x 256 = 8192 samples, as in VITS); fewer make a step faster and show it less audio",
+    )
     discriminator_loss_weight: float = flag(1.0, "weight of the discriminator's own loss (finetune-hf-vits: 3)")
     adam_eps: float = flag(1e-9, "AdamW's epsilon, both optimizers (original VITS: 1e-9; finetune-hf-vits: 1e-8)")
     anchor_weight: float = flag(
@@ -107,6 +112,7 @@ class TrainingFlags:
                 "discriminator_warmup_learning_rate",
                 "discriminator_loss_weight",
                 "adam_eps",
+                "segment_frames",
             )
         }
         problems = [f"--{k} {v}: must be positive" for k, v in positive.items() if v <= 0]

@@ -322,3 +322,27 @@ def test_the_optimizers_are_fused_on_the_cpu_and_make_the_loop_s_update(prepared
             optimizer.step()
         weights[fused] = params
     assert max(float((a - b).detach().abs().max()) for a, b in zip(weights[False], weights[True])) < 1e-5
+
+
+def test_segment_frames_from_the_command_line_set_what_a_step_decodes_and_discriminates(prepared_demo, capsys):
+    """--segment_frames 8: each clip's decoded segment, and the real audio the discriminators compare it with,
+    are 8 frames x the hop (2048 samples), not VITS's 32."""
+    from types import SimpleNamespace
+
+    from finetune import recipe
+    from finetune.cli import parse_config
+    from finetune.training.distributed import Distributed
+    from train_vits import TrainConfig
+
+    flags = parse_config(TrainConfig, ["--segment_frames", "8"], "")
+    loaded = tiny_generator(prepared_demo)
+    model, batch = loaded.model.train(), demo_batch(prepared_demo, loaded.tokenizer)
+    run = SimpleNamespace(precision=FP32, device=torch.device("cpu"), dist=Distributed())
+    step = recipe.train_step(flags, run, model, Discriminator(SMALL_D), Features(FeatureConfig()))
+    seen = []
+    step.discriminator.register_forward_hook(lambda module, inputs, output: seen.append(inputs[0].shape))
+    step.accumulate(batch, scale=1.0)
+    assert seen and all(shape[-1] == 8 * 256 for shape in seen)
+    with pytest.raises(SystemExit):
+        parse_config(TrainConfig, ["--segment_frames", "0"], "")
+    assert "--segment_frames 0: must be positive" in capsys.readouterr().err
