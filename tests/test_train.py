@@ -25,7 +25,9 @@ def args(data_dir, run_dir, *extra: str) -> list[str]:
     asks for it); one test sentence an evaluation, not the three built-in ones (tests that need more give
     their own --test_sentences, which wins: it comes later); exports speak with the model's own settings,
     no tempo fitted at each (the fit is tested in test_tempo_fit.py, and end to end by the feedback tests'
-    base voice and the bench smokes, which fit it as a user's run does)."""
+    base voice and the bench smokes, which fit it as a user's run does); 8-frame segments, not VITS's 32 (a
+    micro-batch a third faster: what these runs test is the machinery around the step, and the feedback tests'
+    base voice, the bench smokes and `make demo` train on the default)."""
     return [
         "--data_dir",
         str(data_dir),
@@ -58,6 +60,8 @@ def args(data_dir, run_dir, *extra: str) -> list[str]:
         str(REPO / "tests" / "one_sentence.txt"),
         "--inference_settings",
         "model",
+        "--segment_frames",
+        "8",
         *extra,
     ]
 
