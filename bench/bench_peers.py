@@ -99,9 +99,9 @@ LEVERS = {
     "eps1e-8": ["--adam_eps", "1e-8"],
     "no_eval": ["--val_every", "1000000"],
     "disc3": ["--discriminator_loss_weight", "3"],
-    # beyond the peer's recipe (issue 35 part 2): the learning rate, what to freeze, the micro-batch
+    # beyond the peer's recipe (issue 35 part 2): the learning rate, what to freeze, the micro-batch,
+    # the segment
     "lr5e-4": ["--learning_rate", "5e-4"],
-    "seg16": ["--segment_frames", "16"],  # half VITS's segment: faster steps, half the audio each
     "lr2e-3": ["--learning_rate", "2e-3"],
     "lr4e-3": ["--learning_rate", "4e-3"],
     "lr8e-3": ["--learning_rate", "8e-3"],
@@ -109,6 +109,7 @@ LEVERS = {
     "freeze_text": ["--freeze", "text_encoder"],
     "batch4": ["--batch_size", "4"],
     "batch16": ["--batch_size", "16"],
+    "seg16": ["--segment_frames", "16"],  # half VITS's segment: faster steps, half the audio each
 }
 
 
