@@ -441,6 +441,7 @@ def fit_round(config: FeedbackConfig, round_: recipe.Run, data: RoundData, start
         config.seed,
         round_.dist.rank,
         round_.dist.world_size,
+        config.length_pool_batches,
     )
     trainer = recipe.build_loop(
         config, round_, start, recipe.TrainingData(examples, buckets), evaluator, choices, saves

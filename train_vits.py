@@ -372,7 +372,12 @@ def load_data(config: TrainConfig, run: recipe.Run, model: Model) -> Data:
         if part is not None and part.report.skipped:  # each clip left out named, with its reason
             run.logger.warning("warning: " + part.report.describe(f"{data_dir / name}"))
     buckets = sampler.BucketSampler(
-        train.lengths(hop), config.batch_size, config.seed, run.dist.rank, run.dist.world_size
+        train.lengths(hop),
+        config.batch_size,
+        config.seed,
+        run.dist.rank,
+        run.dist.world_size,
+        config.length_pool_batches,
     )
     padding = sampler.padding_fraction(buckets.epoch_batches(0), train.lengths(hop))
     skipped = dict(train.report.skipped)

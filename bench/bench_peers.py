@@ -110,6 +110,9 @@ LEVERS = {
     "batch4": ["--batch_size", "4"],
     "batch16": ["--batch_size", "16"],
     "seg16": ["--segment_frames", "16"],  # half VITS's segment: faster steps, half the audio each
+    # batch composition: clips drawn at random (the peer's), or sorted by length within 4 batches' worth
+    "pool1": ["--length_pool_batches", "1"],
+    "pool4": ["--length_pool_batches", "4"],
 }
 
 

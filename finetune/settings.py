@@ -80,6 +80,11 @@ class TrainingFlags:
         "spectrogram frames of each clip that the decoder and the discriminators train on in a step "
         "(x the hop: 32 x 256 = 8192 samples, as in VITS); fewer make a step faster and show it less audio",
     )
+    length_pool_batches: int = flag(
+        32,
+        "batches whose clips are sorted by length together, once an epoch's clips are shuffled: 32 makes batches "
+        "of similar lengths (little padding); 1 makes batches of clips drawn at random, as finetune-hf-vits",
+    )
     discriminator_loss_weight: float = flag(1.0, "weight of the discriminator's own loss (finetune-hf-vits: 3)")
     adam_eps: float = flag(1e-9, "AdamW's epsilon, both optimizers (original VITS: 1e-9; finetune-hf-vits: 1e-8)")
     anchor_weight: float = flag(
@@ -113,6 +118,7 @@ class TrainingFlags:
                 "discriminator_loss_weight",
                 "adam_eps",
                 "segment_frames",
+                "length_pool_batches",
             )
         }
         problems = [f"--{k} {v}: must be positive" for k, v in positive.items() if v <= 0]

@@ -25,6 +25,17 @@ def test_bucketing_pads_far_less_than_random_batches():
     assert padding_fraction(bucketed, lens) < 0.1 < padding_fraction(random_batches, lens)
 
 
+def test_one_batch_a_pool_draws_batches_at_random_whatever_the_lengths():
+    """--length_pool_batches 1 (finetune-hf-vits's batches): every item once an epoch, each batch a mix of
+    lengths, so the padding of random batches; the default's pools of 32 batches pad far less."""
+    lens = lengths()
+    mixed = bucketed_batches(lens, 8, seed=1, epoch=0, pool_batches=1)
+    assert sorted(i for b in mixed for i in b) == list(range(len(lens)))
+    assert padding_fraction(mixed, lens) > 0.3 > 0.1 > padding_fraction(bucketed_batches(lens, 8, 1, 0), lens)
+    sampler = BucketSampler(lens, 8, seed=1, pool_batches=1)
+    assert sampler.remaining_batches() == mixed and sampler.state_dict()["pool_batches"] == 1
+
+
 def test_order_is_a_function_of_seed_and_epoch():
     lens = lengths(200)
     assert bucketed_batches(lens, 8, 1, 0) == bucketed_batches(lens, 8, 1, 0)

@@ -196,6 +196,21 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(prepared_demo, tmp_path):
     assert os.path.getsize(tmp_path / "checkpoints" / "train.log") > 0
 
 
+def test_length_pool_batches_from_the_command_line_set_how_a_run_draws_its_batches(prepared_demo, tmp_path, timed_work):
+    """--length_pool_batches 1: the run's sampler draws batches of clips at random (what that means is
+    tests/test_sampler.py's), saved in its checkpoint so that a resume continues the same batches."""
+    from finetune.training.checkpoint import CheckpointError, load_checkpoint
+
+    fake, _ = timed_work
+    argv = args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "1", "--max_samples", "8")
+    assert train_vits.main([*argv, "--length_pool_batches", "1"], clock=clock_for(fake)) == 0
+    run = tmp_path / "checkpoints"
+    latest = load_checkpoint(run / json.loads((run / "latest_checkpoint.json").read_text())["path"])
+    assert latest["sampler"]["pool_batches"] == 1
+    with pytest.raises(CheckpointError, match="--length_pool_batches was 1 in the checkpoint, now 32"):
+        train_vits.main([*argv, "--resume", "auto", "--length_pool_batches", "32"])
+
+
 def test_checkpoints_slower_than_steps_still_fit_the_deadline(prepared_demo, tmp_path, timed_work):
     """An epoch-end checkpoint after a step is counted before the step runs: with 3 steps an epoch and a
     checkpoint 3x as slow as a step, the run still ends inside the budget, on a step at the floor. At 70 s

@@ -3,7 +3,8 @@
 Per epoch (seeded by seed and epoch): shuffle all items, cut the order into pools of
 `batch_size * pool_batches`, sort each pool by length and cut it into batches, then shuffle the batches.
 Items of similar length share a batch (little padding) while batches still vary from epoch to epoch.
-The last batch of a pool may be smaller: nothing is dropped.
+The last batch of a pool may be smaller: nothing is dropped. One batch a pool (`--length_pool_batches 1`)
+makes batches of items drawn at random, whatever their lengths (more padding; every batch a mix).
 
 When the batch does not fit in the device's memory (finetune/training/batch_fit.py), each batch is
 served as consecutive micro-batches of `micro_batch` items (a batch of 8 as 4 + 4, or 2 + 2 + 2 + 2):
@@ -75,8 +76,16 @@ class SamplerState:
 class BucketSampler:
     """Hands out this rank's batches epoch after epoch, from a resumable (epoch, position)."""
 
-    def __init__(self, lengths: list[int], batch_size: int, seed: int, rank: int = 0, world_size: int = 1):
-        self.lengths, self.batch_size, self.seed = list(lengths), batch_size, seed
+    def __init__(
+        self,
+        lengths: list[int],
+        batch_size: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        pool_batches: int = 32,
+    ):
+        self.lengths, self.batch_size, self.seed, self.pool_batches = list(lengths), batch_size, seed, pool_batches
         self.rank, self.world_size = rank, world_size
         self.micro_batch = batch_size  # items per batch handed out (smaller after a refit)
         self.state = SamplerState()
@@ -84,7 +93,8 @@ class BucketSampler:
 
     def bucket_batches(self, epoch: int) -> list[list[int]]:
         """This rank's batches of the asked size (before any split into micro-batches)."""
-        return shard(bucketed_batches(self.lengths, self.batch_size, self.seed, epoch), self.rank, self.world_size)[0]
+        batches = bucketed_batches(self.lengths, self.batch_size, self.seed, epoch, self.pool_batches)
+        return shard(batches, self.rank, self.world_size)[0]
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
         if self._epoch_cache is None or self._epoch_cache[:2] != (epoch, self.micro_batch):
@@ -134,6 +144,7 @@ class BucketSampler:
             "position": self.state.position,
             "seed": self.seed,
             "batch_size": self.batch_size,
+            "pool_batches": self.pool_batches,
             "micro_batch": self.micro_batch,
             "items": len(self.lengths),
             "world_size": self.world_size,
