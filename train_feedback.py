@@ -330,6 +330,8 @@ def starting_point(config: FeedbackConfig, round_: recipe.Run, data: RoundData, 
         extra = [*generator.ACOUSTIC_PARTS, *(["text_encoder"] if config.acoustics != "frozen" else [])]
         parts += [part for part in extra if part not in parts]
     frozen_parts = generator.freeze(data.model, parts)
+    if config.dropout == "off":
+        generator.without_dropout(data.model)
     if learn_pronunciation:  # the corrections' own voice still learns, in its speaker conditioning alone
         speaker_layers.train_conditioning(data.model)
         trained = ""

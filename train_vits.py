@@ -317,10 +317,13 @@ def build_model(config: TrainConfig, run: recipe.Run) -> Model:
         loaded.model = speaker_layers.add_speakers(loaded.model, len(found.names), seed=config.seed)
         loaded.model.config.speaker_names = list(found.names)
     frozen_parts = generator.freeze(loaded.model, config.freeze)
+    if config.dropout == "off":
+        generator.without_dropout(loaded.model)
     features = recipe.features_for(loaded.model, run.device)
     run.logger.info(
         f"generator: {loaded.description}; device {run.device}, {run.precision.name}"
         + (f"; frozen: {', '.join(frozen_parts)}" if frozen_parts else "")
+        + ("; dropout off" if config.dropout == "off" else "")
     )
     return Model(loaded, frozen_parts, features, found)
 

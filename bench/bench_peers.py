@@ -42,7 +42,14 @@ is judged too: the curve of the judge's MCD against wall time since launch, and 
 to reach a quality (interpolated between the curve's points, which are tens of seconds apart; the first
 point below it is printed as the bound).
 
-Outputs: W/<system>_s<seed>/final_model/ (a transformers folder), W/results.json, and the tables.
+How far apart two systems are, beyond the noise: each system's final models against each peer's, 1 - its mean
+judge MCD over the peer's, with a 95% interval from a paired bootstrap over the judge's clips (the judge's
+noise) and the figure for every seed against every seed of the peer (the training's noise, which the
+clips' interval leaves out). A difference is beyond the noise where the interval and every seed pair
+agree in sign.
+
+Outputs: W/<system>_s<seed>/final_model/ (a transformers folder), W/results.json (with the tables' figures
+under "table" and "nearer"), and the tables.
 """
 
 from __future__ import annotations
@@ -113,6 +120,8 @@ LEVERS = {
     # batch composition: clips drawn at random (the peer's), or sorted by length within 4 batches' worth
     "pool1": ["--length_pool_batches", "1"],
     "pool4": ["--length_pool_batches", "4"],
+    # the peer trains with dropout off (its model stays in from_pretrained's eval mode)
+    "no_dropout": ["--dropout", "off"],
 }
 
 
@@ -798,6 +807,7 @@ def main() -> None:
             )
             (work / "results.json").write_text(json.dumps(results, indent=2))
     print_tables(results)
+    (work / "results.json").write_text(json.dumps(results, indent=2))  # with the tables' figures
 
 
 def summary(runs: list[dict]) -> dict:
@@ -808,6 +818,53 @@ def summary(runs: list[dict]) -> dict:
         "steps": float(np.mean([r["steps"] for r in runs])),
         "wall_s": float(np.mean([r["wall_s"] for r in runs])),
         "seeds": len(runs),
+    }
+
+
+def nearer_by(runs: list[dict], peer_runs: list[dict], confidence: float = 0.95) -> dict | None:
+    """How much nearer the target one system's final models judge than a peer's (1 - its mean MCD over the
+    peer's; negative: further), with the two noises a reader needs apart. The judge's: which clips were
+    judged, a paired bootstrap over the clips of each system's per-clip mean over its seeds (the interval).
+    The training's: every seed of one against every seed of the other (the seed pairs), which the clips'
+    interval does not hold and a few seeds cannot put an interval on."""
+    from scipy.stats import bootstrap
+
+    ours = [r["judge"]["clips"] for r in runs if r.get("judge")]
+    theirs = [r["judge"]["clips"] for r in peer_runs if r.get("judge")]
+    if not ours or not theirs:
+        return None
+    clips = sorted(set.intersection(*(set(c) for c in ours + theirs)))
+    if not clips:
+        return None
+    a = np.array([[c[k] for k in clips] for c in ours])
+    b = np.array([[c[k] for k in clips] for c in theirs])
+    point = float(1 - a.mean() / b.mean())
+    pairs = sorted(float(1 - x.mean() / y.mean()) for x in a for y in b)
+    if len(clips) < 2:
+        return {
+            "nearer": point,
+            "interval": (math.nan, math.nan),
+            "seed_pairs": pairs,
+            "clips": len(clips),
+            "beyond_noise": False,
+        }
+    interval = bootstrap(
+        (a.mean(0), b.mean(0)),
+        lambda x, y, axis: 1 - x.mean(axis) / y.mean(axis),
+        paired=True,
+        vectorized=True,
+        confidence_level=confidence,
+        method="percentile",
+        n_resamples=10_000,
+        rng=np.random.default_rng(0),
+    ).confidence_interval
+    signs = {bool(v > 0) for v in (interval.low, interval.high, *pairs)}
+    return {
+        "nearer": point,
+        "interval": (float(interval.low), float(interval.high)),
+        "seed_pairs": pairs,
+        "clips": len(clips),
+        "beyond_noise": len(signs) == 1 and 0 not in (interval.low, interval.high),
     }
 
 
@@ -827,6 +884,26 @@ def print_tables(results: dict) -> None:
     peers = {name: s for name, s in table.items() if name.startswith("fhv") and math.isfinite(s["mcd_db"])}
     if not peers or "ours" not in results["runs"]:
         return
+    print(
+        "\nNearer than each peer, at the end (1 - the mean judge MCD over the peer's; negative: further): the "
+        "judge's 95% interval from the clips judged, and each seed against each of the peer's (the training's "
+        "noise, which the interval leaves out):"
+    )
+    for peer_name in peers:
+        for name, runs in results["runs"].items():
+            if name.startswith("fhv"):
+                continue
+            said = nearer_by(runs, results["runs"][peer_name])
+            if said is None:
+                continue
+            results.setdefault("nearer", {})[f"{name} vs {peer_name}"] = said
+            low, high = said["interval"]
+            pairs = ", ".join(f"{100 * p:+.1f}%" for p in said["seed_pairs"])
+            print(
+                f"  {name} against {peer_name}: {100 * said['nearer']:+.1f}% ({100 * low:+.1f}% to {100 * high:+.1f}% "
+                f"over {said['clips']} clips); seed against seed: {pairs}; "
+                + ("beyond the noise" if said["beyond_noise"] else "within the noise")
+            )
     print(
         "\nTime to reach each peer's final quality (its seeds' mean judge MCD), per seed of each system, "
         "interpolated between the curve's points:"

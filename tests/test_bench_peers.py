@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.bench_peers import peer_rate, systems_to_run, time_to_reach
+from bench.bench_peers import nearer_by, peer_rate, systems_to_run, time_to_reach
 
 
 def test_each_system_of_a_sweep_runs_at_its_own_rate_and_levers_add_their_flags():
@@ -39,3 +39,27 @@ def test_the_time_to_a_quality_is_interpolated_between_the_curve_s_points():
     assert first_point == 120.0 and estimate == pytest.approx(100.0)  # halfway from 6.6 to 5.9
     assert time_to_reach(curve, 9.5) == (3.0, 3.0)  # the start is already there
     assert time_to_reach(curve, 5.0) is None
+
+
+def judged(clips: dict) -> dict:
+    return {"judge": {"clips": clips}}
+
+
+def test_nearer_by_keeps_the_judge_s_noise_and_the_seeds_apart():
+    peer = [judged({f"c{i}": 8.0 + i % 3 for i in range(20)}) for _ in range(2)]
+    # every clip 10% nearer, in both seeds: the clips' interval is that alone
+    steady = nearer_by([judged({k: 0.9 * v for k, v in peer[0]["judge"]["clips"].items()})] * 2, peer)
+    assert steady["nearer"] == pytest.approx(0.1) and steady["clips"] == 20
+    assert steady["interval"] == pytest.approx((0.1, 0.1))
+    assert steady["seed_pairs"] == pytest.approx([0.1] * 4) and steady["beyond_noise"]
+    # one seed 10% further, the other 30% nearer: the clips' interval alone would say nearer, the seeds do not
+    mixed = [
+        judged({k: v * (0.9 if int(k[1:]) % 2 else 1.3) for k, v in peer[0]["judge"]["clips"].items()}),
+        judged({k: 0.7 * v for k, v in peer[0]["judge"]["clips"].items()}),
+    ]
+    said = nearer_by(mixed + [{"judge": None}], peer)  # a run that saved nothing is left out
+    low, high = said["interval"]
+    assert 0 < low < said["nearer"] < high and high - low > 0.05
+    assert said["seed_pairs"][0] < -0.05 and said["seed_pairs"][-1] == pytest.approx(0.3)
+    assert not said["beyond_noise"]
+    assert nearer_by([{"judge": None}], peer) is None

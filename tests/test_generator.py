@@ -12,6 +12,7 @@ from finetune.vits.generator import (
     load_generator,
     ready_for_training,
     scratch_tokenizer,
+    without_dropout,
 )
 from finetune.vits.model_folder import export_model
 from tests.conftest import KURMANJI_LETTERS, make_tokenizer_dir
@@ -101,3 +102,29 @@ def test_an_incomplete_model_folder_says_what_it_lacks(tmp_path):
     VitsConfig(vocab_size=len(KURMANJI_LETTERS) + 1, **SCRATCH_CONFIGS["tiny"]).save_pretrained(str(folder))
     with pytest.raises(ModelSourceError, match=r"incomplete, it has no model.safetensors \(the weights\)"):
         load_generator(resolve_model(str(folder)), [], 16000)
+
+
+def test_dropout_off_trains_the_network_inference_runs_and_exports_the_same_config():
+    """--dropout off: in training mode the text encoder gives what it gives in eval mode (no layer drops
+    anything), where with dropout on two passes differ; the config keeps its rates for an export."""
+    loaded = load_generator(resolve_model("scratch:tiny"), list(KURMANJI_LETTERS + " "), 16000)
+    model = ready_for_training(loaded.model)
+    ids = torch.tensor([loaded.tokenizer("ez bi kurdî dipeyivim").input_ids])
+    mask = torch.ones_like(ids)
+
+    def encoded(mode: str) -> torch.Tensor:
+        getattr(model, mode)()
+        with torch.no_grad():
+            out = model.text_encoder(input_ids=ids, padding_mask=mask.unsqueeze(-1).float(), attention_mask=mask)
+        return out.last_hidden_state
+
+    rates = (model.config.hidden_dropout, model.config.attention_dropout, model.config.duration_predictor_dropout)
+    assert min(rates) > 0 and not torch.equal(encoded("train"), encoded("train"))
+    without_dropout(model)
+    assert torch.equal(encoded("train"), encoded("eval"))
+    assert all(m.p == 0 for m in model.modules() if isinstance(m, torch.nn.Dropout))
+    assert (
+        model.config.hidden_dropout,
+        model.config.attention_dropout,
+        model.config.duration_predictor_dropout,
+    ) == rates

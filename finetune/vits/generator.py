@@ -209,6 +209,18 @@ def ready_for_training(model: VitsModel) -> VitsModel:
     return model
 
 
+def without_dropout(model: VitsModel) -> None:
+    """Every dropout of the model at rate 0 while it trains (--dropout off: finetune-hf-vits trains so, its model
+    left in the eval mode from_pretrained gives it). Its config keeps the rates: an export is unchanged."""
+    from transformers.models.vits.modeling_vits import VitsAttention
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        elif isinstance(module, VitsAttention):  # a rate it applies itself, in training mode
+            module.dropout = 0.0
+
+
 def has_weight_norm(module: torch.nn.Module) -> bool:
     return any(parametrize.is_parametrized(m, "weight") for m in module.modules())
 
