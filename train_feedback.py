@@ -100,6 +100,12 @@ class FeedbackConfig(TrainingFlags):
     review_dir: str = flag("review", "output folder of --review")
     # Shared flags with a round's defaults: a short, gentle fine-tune.
     learning_rate: float = flag(1e-5, "peak learning rate (smaller than training's 2e-5)")
+    dropout: str = flag(
+        "on",
+        "dropout while the round trains: on (the model's rates: what the rounds were measured with), off, or "
+        "auto (off: the base is pretrained)",
+        choices=["auto", "on", "off"],
+    )
     gradient_accumulation_steps: int = flag(1, "micro-batches per optimizer step")
     warmup_steps: int = flag(50, "linear warmup in optimizer steps")
     benchmark_samples: int = flag(64, "clips of timed training steps before planning")
@@ -330,7 +336,7 @@ def starting_point(config: FeedbackConfig, round_: recipe.Run, data: RoundData, 
         extra = [*generator.ACOUSTIC_PARTS, *(["text_encoder"] if config.acoustics != "frozen" else [])]
         parts += [part for part in extra if part not in parts]
     frozen_parts = generator.freeze(data.model, parts)
-    if config.dropout == "off":
+    if config.dropout != "on":  # auto: the base is a pretrained voice
         generator.without_dropout(data.model)
     if learn_pronunciation:  # the corrections' own voice still learns, in its speaker conditioning alone
         speaker_layers.train_conditioning(data.model)

@@ -31,6 +31,7 @@ from finetune.data.features import Features
 from finetune.reporting import evaluation, logs, measures, model_card, naturalness, tracking
 from finetune.settings import TrainingFlags
 from finetune.system import atomic, hub_upload, interrupt
+from finetune.system.model_source import parse_scratch
 from finetune.system.run_lock import hold_for_launch
 from finetune.training import budget as budgeting
 from finetune.training import checkpoint as checkpoints
@@ -317,13 +318,15 @@ def build_model(config: TrainConfig, run: recipe.Run) -> Model:
         loaded.model = speaker_layers.add_speakers(loaded.model, len(found.names), seed=config.seed)
         loaded.model.config.speaker_names = list(found.names)
     frozen_parts = generator.freeze(loaded.model, config.freeze)
-    if config.dropout == "off":
+    from_scratch = parse_scratch(config.model_name) is not None  # a resumed scratch run's too
+    dropout_off = config.dropout == "off" or (config.dropout == "auto" and not from_scratch)
+    if dropout_off:
         generator.without_dropout(loaded.model)
     features = recipe.features_for(loaded.model, run.device)
     run.logger.info(
         f"generator: {loaded.description}; device {run.device}, {run.precision.name}"
         + (f"; frozen: {', '.join(frozen_parts)}" if frozen_parts else "")
-        + ("; dropout off" if config.dropout == "off" else "")
+        + (f"; dropout {'off' if dropout_off else 'on'}" + (" (--dropout auto)" if config.dropout == "auto" else ""))
     )
     return Model(loaded, frozen_parts, features, found)
 

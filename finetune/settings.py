@@ -41,10 +41,10 @@ class TrainingFlags:
     max_epochs: int = flag(0, "stop after N epochs even if time is left (0: no limit)")
     freeze: list[str] = flag([], "parts to keep fixed: text_encoder duration_predictor posterior_encoder flow decoder")
     dropout: str = flag(
-        "on",
-        "dropout while training: on (the rates in the model's config, as VITS trains) or off (none, as "
-        "finetune-hf-vits fine-tunes)",
-        choices=["on", "off"],
+        "auto",
+        "dropout while training: on (the rates in the model's config, as VITS trains from scratch), off (none, as "
+        "finetune-hf-vits fine-tunes), auto (off from a pretrained voice, on from scratch)",
+        choices=["auto", "on", "off"],
     )
     discriminator_width: float = flag(
         1.0, "channel multiplier of a new discriminator (1: standard VITS, 46.7M parameters)"

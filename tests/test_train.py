@@ -108,7 +108,8 @@ def test_deadline_is_kept_with_an_injected_clock_and_the_model_is_usable(prepare
     assert abs(plan["total_steps"] - end["steps"]) <= 2
     args_saved = json.loads((tmp_path / "checkpoints" / "training_args.json").read_text())
     assert args_saved["max_samples"] == 12
-    assert "data: 12 clips" in (tmp_path / "checkpoints" / "train.log").read_text()
+    log = (tmp_path / "checkpoints" / "train.log").read_text()
+    assert "data: 12 clips" in log and "dropout on (--dropout auto)" in log  # from scratch, as VITS trains
     model, info = VitsModel.from_pretrained(str(tmp_path / "final_model"), output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
     speech = pipeline("text-to-speech", model=str(tmp_path / "final_model"))("ez baş im")
@@ -250,6 +251,7 @@ def test_a_new_discriminator_warms_up_alone_before_a_pretrained_generator_trains
     def watched(loop):
         seen["before"] = {k: v.clone() for k, v in loop.model.state_dict().items()}
         seen["discriminator"] = {k: v.clone() for k, v in loop.discriminator.state_dict().items()}
+        seen["dropout"] = {m.p for m in loop.model.modules() if isinstance(m, torch.nn.Dropout)}
         reason = real_warm_up(loop)
         seen["after"] = {k: v.clone() for k, v in loop.model.state_dict().items()}  # training goes on in place
         seen["discriminator_after"] = {k: v.clone() for k, v in loop.discriminator.state_dict().items()}
@@ -272,3 +274,4 @@ def test_a_new_discriminator_warms_up_alone_before_a_pretrained_generator_trains
     assert "it trains alone (at most 4 steps) before its gradients reach the pretrained generator" in log
     assert "discriminator warm-up ended by the step limit (--discriminator_warmup_steps 4): 4 steps" in log
     assert "real-minus-generated score margin" in log
+    assert seen["dropout"] == {0.0} and "dropout off (--dropout auto)" in log  # fine-tuning a pretrained voice
