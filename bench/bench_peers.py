@@ -120,8 +120,10 @@ LEVERS = {
     # batch composition: clips drawn at random (the peer's), or sorted by length within 4 batches' worth
     "pool1": ["--length_pool_batches", "1"],
     "pool4": ["--length_pool_batches", "4"],
-    # the peer trains with dropout off (its model stays in from_pretrained's eval mode)
+    # the peer trains with dropout off (its model stays in from_pretrained's eval mode), as ours does by default
+    # from a pretrained start since --dropout auto; dropout_on is ours before it
     "no_dropout": ["--dropout", "off"],
+    "dropout_on": ["--dropout", "on"],
 }
 
 
