@@ -29,7 +29,8 @@ Systems (--systems), each --seeds times, one after another on this machine:
                (training_config_examples/finetune_mms.json: learning rate 2e-5, batch 16, its loss weights,
                an evaluation every 50 steps, fp16 where a GPU is) on the same clips, stopped at the budget
                (killed: it has no time limit); a training state saved every --peer_save_steps steps makes
-               its curve, and the last one saved is its result
+               its curve, and the last one saved is its result (the time it was saved is printed: a
+               coarse --peer_save_steps leaves the peer's result that much short of the budget)
   fhv@lr       the same at --learning_rate, so that a difference is not a learning rate alone
   fhv@RATE     the same at RATE (fhv@2e-3): a sweep of the peer's rate in one call, each in a folder and
                a results.json entry of its own (`--systems fhv@1e-3 fhv@2e-3 fhv@4e-3`)
@@ -100,6 +101,7 @@ PEER_VERSIONS = [
 # One recipe difference each (issue 35): this tool's flags that change it.
 LEVERS = {
     "constant_lr": ["--lr_floor_ratio", "1", "--warmup_steps", "0"],
+    "no_warmup": ["--warmup_steps", "0"],  # the cosine from the peak at once, the decay kept
     "mel35_kl1.5": ["--mel_loss_weight", "35", "--kl_loss_weight", "1.5"],
     "dur8": ["--duration_loss_weight", "8"],
     "clip1": ["--max_grad_norm", "1"],
@@ -112,6 +114,7 @@ LEVERS = {
     "lr2e-3": ["--learning_rate", "2e-3"],
     "lr4e-3": ["--learning_rate", "4e-3"],
     "lr8e-3": ["--learning_rate", "8e-3"],
+    "lr1.2e-2": ["--learning_rate", "1.2e-2"],
     "lr1.6e-2": ["--learning_rate", "1.6e-2"],
     "freeze_text": ["--freeze", "text_encoder"],
     "batch4": ["--batch_size", "4"],
@@ -561,6 +564,8 @@ def run_peer(
         "steps": steps,
         "final_model": str(final) if curve else None,
         "curve": curve,
+        # its result is the last state it saved: this much of the budget trained it (--peer_save_steps)
+        "result_saved_at_s": max(curve) if curve else None,
         "learning_rate": learning_rate or json.loads(config.read_text())["learning_rate"],
     }
 
@@ -804,6 +809,12 @@ def main() -> None:
                     if score
                     else "none (nothing saved)"
                 )
+                + (
+                    f"; its result is the state saved at {outcome['result_saved_at_s']:.0f} s (a smaller "
+                    "--peer_save_steps saves nearer the budget)"
+                    if outcome.get("result_saved_at_s")
+                    else ""
+                )
                 + f" ({len(outcome['curve']) + bool(score)} models judged in {outcome['judge_s']:.0f} s)",
                 flush=True,
             )
@@ -883,9 +894,10 @@ def print_tables(results: dict) -> None:
             f"| {name} | {s['seeds']} | {s['steps']:.0f} | {s['mcd_db']:.3f} | {100 * (s['mcd_db'] / start - 1):+.1f}% | "
             f"{s['length_ratio']:.3f} | {s['wall_s']:.0f} |"
         )
+    results["table"] = table
     peers = {name: s for name, s in table.items() if name.startswith("fhv") and math.isfinite(s["mcd_db"])}
-    if not peers or "ours" not in results["runs"]:
-        return
+    if not peers or all(name.startswith("fhv") for name in results["runs"]):
+        return  # nothing of ours (a run of the peer alone) to put beside them
     print(
         "\nNearer than each peer, at the end (1 - the mean judge MCD over the peer's; negative: further): the "
         "judge's 95% interval from the clips judged, and each seed against each of the peer's (the training's "
@@ -923,7 +935,6 @@ def print_tables(results: dict) -> None:
                 for t in times
             )
             print(f"  {peer_name} at {peer['mcd_db']:.3f} dB: {name} {shown}")
-    results["table"] = table
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.bench_peers import nearer_by, peer_rate, systems_to_run, time_to_reach
+from bench.bench_peers import nearer_by, peer_rate, print_tables, systems_to_run, time_to_reach
 
 
 def test_each_system_of_a_sweep_runs_at_its_own_rate_and_levers_add_their_flags():
@@ -63,3 +63,18 @@ def test_nearer_by_keeps_the_judge_s_noise_and_the_seeds_apart():
     assert said["seed_pairs"][0] < -0.05 and said["seed_pairs"][-1] == pytest.approx(0.3)
     assert not said["beyond_noise"]
     assert nearer_by([{"judge": None}], peer) is None
+
+
+def test_a_lever_run_alone_is_still_put_beside_the_peer(capsys):
+    def run(scale: float) -> dict:
+        clips = {f"c{i}": scale * (8.0 + i % 3) for i in range(10)}
+        score = {"clips": clips, "mcd_db": sum(clips.values()) / 10, "length_ratio": 1.0}
+        return {"judge": score, "steps": 10, "wall_s": 60.0, "curve": {"30.0": {"mcd_db": score["mcd_db"]}}}
+
+    # a call with --systems left empty and one lever: no plain "ours" among the runs
+    results = {"start": {"mcd_db": 10.0}, "runs": {"ours+no_dropout": [run(0.9)], "fhv@1e-3": [run(1.0)]}}
+    print_tables(results)
+    said = capsys.readouterr().out
+    assert "ours+no_dropout against fhv@1e-3: +10.0%" in said and "x0.50 of its wall time" in said
+    assert results["nearer"]["ours+no_dropout vs fhv@1e-3"]["beyond_noise"]
+    assert set(results["table"]) == {"ours+no_dropout", "fhv@1e-3"}
