@@ -24,6 +24,26 @@ os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 
 
+# What the suite holds on disk at once, at most: 0.3 GB over what it started with, measured with pytest.ini's
+# tmp_path_retention_policy (a passing test's folder goes at its teardown); bench/RESULTS.md has the run.
+SUITE_PEAK_DISK_GB = 0.3
+
+
+def pytest_sessionstart(session) -> None:
+    """A line up front when the tests' disk is nearly full: such a CI disk failed seven tests with DiskTooSmall
+    in the suite's last minute, after four minutes of passing ones."""
+    import tempfile
+
+    free_gb = shutil.disk_usage(tempfile.gettempdir()).free / 1e9
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if free_gb < 2 * SUITE_PEAK_DISK_GB and reporter is not None:
+        reporter.write_line(
+            f"warning: {free_gb:.2f} GB free for the tests' folders ({tempfile.gettempdir()}), and they need about "
+            f"{SUITE_PEAK_DISK_GB} GB at once: tests that train will fail with DiskTooSmall; free space first",
+            yellow=True,
+        )
+
+
 def demo_texts() -> dict[str, str]:
     """The bundled demo corpus's texts by clip id (its metadata.csv)."""
     rows = (DEMO_CORPUS / "metadata.csv").read_text(encoding="utf-8").splitlines()
