@@ -35,6 +35,9 @@ Systems (--systems), each --seeds times, one after another on this machine:
   fhv@RATE     the same at RATE (fhv@2e-3): a sweep of the peer's rate in one call, each in a folder and
                a results.json entry of its own (`--systems fhv@1e-3 fhv@2e-3 fhv@4e-3`)
 
+--peer_results W2/results.json puts the peer's runs of another call (the same start and judge clips, another
+budget) beside this call's: ours given half the peer's budget, against the peer's final quality.
+
 The judge, the same for every model: stock transformers (VitsModel.forward on the text, one request a
 sentence, --judge_seeds seeds) on the judge's clips (all, or the first --judge_clips): the mean MCD-DTW
 against the recordings (each clip's mean over seeds), and the median length of a request over the
@@ -102,6 +105,7 @@ PEER_VERSIONS = [
 LEVERS = {
     "constant_lr": ["--lr_floor_ratio", "1", "--warmup_steps", "0"],
     "no_warmup": ["--warmup_steps", "0"],  # the cosine from the peak at once, the decay kept
+    "floor0": ["--lr_floor_ratio", "0"],  # the cosine down to nothing at the budget's end (default: 10% of the peak)
     "mel35_kl1.5": ["--mel_loss_weight", "35", "--kl_loss_weight", "1.5"],
     "dur8": ["--duration_loss_weight", "8"],
     "clip1": ["--max_grad_norm", "1"],
@@ -707,6 +711,13 @@ def main() -> None:
     )
     parser.add_argument("--peer_save_steps", type=int, default=50, help="the peer saves its state this often")
     parser.add_argument(
+        "--peer_results",
+        action="append",
+        default=[],
+        help="another work folder's results.json, of the same start and judge clips at another budget: its peer "
+        "runs join the tables as 'fhv@2e-3 at 360 s' (ours at half the budget beside the peer at the whole)",
+    )
+    parser.add_argument(
         "--smoke",
         action="store_true",
         help="ours alone on the tiny scenario with 24 clips, a few steps (figures mean nothing)",
@@ -763,6 +774,8 @@ def main() -> None:
                 for name, runs in kept["runs"].items()
             }
             results["runs"] = {name: runs for name, runs in results["runs"].items() if runs}
+    for path in args.peer_results:
+        results["runs"].update(peer_runs_from(Path(path), results["start"]))
     print(
         f"the start: judge MCD {results['start']['mcd_db']:.3f} dB, length x{results['start']['length_ratio']:.3f}",
         flush=True,
@@ -821,6 +834,26 @@ def main() -> None:
             (work / "results.json").write_text(json.dumps(results, indent=2))
     print_tables(results)
     (work / "results.json").write_text(json.dumps(results, indent=2))  # with the tables' figures
+
+
+def peer_runs_from(path: Path, start: dict) -> dict[str, list[dict]]:
+    """The peer's runs of another call's results.json, named with their budget ('fhv@2e-3 at 360 s'): ours
+    beside the peer given twice its time is the budget a user needs with ours for the peer's voice (ours plans
+    its schedule to its budget, so a longer run's curve says less of that). Refused unless the start judged
+    the same on the same clips: another start, --data_dir, --eval_clips, --judge_clips or --judge_seeds."""
+    other = json.loads(path.read_text())
+    theirs = other.get("start", {})
+    if set(theirs.get("clips", {})) != set(start["clips"]) or abs(theirs["mcd_db"] - start["mcd_db"]) > 1e-3:
+        raise SystemExit(
+            f"--peer_results {path}: its start judged {theirs.get('mcd_db', math.nan):.3f} dB on "
+            f"{len(theirs.get('clips', {}))} clips, this one {start['mcd_db']:.3f} on {len(start['clips'])}: another "
+            "start, --data_dir, --eval_clips, --judge_clips or --judge_seeds, so the two cannot be put side by side"
+        )
+    return {
+        f"{name} at {other['budget_s']:.0f} s": runs
+        for name, runs in other["runs"].items()
+        if name.startswith("fhv") and " at " not in name
+    }
 
 
 def summary(runs: list[dict]) -> dict:

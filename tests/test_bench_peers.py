@@ -3,11 +3,12 @@ misspelt system stopped before any run spends its budget."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
 
-from bench.bench_peers import nearer_by, peer_rate, print_tables, systems_to_run, time_to_reach
+from bench.bench_peers import nearer_by, peer_rate, peer_runs_from, print_tables, systems_to_run, time_to_reach
 
 
 def test_each_system_of_a_sweep_runs_at_its_own_rate_and_levers_add_their_flags():
@@ -65,12 +66,13 @@ def test_nearer_by_keeps_the_judge_s_noise_and_the_seeds_apart():
     assert nearer_by([{"judge": None}], peer) is None
 
 
-def test_a_lever_run_alone_is_still_put_beside_the_peer(capsys):
-    def run(scale: float) -> dict:
-        clips = {f"c{i}": scale * (8.0 + i % 3) for i in range(10)}
-        score = {"clips": clips, "mcd_db": sum(clips.values()) / 10, "length_ratio": 1.0}
-        return {"judge": score, "steps": 10, "wall_s": 60.0, "curve": {"30.0": {"mcd_db": score["mcd_db"]}}}
+def run(scale: float, wall_s: float = 60.0) -> dict:
+    clips = {f"c{i}": scale * (8.0 + i % 3) for i in range(10)}
+    score = {"clips": clips, "mcd_db": sum(clips.values()) / 10, "length_ratio": 1.0}
+    return {"judge": score, "steps": 10, "wall_s": wall_s, "curve": {f"{wall_s / 2}": {"mcd_db": score["mcd_db"]}}}
 
+
+def test_a_lever_run_alone_is_still_put_beside_the_peer(capsys):
     # a call with --systems left empty and one lever: no plain "ours" among the runs
     results = {"start": {"mcd_db": 10.0}, "runs": {"ours+no_dropout": [run(0.9)], "fhv@1e-3": [run(1.0)]}}
     print_tables(results)
@@ -78,3 +80,20 @@ def test_a_lever_run_alone_is_still_put_beside_the_peer(capsys):
     assert "ours+no_dropout against fhv@1e-3: +10.0%" in said and "x0.50 of its wall time" in said
     assert results["nearer"]["ours+no_dropout vs fhv@1e-3"]["beyond_noise"]
     assert set(results["table"]) == {"ours+no_dropout", "fhv@1e-3"}
+
+
+def test_the_peer_given_twice_the_budget_is_put_beside_ours(tmp_path, capsys):
+    """--peer_results: the peer's runs of a call at 120 s join a call at 60 s under their budget's name; ours
+    passes their quality at 30 s, x0.25 of the peer's time. Another call's start judged elsewhere is refused."""
+    start = {"mcd_db": 10.0, "clips": {f"c{i}": 10.0 for i in range(10)}}
+    longer = {"start": start, "budget_s": 120.0, "runs": {"fhv@2e-3": [run(1.0, 120.0)], "ours": [run(0.8, 120.0)]}}
+    (tmp_path / "results.json").write_text(json.dumps(longer))
+    results = {"start": start, "runs": {"ours": [run(0.95)]}}
+    results["runs"].update(peer_runs_from(tmp_path / "results.json", start))
+    assert set(results["runs"]) == {"ours", "fhv@2e-3 at 120 s"}  # the peer alone: ours there is another budget
+    print_tables(results)
+    said = capsys.readouterr().out
+    assert "ours against fhv@2e-3 at 120 s: +5.0%" in said and "30 s (x0.25 of its wall time" in said
+    elsewhere = {**start, "clips": {f"d{i}": 10.0 for i in range(10)}}
+    with pytest.raises(SystemExit, match="cannot be put side by side"):
+        peer_runs_from(tmp_path / "results.json", elsewhere)
