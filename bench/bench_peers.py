@@ -767,7 +767,7 @@ def main() -> None:
     earlier = work / "results.json"
     if earlier.is_file():  # the systems not run this time keep their earlier runs (same start, clips, budget)
         kept = json.loads(earlier.read_text())
-        if kept.get("budget_s") == args.budget_s and kept.get("start", {}).get("clips") == results["start"]["clips"]:
+        if kept.get("budget_s") == args.budget_s and judged_alike(kept, results["start"]):
             running = dict(systems_to_run(args))
             results["runs"] = {
                 name: [r for r in runs if name not in running or r.get("seed", 0) < args.first_seed]
@@ -836,6 +836,12 @@ def main() -> None:
     (work / "results.json").write_text(json.dumps(results, indent=2))  # with the tables' figures
 
 
+def judged_alike(other: dict, start: dict) -> bool:
+    """Whether another call's results.json judged the same start on the same clips (each clip's score equal):
+    only then do its runs go beside this call's."""
+    return other.get("start", {}).get("clips") == start["clips"]
+
+
 def peer_runs_from(path: Path, start: dict) -> dict[str, list[dict]]:
     """The peer's runs of another call's results.json, named with their budget ('fhv@2e-3 at 360 s'): ours
     beside the peer given twice its time is the budget a user needs with ours for the peer's voice (ours plans
@@ -843,7 +849,7 @@ def peer_runs_from(path: Path, start: dict) -> dict[str, list[dict]]:
     the same on the same clips: another start, --data_dir, --eval_clips, --judge_clips or --judge_seeds."""
     other = json.loads(path.read_text())
     theirs = other.get("start", {})
-    if set(theirs.get("clips", {})) != set(start["clips"]) or abs(theirs["mcd_db"] - start["mcd_db"]) > 1e-3:
+    if not judged_alike(other, start):
         raise SystemExit(
             f"--peer_results {path}: its start judged {theirs.get('mcd_db', math.nan):.3f} dB on "
             f"{len(theirs.get('clips', {}))} clips, this one {start['mcd_db']:.3f} on {len(start['clips'])}: another "
