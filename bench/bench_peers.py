@@ -28,9 +28,11 @@ Systems (--systems), each --seeds times, one after another on this machine:
                as an original VITS D_*.pth), run with its documented MMS fine-tuning config
                (training_config_examples/finetune_mms.json: learning rate 2e-5, batch 16, its loss weights,
                an evaluation every 50 steps, fp16 where a GPU is) on the same clips, stopped at the budget
-               (killed: it has no time limit); a training state saved every --peer_save_steps steps makes
-               its curve, and the last one saved is its result (the time it was saved is printed: a
-               coarse --peer_save_steps leaves the peer's result that much short of the budget)
+               (killed: it has no time limit), its clips filtered and preprocessed by a first, untimed
+               launch before the timed runs (as a user's second run on them finds them); a training state
+               saved every --peer_save_steps steps makes its curve, and the last one saved is its result
+               (the time it was saved is printed: a coarse --peer_save_steps leaves the peer's result that
+               much short of the budget)
   fhv@lr       the same at --learning_rate, so that a difference is not a learning rate alone
   fhv@RATE     the same at RATE (fhv@2e-3): a sweep of the peer's rate in one call, each in a folder and
                a results.json entry of its own (`--systems fhv@1e-3 fhv@2e-3 fhv@4e-3`)
@@ -112,6 +114,8 @@ LEVERS = {
     "eps1e-8": ["--adam_eps", "1e-8"],
     "no_eval": ["--val_every", "1000000"],
     "disc3": ["--discriminator_loss_weight", "3"],
+    # how often the discriminator updates (issue 35 part 2): every second step, saving its own pass in the others
+    "disc_every2": ["--discriminator_every", "2"],
     # beyond the peer's recipe (issue 35 part 2): the learning rate, what to freeze, the micro-batch,
     # the segment
     "lr5e-4": ["--learning_rate", "5e-4"],
@@ -377,9 +381,12 @@ def peer_venv(peer: Path, work: Path, given: str | None) -> Path:
     return python
 
 
-def peer_env() -> dict:
+def peer_env(work: Path | None = None) -> dict:
+    """The peer's environment: offline, no wandb; with `work`, its `datasets` cache in that work folder's
+    peer_datasets (so that what it prepared for a call's runs is theirs alone, whatever ~/.cache holds)."""
     return {
         **os.environ,
+        **({"HF_DATASETS_CACHE": str(peer_datasets(work))} if work is not None else {}),
         "HF_HUB_OFFLINE": "1",
         "HF_DATASETS_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
@@ -505,23 +512,76 @@ def peer_config(
     return path
 
 
+TRAINING_STARTS = "***** Running training *****"  # what the peer logs once its clips are ready and its steps begin
+
+
+def peer_datasets(work: Path) -> Path:
+    """Where the peer's `datasets` keeps the clips it filtered and preprocessed (its HF_DATASETS_CACHE)."""
+    return work / "fhv_datasets"
+
+
+def launch_peer(python: Path, peer: Path, config: Path, log, work: Path) -> subprocess.Popen:
+    """The peer's training script on `config`, in a session of its own (so that ending it takes its workers)."""
+    return subprocess.Popen(
+        [str(python), "run_vits_finetuning.py", str(config)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=peer,
+        env=peer_env(work),
+        start_new_session=True,
+    )
+
+
+def end_group(process: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def prepare_peer_clips(
+    python: Path, peer: Path, start: Path, clips: Path, work: Path, timeout_s: float = 1800.0
+) -> float:
+    """The peer's first launch on these clips, untimed, ended as soon as its training starts: it filters and
+    preprocesses them into peer_datasets(work), so that every timed run finds them ready, as a user's second
+    run on the same clips does. Without it the first timed run paid for it and the next did not (tiny scale,
+    2-core CPU: 45 s of a 180 s budget to its first step, against 9 s for the next seed). Returns its seconds."""
+    folder = work / "fhv_prepare"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    config = peer_config(peer, start, clips, folder / "out", 0, None, 1_000_000)
+    log_path, started = folder / "run.log", time.perf_counter()
+    with open(log_path, "w") as log:
+        process = launch_peer(python, peer, config, log, work)
+
+        def until_its_training_starts() -> bool:
+            while process.poll() is None and time.perf_counter() - started < timeout_s:
+                if TRAINING_STARTS in log_path.read_text(errors="replace"):
+                    return True
+                time.sleep(0.2)
+            return TRAINING_STARTS in log_path.read_text(errors="replace")
+
+        ready = wait_passing_stops(until_its_training_starts, lambda _signum: end_group(process))
+        end_group(process)
+        process.wait()
+    if not ready:
+        raise SystemExit(
+            f"finetune-hf-vits did not get to its training in {timeout_s:.0f} s while preparing its clips "
+            f"(exit {process.returncode}); see {log_path}"
+        )
+    shutil.rmtree(folder / "out", ignore_errors=True)
+    return time.perf_counter() - started
+
+
 def run_peer(
     args, python: Path, peer: Path, start: Path, clips: Path, folder: Path, seed: int, learning_rate: float | None
 ) -> dict:
-    """The peer's training, launched and killed at the budget; each saved state exported as a voice."""
+    """The peer's training, launched and killed at the budget (its clips prepared already: prepare_peer_clips);
+    each saved state exported as a voice."""
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     config = peer_config(peer, start, clips, folder / "out", seed, learning_rate, args.peer_save_steps)
     started = time.perf_counter()
     with open(folder / "run.log", "w") as log:
-        process = subprocess.Popen(
-            [str(python), "run_vits_finetuning.py", str(config)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=peer,
-            env=peer_env(),
-            start_new_session=True,
-        )
+        process = launch_peer(python, peer, config, log, folder.parent)
         saved_at: dict[str, float] = {}
 
         def until_the_budget() -> None:
@@ -532,13 +592,9 @@ def run_peer(
 
         # Its own session (so that the kill at the budget takes its workers too): a stop of this bench is passed
         # on to that whole group, or the peer would train on alone with no limit of its own.
-        def end_its_group(_signum: int) -> None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-
-        wait_passing_stops(until_the_budget, end_its_group)
+        wait_passing_stops(until_the_budget, lambda _signum: end_group(process))
         if process.poll() is None:
-            end_its_group(signal.SIGKILL)  # at the budget: what it saved by then is what it made
+            end_group(process)  # at the budget: what it saved by then is what it made
         elif process.returncode != 0:
             raise SystemExit(
                 f"finetune-hf-vits failed before its budget (exit {process.returncode}); see {folder / 'run.log'}"
@@ -774,6 +830,8 @@ def main() -> None:
                 for name, runs in kept["runs"].items()
             }
             results["runs"] = {name: runs for name, runs in results["runs"].items() if runs}
+            if "peer_clips_prepared_s" in kept:  # the peer's runs kept were timed with its clips prepared
+                results["peer_clips_prepared_s"] = kept["peer_clips_prepared_s"]
     for path in args.peer_results:
         results["runs"].update(peer_runs_from(Path(path), results["start"]))
     print(
@@ -797,6 +855,12 @@ def main() -> None:
             if python is None:
                 python = peer_venv(peer, work, args.peer_python)
                 start, clips = peer_start(python, peer, base, work), peer_data(data, work)
+                results["peer_clips_prepared_s"] = round(prepare_peer_clips(python, peer, start, clips, work), 1)
+                print(
+                    f"finetune-hf-vits: its clips filtered and preprocessed before the timed runs, untimed "
+                    f"({results['peer_clips_prepared_s']:.0f} s; {peer_datasets(work)})",
+                    flush=True,
+                )
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             folder = work / f"{name.replace('@', '_at_').replace('+', '_')}_s{seed}"
             if name.startswith("fhv"):

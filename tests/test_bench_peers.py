@@ -1,14 +1,24 @@
 """bench_peers.py's systems as a user names them: a sweep of the peer's learning rate in one call, and a
-misspelt system stopped before any run spends its budget."""
+misspelt system stopped before any run spends its budget; the peer's clips prepared before its timed runs."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from bench.bench_peers import nearer_by, peer_rate, peer_runs_from, print_tables, systems_to_run, time_to_reach
+from bench.bench_peers import (
+    nearer_by,
+    peer_datasets,
+    peer_rate,
+    peer_runs_from,
+    prepare_peer_clips,
+    print_tables,
+    systems_to_run,
+    time_to_reach,
+)
 
 
 def test_each_system_of_a_sweep_runs_at_its_own_rate_and_levers_add_their_flags():
@@ -97,3 +107,43 @@ def test_the_peer_given_twice_the_budget_is_put_beside_ours(tmp_path, capsys):
     elsewhere = {**start, "clips": {f"d{i}": 10.0 for i in range(10)}}
     with pytest.raises(SystemExit, match="cannot be put side by side"):
         peer_runs_from(tmp_path / "results.json", elsewhere)
+
+
+FAKE_PEER = """
+import os, sys, time
+from pathlib import Path
+Path(sys.argv[1]).with_name("seen.txt").write_text(f"{os.getpid()} {os.environ.get('HF_DATASETS_CACHE')}")
+print("Filter: 251/251 examples", flush=True)
+if os.environ.get("FAKE_PEER_FAILS"):
+    sys.exit(3)
+print("***** Running training *****", file=sys.stderr, flush=True)
+time.sleep(120)
+"""
+
+
+def fake_peer(tmp_path):
+    """A stand-in for finetune-hf-vits's checkout: its documented config and a training script that says what a
+    real one logs once its clips are prepared, then trains on (sleeps) until ended."""
+    peer = tmp_path / "peer"
+    (peer / "training_config_examples").mkdir(parents=True)
+    (peer / "training_config_examples" / "finetune_mms.json").write_text("{}")
+    (peer / "run_vits_finetuning.py").write_text(FAKE_PEER)
+    return peer
+
+
+def test_the_peer_s_clips_are_prepared_by_a_launch_ended_as_its_training_starts(tmp_path, monkeypatch):
+    """Its datasets cache in the work folder, its process ended (not left training), in seconds; a peer that
+    exits before training stops the bench with its log named."""
+    import os
+    import sys
+
+    work = tmp_path / "work"
+    work.mkdir()
+    seconds = prepare_peer_clips(Path(sys.executable), fake_peer(tmp_path), tmp_path, tmp_path, work, timeout_s=60)
+    pid, cache = (work / "fhv_prepare" / "seen.txt").read_text().split()
+    assert cache == str(peer_datasets(work)) and seconds < 60
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid), 0)  # ended, and reaped
+    monkeypatch.setenv("FAKE_PEER_FAILS", "1")
+    with pytest.raises(SystemExit, match="did not get to its training.*exit 3.*run.log"):
+        prepare_peer_clips(Path(sys.executable), fake_peer(tmp_path / "again"), tmp_path, tmp_path, work, timeout_s=60)
