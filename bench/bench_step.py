@@ -12,7 +12,9 @@ The train step cut down: TrainStep's own parts, called one by one with a device 
     .venv/bin/python bench/bench_step.py --smoke                           # seconds: the smoke test's setting
 
 Also timed: a discriminator warm-up step both ways, the full generator forward under no_grad (as the
-warm-up ran before) and the segments alone (posterior encoder -> random segment -> decoder, as it runs now).
+warm-up ran before) and the segments alone (posterior encoder -> random segment -> decoder, as it runs now);
+and a whole step as training runs it (TrainStep.run, no syncs between parts) with the discriminator learning
+and with it only scoring (a step it sits out under --discriminator_every).
 """
 
 from __future__ import annotations
@@ -124,6 +126,16 @@ def warm_up_step(step: TrainStep, host_batch, device, sync, full: bool) -> float
     return time.perf_counter() - started
 
 
+def whole_step(step: TrainStep, host_batch, device, sync, discriminator: bool) -> float:
+    """Seconds of one whole optimizer step over one micro-batch as training runs it, the discriminator
+    learning in it or only scoring (a step it sits out under --discriminator_every N)."""
+    sync()
+    started = time.perf_counter()
+    step.run([host_batch.to(device)], discriminator=discriminator)
+    sync()
+    return time.perf_counter() - started
+
+
 def compile_parts(model, discriminator, parts: list[str], sample_audio: torch.Tensor, sample_z: torch.Tensor) -> dict:
     """torch.compile the named parts in place; each compiled part is checked against eager on one input
     (largest absolute difference). Compilation itself happens at the first calls (the burn-in)."""
@@ -209,6 +221,15 @@ def main() -> None:
         for name, full in (("whole generator forward (before)", True), ("segments only (now)", False))
     }
 
+    whole_s: dict[bool, list[float]] = {True: [], False: []}
+    for i in range(max(1, args.steps // 2)):  # the two kinds in turn, so that a slower minute slows both
+        for learns in (True, False):
+            whole_s[learns].append(whole_step(step, batches[i % len(batches)], device, sync, learns))
+    whole = {
+        "the discriminator learning": statistics.mean(whole_s[True]),
+        "the discriminator only scoring": statistics.mean(whole_s[False]),
+    }
+
     total = statistics.mean(sum(r.values()) for r in records)
     print(f"machine: {describe()}")
     print(
@@ -228,6 +249,10 @@ def main() -> None:
         )
     for name, seconds in warm_up.items():
         print(f"discriminator warm-up micro-batch, {name:<34} {1000 * seconds:>9.1f} ms")
+    for name, seconds in whole.items():
+        print(f"whole step, {name:<58} {1000 * seconds:>9.1f} ms")
+    learning, scoring = whole.values()
+    print(f"a step the discriminator sits out: x{scoring / learning:.2f} of one it learns in")
     if device.type == "cuda":
         print(f"peak VRAM {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
 

@@ -113,6 +113,7 @@ def train_step(flags: TrainingFlags, run: Run, model, discriminator, features: F
         segment_frames=flags.segment_frames,
         adam_eps=flags.adam_eps,
         discriminator_loss_weight=flags.discriminator_loss_weight,
+        discriminator_every=flags.discriminator_every,
         anchor_weight=flags.anchor_weight,
     )
     return TrainStep(model, discriminator, features, weights, settings, run.precision, run.device, run.dist)

@@ -92,6 +92,11 @@ class TrainingFlags:
         "of similar lengths (little padding); 1 makes batches of clips drawn at random, as finetune-hf-vits",
     )
     discriminator_loss_weight: float = flag(1.0, "weight of the discriminator's own loss (finetune-hf-vits: 3)")
+    discriminator_every: int = flag(
+        1,
+        "the discriminator learns in every Nth optimizer step (1: each, as VITS); in the others it only scores the "
+        "audio for the generator's losses, which saves its own forward and backward",
+    )
     adam_eps: float = flag(1e-9, "AdamW's epsilon, both optimizers (original VITS: 1e-9; finetune-hf-vits: 1e-8)")
     anchor_weight: float = flag(
         0.0,
@@ -122,6 +127,7 @@ class TrainingFlags:
                 "log_every_seconds",
                 "discriminator_warmup_learning_rate",
                 "discriminator_loss_weight",
+                "discriminator_every",
                 "adam_eps",
                 "segment_frames",
                 "length_pool_batches",

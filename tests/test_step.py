@@ -346,3 +346,51 @@ def test_segment_frames_from_the_command_line_set_what_a_step_decodes_and_discri
     with pytest.raises(SystemExit):
         parse_config(TrainConfig, ["--segment_frames", "0"], "")
     assert "--segment_frames 0: must be positive" in capsys.readouterr().err
+
+
+def test_with_discriminator_every_2_a_step_without_it_moves_the_generator_alone_by_the_same_gradients(
+    prepared_demo, capsys
+):
+    """--discriminator_every 2: the discriminator learns in steps 1, 3, 5...; in the others it scores the audio
+    without gradients, its weights and optimizer untouched, and the generator's gradients are those of a step
+    where it learns (the features it matches are the same real audio's)."""
+    from types import SimpleNamespace
+
+    from finetune import recipe
+    from finetune.cli import parse_config
+    from finetune.training.distributed import Distributed
+    from train_vits import TrainConfig
+
+    flags = parse_config(TrainConfig, ["--discriminator_every", "2", "--learning_rate", "2e-3"], "")
+    loaded = tiny_generator(prepared_demo)
+    model, batch = loaded.model.train(), demo_batch(prepared_demo, loaded.tokenizer)
+    run = SimpleNamespace(precision=FP32, device=torch.device("cpu"), dist=Distributed())
+    torch.manual_seed(0)
+    step = recipe.train_step(flags, run, model, Discriminator(SMALL_D), Features(FeatureConfig()))
+    assert [step.discriminator_learns(n) for n in range(1, 6)] == [True, False, True, False, True]
+
+    gradients = {}
+    for learns in (True, False):
+        torch.manual_seed(1)
+        terms = step.accumulate(batch, scale=1.0, discriminator=learns)
+        assert ("discriminator" in terms) == learns
+        gradients[learns] = [p.grad.clone() for p in step.generator_params if p.grad is not None]
+        assert all(p.grad is None for p in step.discriminator.parameters()) != learns
+        step.zero_grad()
+    assert len(gradients[True]) == len(gradients[False]) > 0
+    for with_it, without in zip(gradients[True], gradients[False]):
+        assert torch.allclose(with_it, without, rtol=1e-4, atol=1e-6)
+
+    generator_before = copy.deepcopy(model.state_dict())
+    discriminator_before = copy.deepcopy(step.discriminator.state_dict())
+    result = step.run([batch], discriminator=False)
+    assert result.applied and "discriminator" not in result.losses and np.isnan(result.grad_norm_discriminator)
+    assert np.isfinite(result.grad_norm_generator)
+    for key, value in step.discriminator.state_dict().items():
+        assert torch.equal(value, discriminator_before[key]), key
+    assert step.optimizer_d.state_dict()["state"] == {}  # the discriminator's optimizer never stepped
+    assert any(not torch.equal(value, generator_before[key]) for key, value in model.state_dict().items())
+
+    with pytest.raises(SystemExit):
+        parse_config(TrainConfig, ["--discriminator_every", "0"], "")
+    assert "--discriminator_every 0: must be positive" in capsys.readouterr().err

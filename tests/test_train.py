@@ -212,6 +212,27 @@ def test_length_pool_batches_from_the_command_line_set_how_a_run_draws_its_batch
         train_vits.main([*argv, "--resume", "auto", "--length_pool_batches", "32"])
 
 
+def test_discriminator_every_from_the_command_line_sets_which_steps_the_discriminator_learns_in(
+    prepared_demo, tmp_path, timed_work
+):
+    """--discriminator_every 2 over a run of 4 steps: the generator's optimizer stepped 4 times, the
+    discriminator's twice (steps 1 and 3), as the checkpoint's AdamW states count them."""
+    from finetune.training.checkpoint import load_checkpoint
+
+    fake, _ = timed_work
+    argv = args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "2", "--max_samples", "8")
+    assert train_vits.main([*argv, "--discriminator_every", "2"], clock=clock_for(fake)) == 0
+    run = tmp_path / "checkpoints"
+    latest = load_checkpoint(run / json.loads((run / "latest_checkpoint.json").read_text())["path"])
+    assert latest["state"]["step"] == 4
+
+    def updates(optimizer: dict) -> set[int]:
+        return {int(state["step"]) for state in optimizer["state"].values()}
+
+    assert updates(latest["train_step"]["optimizer_g"]) == {4}
+    assert updates(latest["train_step"]["optimizer_d"]) == {2}
+
+
 def test_checkpoints_slower_than_steps_still_fit_the_deadline(prepared_demo, tmp_path, timed_work):
     """An epoch-end checkpoint after a step is counted before the step runs: with 3 steps an epoch and a
     checkpoint 3x as slow as a step, the run still ends inside the budget, on a step at the floor. At 70 s

@@ -366,7 +366,7 @@ class TrainingLoop:
         last = self.context.dist.any(self.pacer.step_is_last(number, window))
         lr = self.pacer.learning_rate(number, last) * self.state.setbacks.lr_scale
         self.step.set_learning_rates(lr, lr * self.settings.schedule.discriminator_ratio)
-        result = self.windows.run(window)
+        result = self.windows.run(window, discriminator=self.step.discriminator_learns(number))
         self.timer.record(result.micro_batch_s, result.update_s)
         return result, last, lr
 

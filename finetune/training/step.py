@@ -5,6 +5,9 @@ For each micro-batch of an accumulation window:
   2. discriminator loss on real audio and the *detached* generated audio, backward into the
      discriminator only;
   3. generator loss with the discriminator frozen (requires_grad off), backward into the generator only.
+With --discriminator_every N the discriminator learns in every Nth step only: in the others step 2 is a
+forward pass over the real audio alone, without gradients (the features step 3 matches), and its optimizer
+does not step.
 In a new discriminator's warm-up, the discriminator trains alone: step 1 is cut down to what it needs
 (posterior encoder -> random segment -> decoder, no gradients: no text encoder, flow, alignment search
 or duration loss) and step 3 is left out; the generator does not change.
@@ -140,6 +143,7 @@ class StepSettings:
     weight_decay: float = 0.01  # AdamW's default
     adam_eps: float = 1e-9  # original VITS
     discriminator_loss_weight: float = 1.0  # the discriminator's loss is scaled by this before its backward
+    discriminator_every: int = 1  # it learns in steps 1, 1+N, 1+2N...; in the others it only scores
     anchor_weight: float = 0.0  # >0: the generator decays toward its starting weights (rate: this x lr), not zero
 
 
@@ -266,23 +270,37 @@ class TrainStep:
         for group in self.optimizer_d.param_groups:
             group["lr"] = discriminator_lr
 
-    def accumulate(self, batch: Batch, scale: float, generator: bool = True) -> dict[str, torch.Tensor]:
+    def discriminator_learns(self, number: int) -> bool:
+        """Whether the discriminator learns in optimizer step `number` (1-based): in steps 1, 1 + N, 1 + 2N, ...
+        for --discriminator_every N, in every step by default."""
+        return (number - 1) % self.settings.discriminator_every == 0
+
+    def accumulate(
+        self, batch: Batch, scale: float, generator: bool = True, discriminator: bool = True
+    ) -> dict[str, torch.Tensor]:
         """Forward and backward for one micro-batch; `scale` is 1 / micro-batches per step. With
         `generator` False only the discriminator learns (its warm-up): the generator runs without
-        gradients and is left untouched. The gradients stay this process's own until the update. Returns
-        the loss terms as detached tensors (no sync)."""
-        return self._accumulate(batch, scale, generator)
+        gradients and is left untouched. With `discriminator` False only the generator learns: the
+        discriminator scores the real audio without gradients (the features the generator matches) and the
+        generated audio for the generator's losses, and takes no gradient. The gradients stay this
+        process's own until the update. Returns the loss terms as detached tensors (no sync)."""
+        return self._accumulate(batch, scale, generator, discriminator)
 
-    def _accumulate(self, batch: Batch, scale: float, generator: bool) -> dict[str, torch.Tensor]:
+    def _accumulate(self, batch: Batch, scale: float, generator: bool, discriminator: bool) -> dict[str, torch.Tensor]:
         if not generator:
             return self._accumulate_discriminator(batch, scale)
         with section("generator_forward"):
             out, real_audio, mel_real = self.forward(batch)
         with section("discriminator"):
-            d_loss, margin, real_features = self.discriminator_backward(real_audio, out.audio, True, scale)
+            if discriminator:
+                d_loss, margin, real_features = self.discriminator_backward(real_audio, out.audio, True, scale)
+            else:
+                real_features = self.real_features(real_audio)
         with section("generator_backward"):
             g_losses = self.generator_backward(out, mel_real, real_features, scale)
         terms = {k: v.detach() for k, v in g_losses.terms().items()}
+        if not discriminator:
+            return terms
         return {**terms, "discriminator": d_loss.detach(), "margin": margin.detach()}
 
     def _accumulate_discriminator(self, batch: Batch, scale: float) -> dict[str, torch.Tensor]:
@@ -327,6 +345,14 @@ class TrainStep:
         real_features = [[f[:size].detach() for f in fs] for fs in features] if keep_real_features else None
         return d_loss, margin, real_features
 
+    @torch.no_grad()
+    def real_features(self, real_audio: torch.Tensor) -> list[list[torch.Tensor]]:
+        """The discriminator's features of the real audio, without gradients: what the generator's
+        feature-matching loss compares with, in a step where the discriminator does not learn."""
+        with self.autocast():
+            _, features = self.discriminator(real_audio)
+        return features
+
     def generator_backward(self, out, mel_real: torch.Tensor, real_features, scale: float) -> GeneratorLosses:
         """Generator loss with the discriminator frozen, backward into the generator only."""
         mel_generated = self.features.mel(out.audio.squeeze(1))
@@ -338,10 +364,13 @@ class TrainStep:
         self.scaler_g.scale(g_losses.total * scale).backward()
         return g_losses
 
-    def optimizer_step(self, source: MicroBatchSource, window: WindowShape, generator: bool = True) -> StepResult:
+    def optimizer_step(
+        self, source: MicroBatchSource, window: WindowShape, generator: bool = True, discriminator: bool = True
+    ) -> StepResult:
         """One optimizer step, top to bottom, over the window the loop decided before it started
         (finetune/training/pacing.py: how many micro-batches, the last cut to the clips that fit), at the
-        learning rates already set. With `generator` False only the discriminator learns (its warm-up).
+        learning rates already set. With `generator` False only the discriminator learns (its warm-up);
+        with `discriminator` False only the generator (--discriminator_every).
 
         Each clip weighs the same: a micro-batch's mean loss counts by its clips, and the gradients are the
         mean over every clip the window used (a micro-batch cut to 2 of 8 clips does not weigh each of them
@@ -369,7 +398,7 @@ class TrainStep:
                 longest, widest = max(longest, int(batch.frame_lengths.max())), max(widest, len(batch))
                 if not result.oom:
                     try:
-                        for name, value in self.accumulate(batch, scale, generator).items():
+                        for name, value in self.accumulate(batch, scale, generator, discriminator).items():
                             totals[name] = totals.get(name, 0.0) + value * scale
                     except torch.OutOfMemoryError:  # torch.cuda.OutOfMemoryError is this type
                         self.zero_grad()
@@ -383,16 +412,23 @@ class TrainStep:
             result.oom = f"{result.used} micro-batches of up to {widest} clips (longest {longest} frames)"
         started = source.now()
         with section("optimizer"):
-            self.update(result, totals, whole, generator)
+            self.update(result, totals, whole, generator, discriminator)
         result.update_s = source.now() - started
         return result
 
-    def update(self, result: StepResult, totals: dict[str, torch.Tensor], whole: int, generator: bool = True) -> None:
+    def update(
+        self,
+        result: StepResult,
+        totals: dict[str, torch.Tensor],
+        whole: int,
+        generator: bool = True,
+        discriminator: bool = True,
+    ) -> None:
         """The update after a window whose gradients are in .grad (`totals`: its loss terms, weighed by clips;
         `whole`: a whole window's clips): dropped on out of memory (on any process) or a non-finite loss;
         else the gradients made a mean over the clips used and averaged over processes, unscaled, clipped,
-        and the optimizers stepped (the discriminator first; the generator unless it sat out), then the
-        anchor's pull. `result` says what happened."""
+        and the optimizers stepped (the discriminator first, each unless it sat out), then the anchor's
+        pull. `result` says what happened."""
         # 2. Out of memory anywhere: every process drops the window.
         if self.dist.any(bool(result.oom)) and not result.oom:
             self.zero_grad()
@@ -412,7 +448,7 @@ class TrainStep:
             return self._drop(result, "non-finite loss")
         self.dist.average_gradients([*self.discriminator.parameters(), *self.generator_params])
         # 5. Unscale, clip and step; out of GPU memory here may leave the weights partly updated.
-        pairs = [(self.optimizer_d, self.scaler_d, list(self.discriminator.parameters()))]
+        pairs = [(self.optimizer_d, self.scaler_d, list(self.discriminator.parameters()))] if discriminator else []
         if generator:
             pairs.append((self.optimizer_g, self.scaler_g, self.generator_params))
         failed, norms, nonfinite = "", [], False
@@ -443,13 +479,13 @@ class TrainStep:
             return self._drop(result, "non-finite gradient")
         self.zero_grad()
         result.applied = True
-        result.grad_norm_discriminator = float(norms[0])
-        result.grad_norm_generator = float(norms[1]) if generator else float("nan")
+        result.grad_norm_discriminator = float(norms[0]) if discriminator else float("nan")
+        result.grad_norm_generator = float(norms[-1]) if generator else float("nan")
 
-    def run(self, micro_batches: list[Batch], generator: bool = True) -> StepResult:
+    def run(self, micro_batches: list[Batch], generator: bool = True, discriminator: bool = True) -> StepResult:
         """One optimizer step over a list of micro-batches (gradient accumulation), none cut."""
         count = len(micro_batches)
-        return self.optimizer_step(ListSource(micro_batches), WindowShape(count, count, 1, 1), generator)
+        return self.optimizer_step(ListSource(micro_batches), WindowShape(count, count, 1, 1), generator, discriminator)
 
     def zero_grad(self) -> None:
         self.optimizer_g.zero_grad(set_to_none=True)
