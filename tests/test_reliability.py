@@ -330,11 +330,11 @@ def update_runs_out_of_memory(monkeypatch):
 
         calls = {"n": 0, "hooked": None}
 
-        def counted(self, result, totals, whole, generator=True):
+        def counted(self, result, totals, whole, generator=True, discriminator=True):
             calls["n"] += 1
             if calls["n"] == from_update and generator:
                 calls["hooked"] = out_of_memory_in(self.optimizer_g, times)
-            return real(self, result, totals, whole, generator)
+            return real(self, result, totals, whole, generator, discriminator)
 
         monkeypatch.setattr(step.TrainStep, "update", counted)
         monkeypatch.setattr(step.TrainStep, "__init__", init)

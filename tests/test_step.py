@@ -237,7 +237,7 @@ def test_each_clip_of_a_window_weighs_the_same_however_its_micro_batches_were_cu
     whole = batch.first(4)
     seen = []
 
-    def accumulate(micro_batch, scale, generator=True):
+    def accumulate(micro_batch, scale, generator=True, discriminator=True):
         for param in step.generator_params:  # a gradient of 1 a clip's mean loss, weighed by `scale`
             param.grad = (param.grad if param.grad is not None else torch.zeros_like(param)) + scale
         seen.append((len(micro_batch), scale))

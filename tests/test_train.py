@@ -71,6 +71,14 @@ def metrics(run_dir, kind: str) -> list[dict]:
     return [record for record in map(json.loads, lines) if record["kind"] == kind]
 
 
+def latest_checkpoint(run_dir) -> dict:
+    """The checkpoint that run_dir/checkpoints/latest_checkpoint.json names, loaded."""
+    from finetune.training.checkpoint import load_checkpoint
+
+    run = run_dir / "checkpoints"
+    return load_checkpoint(run / json.loads((run / "latest_checkpoint.json").read_text())["path"])
+
+
 def wait_for_training(process, run_dir, timeout_s: float = 240) -> None:
     """Until the run launched as `process` has planned its training (or ended, or `timeout_s` passed: room for
     a machine several times slower than this one, beside busy processes; it returns as soon as the plan is
@@ -200,14 +208,12 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(prepared_demo, tmp_path):
 def test_length_pool_batches_from_the_command_line_set_how_a_run_draws_its_batches(prepared_demo, tmp_path, timed_work):
     """--length_pool_batches 1: the run's sampler draws batches of clips at random (what that means is
     tests/test_sampler.py's), saved in its checkpoint so that a resume continues the same batches."""
-    from finetune.training.checkpoint import CheckpointError, load_checkpoint
+    from finetune.training.checkpoint import CheckpointError
 
     fake, _ = timed_work
     argv = args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "1", "--max_samples", "8")
     assert train_vits.main([*argv, "--length_pool_batches", "1"], clock=clock_for(fake)) == 0
-    run = tmp_path / "checkpoints"
-    latest = load_checkpoint(run / json.loads((run / "latest_checkpoint.json").read_text())["path"])
-    assert latest["sampler"]["pool_batches"] == 1
+    assert latest_checkpoint(tmp_path)["sampler"]["pool_batches"] == 1
     with pytest.raises(CheckpointError, match="--length_pool_batches was 1 in the checkpoint, now 32"):
         train_vits.main([*argv, "--resume", "auto", "--length_pool_batches", "32"])
 
@@ -217,13 +223,10 @@ def test_discriminator_every_from_the_command_line_sets_which_steps_the_discrimi
 ):
     """--discriminator_every 2 over a run of 4 steps: the generator's optimizer stepped 4 times, the
     discriminator's twice (steps 1 and 3), as the checkpoint's AdamW states count them."""
-    from finetune.training.checkpoint import load_checkpoint
-
     fake, _ = timed_work
     argv = args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "2", "--max_samples", "8")
     assert train_vits.main([*argv, "--discriminator_every", "2"], clock=clock_for(fake)) == 0
-    run = tmp_path / "checkpoints"
-    latest = load_checkpoint(run / json.loads((run / "latest_checkpoint.json").read_text())["path"])
+    latest = latest_checkpoint(tmp_path)
     assert latest["state"]["step"] == 4
 
     def updates(optimizer: dict) -> set[int]:
