@@ -259,6 +259,17 @@ def start_says_nothing(voice: Path) -> bool:
     return says_nothing(waveform.numpy())
 
 
+def start_tempo_held(voice: Path) -> str:
+    """The note of the start's own tempo fit when it was held at a limit of speaking_rate ("" otherwise, or for
+    a folder without this tool's eval.json): the start's duration predictor is then far from its recordings,
+    and its config.json's held speaking_rate is what a fine-tune's evaluations judge its timing at."""
+    eval_json = voice / "eval.json"
+    if not eval_json.is_file():
+        return ""
+    note = json.loads(eval_json.read_text()).get("inference_settings", {}).get("note", "")
+    return note if "held at" in note else ""
+
+
 def split_held_out(
     data_dir: Path, work: Path, eval_clips: int, judge_clips: int = 0
 ) -> tuple[Path, list[tuple[str, str]]]:
@@ -807,6 +818,15 @@ def main() -> None:
         base, data_dir = Path(args.base_model).resolve(), Path(args.data_dir).resolve()
     else:
         parser.error("give --base_model and --data_dir, or --scenario tiny|small (or --smoke)")
+    held = start_tempo_held(base)
+    if held:
+        print(
+            f"warning: the start's tempo fit was held at its limit ({held}): its duration predictor is undertrained, "
+            "and ours' evaluations judge the timing at that speaking_rate, so a run may keep its start by the timing "
+            "rule (bench/RESULTS.md, nineteenth session); "
+            + ("pretrain voice A longer (--pretrain_hours)" if args.scenario else "start from a voice trained longer"),
+            flush=True,
+        )
     data, judged = split_held_out(data_dir, work, args.eval_clips, args.judge_clips)
     print(
         f"start: {base}; clips: {data_dir} ({len(judged)} held-out clips for the judge, {args.eval_clips} for the "
@@ -815,7 +835,7 @@ def main() -> None:
     )
     examples = judge_examples(data, base)
     results = {
-        "start": judge(str(base), examples, args.judge_seeds),
+        "start": {**judge(str(base), examples, args.judge_seeds), **({"tempo_fit_held": held} if held else {})},
         "runs": {},
         "budget_s": args.budget_s,
         "machine": describe(),
@@ -998,6 +1018,8 @@ def print_tables(results: dict) -> None:
             f"{s['length_ratio']:.3f} | {s['wall_s']:.0f} |"
         )
     results["table"] = table
+    if results["start"].get("tempo_fit_held"):
+        print("(the start's tempo fit was held at its limit, so a run may have kept its start: see the warning above)")
     peers = {name: s for name, s in table.items() if name.startswith("fhv") and math.isfinite(s["mcd_db"])}
     if not peers or all(name.startswith("fhv") for name in results["runs"]):
         return  # nothing of ours (a run of the peer alone) to put beside them

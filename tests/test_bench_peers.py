@@ -16,6 +16,7 @@ from bench.bench_peers import (
     peer_runs_from,
     prepare_peer_clips,
     print_tables,
+    start_tempo_held,
     systems_to_run,
     time_to_reach,
 )
@@ -90,6 +91,21 @@ def test_a_lever_run_alone_is_still_put_beside_the_peer(capsys):
     assert "ours+no_dropout against fhv@1e-3: +10.0%" in said and "x0.50 of its wall time" in said
     assert results["nearer"]["ours+no_dropout vs fhv@1e-3"]["beyond_noise"]
     assert set(results["table"]) == {"ours+no_dropout", "fhv@1e-3"}
+
+
+def test_a_start_whose_tempo_fit_was_held_at_its_limit_is_said(tmp_path, capsys):
+    # race_small18's voice A: 265 steps from new weights, its export's speaking_rate held at 0.5; a fine-tune
+    # judged at that rate overshot the rule and kept its start (bench/RESULTS.md, nineteenth session)
+    held = "speaking_rate 0.49 would be needed: held at 0.5 (a voice this far from its recordings' tempo needs ...)"
+    voices = {name: tmp_path / name for name in ("held", "fitted", "foreign")}
+    for voice in voices.values():
+        voice.mkdir()
+    (voices["held"] / "eval.json").write_text(json.dumps({"inference_settings": {"speaking_rate": 0.5, "note": held}}))
+    (voices["fitted"] / "eval.json").write_text(json.dumps({"inference_settings": {"speaking_rate": 0.83}}))
+    assert start_tempo_held(voices["held"]) == held
+    assert start_tempo_held(voices["fitted"]) == "" and start_tempo_held(voices["foreign"]) == ""
+    print_tables({"start": {"mcd_db": 10.0, "tempo_fit_held": held}, "runs": {"ours": [run(0.9)]}})
+    assert "tempo fit was held at its limit" in capsys.readouterr().out
 
 
 def test_the_peer_given_twice_the_budget_is_put_beside_ours(tmp_path, capsys):
