@@ -11,7 +11,9 @@ The start: --base_model, a voice folder this tool wrote (config.json, weights, t
 and --data_dir, a corpus prepared for it (prepare_data.py: wavs/, metadata.csv, metadata_val.csv). Or
 --scenario tiny (or small): this script makes both (bench_finetune.py's scenario: a tiny voice A pretrained from
 scratch on the demo corpus, fine-tuned onto B, A's recordings played 1.25x slower and lower), with a
-discriminator finetune-hf-vits can hold too (the period discriminators alone, width 1/16).
+discriminator finetune-hf-vits can hold too (the period discriminators alone, width 1/16). A start whose own
+tempo fit was held at a limit of speaking_rate (a short pretraining from new weights) is warned of: ours judges
+timing at the start's config.json settings, so its runs may keep the start (start_tempo_held).
 
 The held-out clips are split: the first --eval_clips are what this tool's runs evaluate on (as a user's
 run would), the rest are the judge's: no run sees them.
