@@ -262,14 +262,19 @@ def start_says_nothing(voice: Path) -> bool:
 
 
 def start_tempo_held(voice: Path) -> str:
-    """The note of the start's own tempo fit when it was held at a limit of speaking_rate ("" otherwise, or for
-    a folder without this tool's eval.json): the start's duration predictor is then far from its recordings,
-    and its config.json's held speaking_rate is what a fine-tune's evaluations judge its timing at."""
+    """The note of the start's own tempo fit when its speaking_rate was held at a limit of the fit ("" otherwise,
+    or for a folder without this tool's eval.json): the start's duration predictor is then far from its
+    recordings, and that held speaking_rate is what a fine-tune's evaluations judge its timing at."""
+    from finetune.vits.tempo_fit import MAX_RATE, MIN_RATE
+
     eval_json = voice / "eval.json"
     if not eval_json.is_file():
         return ""
-    note = json.loads(eval_json.read_text()).get("inference_settings", {}).get("note", "")
-    return note if "held at" in note else ""
+    fitted = json.loads(eval_json.read_text()).get("inference_settings", {})
+    rate = fitted.get("speaking_rate")
+    if rate is None or MIN_RATE < rate < MAX_RATE:
+        return ""
+    return fitted.get("note") or f"speaking_rate {rate:g}, a limit of the fit"
 
 
 def split_held_out(
