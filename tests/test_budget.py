@@ -1,10 +1,18 @@
 """The budget's arithmetic: learning-rate curve, plan, fit decisions, step timing."""
 
-import math
 
 import pytest
 
-from finetune.training.budget import Budget, Clock, Durations, StepTimer, learning_rate, make_plan, safety_margin_s
+from finetune.training.budget import (
+    Budget,
+    Clock,
+    Durations,
+    Plan,
+    StepTimer,
+    learning_rate,
+    make_plan,
+    safety_margin_s,
+)
 
 
 def test_warmup_rises_linearly_then_cosine_reaches_the_floor_at_the_last_step():
@@ -40,7 +48,7 @@ def test_plan_counts_steps_evaluations_and_saves():
     assert plan.epochs == pytest.approx(plan.total_steps / 100)
 
 
-def test_planned_evaluations_take_at_most_a_tenth_of_the_time():
+def test_planned_evaluations_take_at_most_a_tenth_of_the_time_the_final_one_counted():
     plan = make_plan(
         time_left_s=3600,
         step_s=1.0,
@@ -52,8 +60,54 @@ def test_planned_evaluations_take_at_most_a_tenth_of_the_time():
         warmup_steps=10,
         safety_s=0.0,
     )
-    evaluations = math.ceil(plan.total_steps / plan.eval_every)
-    assert evaluations * 60.0 <= 0.1 * 3600 + 60.0 and evaluations >= 5
+    due = [s for s in range(1, plan.total_steps + 1) if plan.evaluation_due(s)]
+    assert len(due) == plan.evaluations_before_final == 5  # and the final: 6 x 60 s, a tenth of 3600 s
+    assert due == [plan.eval_every * k for k in range(1, 6)] and plan.total_steps - due[-1] >= plan.eval_every / 2
+    assert plan.total_steps == 3600 - 5 * 60  # the steps count the five; the final is in final_s
+
+
+def short_plan(steps_done: int = 25, **fixed) -> Plan:
+    """The plan of a 225 s fine-tune at the second scale on a 2-core machine, after its benchmark."""
+    return make_plan(
+        time_left_s=115.3,
+        step_s=2.904,
+        eval_s=22.4,
+        checkpoint_s=0.77,
+        final_s=29.0,
+        steps_per_epoch=32,
+        steps_done=steps_done,
+        warmup_steps=50,
+        safety_s=1.0,
+        **fixed,
+    )
+
+
+def test_a_short_run_evaluates_only_at_its_end_whatever_step_it_was_planned_at():
+    for steps_done in (0, 25, 28, 31):
+        plan = short_plan(steps_done)
+        after = range(steps_done + 1, plan.total_steps + 10)  # a plan that ran over by a few steps too
+        assert plan.evaluations_before_final == 0 and not any(plan.evaluation_due(s) for s in after)
+        assert plan.total_steps - steps_done == int((115.3 - 29.0 - 1.0) / (2.904 + 0.77 / 32 + 0.77 * 2.904 / 1800))
+    assert "no evaluation before the final one" in short_plan().evaluations_in_words
+
+
+def test_planned_evaluations_count_from_the_plans_start_and_leave_the_last_half_interval_to_the_final():
+    # Replanned at step 40 with the interval kept (14): due at 54, 68, ... and not within 7 of the end.
+    plan = make_plan(1000, 2.0, 10.0, 0.0, 20.0, 100, 40, 10, 2.0, eval_every=14, evaluations_planned=True)
+    due = [s for s in range(41, plan.total_steps + 1) if plan.evaluation_due(s)]
+    assert due[:2] == [54, 68] and all((s - 40) % 14 == 0 for s in due)
+    assert plan.total_steps - due[-1] >= 7 and due[-1] + 14 + 7 > plan.total_steps
+    assert plan.evaluations_before_final == len(due)
+    # The steps count exactly those evaluations: 978 s usable, 2 s a step, 10 s an evaluation.
+    assert plan.total_steps - 40 == int((978 - len(due) * 10.0) / 2.0)
+
+
+def test_the_users_interval_evaluates_at_each_of_its_multiples():
+    plan = make_plan(1000, 2.0, 10.0, 0.0, 20.0, 100, 7, 10, 2.0, eval_every=50)
+    assert not plan.evaluations_planned
+    due = [s for s in range(8, plan.total_steps + 1) if plan.evaluation_due(s)]
+    assert due == list(range(50, plan.total_steps + 1, 50))
+    assert plan.evaluations_before_final == len([s for s in due if s < plan.total_steps])
 
 
 def test_max_epochs_caps_the_plan():

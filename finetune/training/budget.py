@@ -189,9 +189,42 @@ class Plan:
     warmup_steps: int
     epochs: float  # total_steps / steps_per_epoch
     limited_by: str  # "time" or "max_epochs"
+    # True: the interval was planned, evaluations count from steps_done and none falls within half an
+    # interval of the end; False: --val_every's, every multiple of it from step 0 (a plan.json of an
+    # earlier version too)
+    evaluations_planned: bool = False
 
     def to_dict(self) -> dict:
         return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+
+    def evaluation_due(self, step: int) -> bool:
+        """--val_every's: at each multiple. Planned: every `eval_every` steps from the plan's start, and not
+        within half an interval of its end, where the final evaluation stands in for it (counted from step
+        0, a run planned at step 25 for one evaluation at its end evaluated at step 42 of 48: 15 s, five
+        steps' time, for six steps' difference)."""
+        if not self.evaluations_planned:
+            return step % self.eval_every == 0
+        since, steps = step - self.steps_done, self.total_steps - self.steps_done
+        return since > 0 and since % self.eval_every == 0 and since + self.eval_every / 2 <= steps
+
+    @property
+    def evaluations_before_final(self) -> int:
+        if not self.evaluations_planned:
+            return max(0, (self.total_steps - 1) // self.eval_every - self.steps_done // self.eval_every)
+        return evaluations_before_end(self.total_steps - self.steps_done, self.eval_every)
+
+    @property
+    def evaluations_in_words(self) -> str:
+        before = self.evaluations_before_final
+        if before == 0:
+            return "no evaluation before the final one"
+        return f"an evaluation every {self.eval_every} steps ({before} before the final one)"
+
+
+def evaluations_before_end(steps: int, eval_every: int) -> int:
+    """The evaluations a planned interval brings in `steps` steps, the final one not counted (one due within
+    half an interval of the end is left to it)."""
+    return max(0, math.floor(steps / eval_every - 0.5))
 
 
 def make_plan(
@@ -208,22 +241,33 @@ def make_plan(
     evals_wanted: int = 20,
     max_epochs: int = 0,
     checkpoint_every_s: float = 1800.0,
+    evaluations_planned: bool = False,
 ) -> Plan:
     """How many optimizer steps fit in `time_left_s`, with evaluations and checkpoints counted.
 
-    With eval_every = 0 the evaluations are spread so that about `evals_wanted` happen, spending at
-    most 10% of the usable time on them. Checkpoints come at each epoch end and every
-    `checkpoint_every_s`. The warmup is shortened to at most 10% of the planned steps.
+    With eval_every = 0 the evaluations are planned (`evaluations_planned`, Plan.evaluation_due): about
+    `evals_wanted` of them, the final one included, spending at most 10% of the usable time on them, the
+    final one counted. So a short run (a 225 s fine-tune whose evaluation costs 20 s) has none but the
+    final: one more, steps before it, would buy nothing to keep and cost a tenth of the run's steps. A
+    given eval_every is the user's (--val_every), unless `evaluations_planned` says it was planned before.
+    Checkpoints come at each epoch end and every `checkpoint_every_s`. The warmup is shortened to at most
+    10% of the planned steps.
     """
     usable = max(0.0, time_left_s - final_s - safety_s)
     step_s = max(step_s, 1e-6)  # a clock too coarse to see a step must not divide by zero
-    saves_per_step = checkpoint_s * (1.0 / steps_per_epoch + step_s / checkpoint_every_s)
+    per_step = step_s + checkpoint_s * (1.0 / steps_per_epoch + step_s / checkpoint_every_s)
     if eval_every <= 0:
-        evals = max(1, min(evals_wanted, int(0.1 * usable / eval_s))) if eval_s > 0 else evals_wanted
-        steps = int(max(0.0, usable - evals * eval_s) / (step_s + saves_per_step))
-        eval_every = max(1, math.ceil(steps / evals)) if steps else 1
+        evaluations_planned = True
+        fit = int(0.1 * usable / eval_s) if eval_s > 0 else evals_wanted
+        before_final = max(0, min(evals_wanted, fit) - 1)
+        steps = int(max(0.0, usable - before_final * eval_s) / per_step)
+        eval_every = max(1, math.ceil(steps / (before_final + 1)))
+    elif evaluations_planned:  # as many steps as fit with the evaluations they bring
+        steps = int(usable / (per_step + eval_s / eval_every))  # too few: the last one is the final
+        for _ in range(2):  # the evaluations of a longer plan, once more if it brought one more
+            steps = int(max(0.0, usable - evaluations_before_end(steps, eval_every) * eval_s) / per_step)
     else:
-        steps = int(usable / (step_s + eval_s / eval_every + saves_per_step))
+        steps = int(usable / (per_step + eval_s / eval_every))
     limited_by = "time"
     if max_epochs > 0 and steps_done + steps >= max_epochs * steps_per_epoch:
         steps, limited_by = max(0, max_epochs * steps_per_epoch - steps_done), "max_epochs"
@@ -241,6 +285,7 @@ def make_plan(
         warmup_steps=min(warmup_steps, max(1, total // 10)),
         epochs=total / steps_per_epoch,
         limited_by=limited_by,
+        evaluations_planned=evaluations_planned,
     )
 
 

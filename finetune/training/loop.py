@@ -506,8 +506,11 @@ class TrainingLoop:
         return -(-self.sampler.batches_per_epoch // self.timer.accumulation)
 
     def replan(self) -> Plan:
-        eval_every = self.plan.eval_every if self.plan else self.settings.evaluation.every
-        plan = self.context.dist.broadcast(self.pacer.replan(self.steps_per_epoch, self.state.step, eval_every))
+        asked = self.settings.evaluation.every  # --val_every (0: planned, then kept at the first plan's)
+        eval_every = self.plan.eval_every if self.plan else asked
+        plan = self.context.dist.broadcast(
+            self.pacer.replan(self.steps_per_epoch, self.state.step, eval_every, evaluations_planned=not asked)
+        )
         self.pacer.plan = plan  # one plan (and learning-rate schedule) for every process
         self.context.run_log.set_total(plan.total_steps)
         return plan
@@ -531,7 +534,7 @@ class TrainingLoop:
             record,
             f"plan: {plan.total_steps} optimizer steps ({plan.epochs:.2f} epochs of "
             f"{plan.steps_per_epoch} steps) in the {budget.left_s():.0f}s left; {plan.step_s:.3f}s a "
-            f"step, evaluation every {plan.eval_every} steps ({plan.eval_s:.1f}s each), checkpoint "
+            f"step, {plan.evaluations_in_words} ({plan.eval_s:.1f}s each), checkpoint "
             f"{plan.checkpoint_s:.1f}s, final save {plan.final_s:.1f}s; warmup {plan.warmup_steps} "
             f"steps; limited by {plan.limited_by}",
         )

@@ -148,7 +148,7 @@ class Pacer:
         return whole
 
     def eval_due(self, step: int) -> bool:
-        return self.plan is not None and step % self.plan.eval_every == 0
+        return self.plan is not None and self.plan.evaluation_due(step)
 
     def checkpoint_due(self, epoch_ended: bool, since_checkpoint_s: float) -> bool:
         return self.costs.checkpoints and (epoch_ended or since_checkpoint_s >= self.checkpoint_every_s)
@@ -194,7 +194,7 @@ class Pacer:
         warmup = self.plan.warmup_steps if self.plan else schedule.warmup_steps
         return learning_rate(step, max(total, step), warmup, schedule.learning_rate, schedule.lr_floor_ratio)
 
-    def replan(self, steps_per_epoch: int, steps_done: int, eval_every: int) -> Plan:
+    def replan(self, steps_per_epoch: int, steps_done: int, eval_every: int, evaluations_planned: bool) -> Plan:
         costs = self.costs
         self.plan = make_plan(
             self.budget.left_s(),
@@ -209,5 +209,6 @@ class Pacer:
             eval_every=eval_every,
             max_epochs=self.max_epochs,
             checkpoint_every_s=self.checkpoint_every_s,
+            evaluations_planned=evaluations_planned,
         )
         return self.plan
