@@ -1,6 +1,5 @@
 """The budget's arithmetic: learning-rate curve, plan, fit decisions, step timing."""
 
-
 import pytest
 
 from finetune.training.budget import (
@@ -243,3 +242,29 @@ def test_the_safety_margin_slows_down_with_the_machine():
     assert timer.micro_batches.slowdown == pytest.approx(2.0)
     assert pacer.margin_s == pytest.approx(4.0) and pacer.room_for(6.0) and not pacer.room_for(6.1)
     assert pacer.evaluation_limit(final=True).left_s() == pytest.approx(6.0)
+
+
+def test_the_benchmarks_steps_warm_up_over_the_plan_their_timings_foretell_not_the_whole_warmup():
+    """A 225 s fine-tune at the second scale: 3 s steps, 190 s left after the baseline evaluation. Its 25
+    benchmark steps warmed up over the whole --warmup_steps (500): 0.2-5% of the rate, for half its steps."""
+    from finetune.training.pacing import Costs, Pacer
+    from finetune.training.run_settings import ScheduleSettings
+
+    now = {"t": 35.0}
+    budget = Budget(target_s=225.0, clock=Clock(lambda: now["t"]), safety_s=1.0)
+    timer = StepTimer(accumulation=1, skip=0)
+    schedule = ScheduleSettings(1e-3, 2e-4, 0.1, warmup_steps=500)
+    pacer = Pacer(budget, timer, Costs(eval_s=15.0, export_s=5.0, checkpoint_s=0.7), 1e9, schedule=schedule)
+    assert pacer.learning_rate(1, last=False) == pytest.approx(1e-3 / 500)  # nothing timed yet
+    for step in range(1, 11):
+        timer.record([2.95], 0.05)
+        now["t"] += 3.0
+    foretold = pacer.foretold_plan(32, 10)
+    assert foretold.warmup_steps == foretold.total_steps // 10 and 50 < foretold.total_steps < 60
+    rate = pacer.learning_rate(11, last=False, steps_per_epoch=32)
+    assert rate == pytest.approx(learning_rate(11, foretold.total_steps, foretold.warmup_steps, 1e-3, 0.1))
+    assert rate > 0.5e-3  # past the warm-up, near the peak, not 11/500 of it
+    pacer.replan(32, 25, 0, evaluations_planned=True)  # the plan, once made, is the schedule
+    assert pacer.learning_rate(26, last=False, steps_per_epoch=32) == pytest.approx(
+        learning_rate(26, pacer.plan.total_steps, pacer.plan.warmup_steps, 1e-3, 0.1)
+    )

@@ -187,16 +187,31 @@ class Pacer:
         after = costs.after_final_eval_s if final else costs.report_s + costs.export_s + costs.final_s
         return after * self.timer.micro_batches.slowdown
 
-    def learning_rate(self, step: int, last: bool) -> float:
-        """The cosine spans the plan; the last step is at the floor wherever it falls."""
+    def learning_rate(self, step: int, last: bool, steps_per_epoch: int = 1) -> float:
+        """The cosine spans the plan; the last step is at the floor wherever it falls. Before the plan (the
+        benchmark's steps) it spans the plan the steps timed so far foretell (foretold_plan)."""
         schedule = self.schedule
-        total = step if last else (self.plan.total_steps if self.plan else 10**9)
-        warmup = self.plan.warmup_steps if self.plan else schedule.warmup_steps
+        plan = self.plan or self.foretold_plan(steps_per_epoch, step - 1)
+        total = step if last else (plan.total_steps if plan else 10**9)
+        warmup = plan.warmup_steps if plan else schedule.warmup_steps
         return learning_rate(step, max(total, step), warmup, schedule.learning_rate, schedule.lr_floor_ratio)
 
+    def foretold_plan(self, steps_per_epoch: int, steps_done: int) -> Plan | None:
+        """The plan the steps timed so far give (None before the first): for the learning rate of the
+        benchmark's steps alone. Without it they warmed up over the whole --warmup_steps, which the plan
+        then cut to a tenth of its steps: a 225 s fine-tune at the second scale ran its 25 benchmark steps,
+        half of its 48, at 0.2-5% of its rate, and then began its cosine half way down."""
+        if not self.timer.ready:
+            return None
+        return self.plan_now(steps_per_epoch, steps_done, 0, evaluations_planned=True)
+
     def replan(self, steps_per_epoch: int, steps_done: int, eval_every: int, evaluations_planned: bool) -> Plan:
+        self.plan = self.plan_now(steps_per_epoch, steps_done, eval_every, evaluations_planned)
+        return self.plan
+
+    def plan_now(self, steps_per_epoch: int, steps_done: int, eval_every: int, evaluations_planned: bool) -> Plan:
         costs = self.costs
-        self.plan = make_plan(
+        return make_plan(
             self.budget.left_s(),
             self.timer.step_s,
             costs.eval_s + costs.export_s,
@@ -211,4 +226,3 @@ class Pacer:
             checkpoint_every_s=self.checkpoint_every_s,
             evaluations_planned=evaluations_planned,
         )
-        return self.plan
