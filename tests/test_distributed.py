@@ -107,7 +107,16 @@ def test_two_processes_hold_identical_weights_equal_to_one_process_on_both_batch
     for worker in workers:
         worker.join(timeout=300)
         assert worker.exitcode == 0
-    one_step(str(prepared_demo), 0, 1, str(tmp_path / "single.pt"), port)
+    # In this process: what one_step pins (one thread, segments from frame 0) is put back after it, or every
+    # later test of the suite would train with it (test_step's overfitting run then fell short of its 30%).
+    from finetune.vits import objective
+
+    threads, starts = torch.get_num_threads(), objective.pick_segment_starts
+    try:
+        one_step(str(prepared_demo), 0, 1, str(tmp_path / "single.pt"), port)
+    finally:
+        torch.set_num_threads(threads)
+        objective.pick_segment_starts = starts
     rank0, rank1, single = (
         torch.load(tmp_path / name, weights_only=True) for name in ("rank_0.pt", "rank_1.pt", "single.pt")
     )
