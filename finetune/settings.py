@@ -36,7 +36,9 @@ class TrainingFlags:
     bf16: bool = flag(False, "bf16 autocast instead of fp16 (CUDA with bf16 support; on CPU for checking numerics)")
     benchmark_samples: int = flag(200, "clips of real training steps timed at the start to plan the run")
     seed: int = flag(1234, "random seed (sampler order, segments, initial weights of new parts)")
-    val_every: int = flag(0, "evaluate every N optimizer steps (0: planned, about 20 evaluations a run)")
+    val_every: int = flag(
+        0, "evaluate at every N-th optimizer step (0: planned, about 20 evaluations a run, the final one included)"
+    )
     val_samples: int = flag(16, "held-out clips synthesised and scored per evaluation")
     max_epochs: int = flag(0, "stop after N epochs even if time is left (0: no limit)")
     freeze: list[str] = flag([], "parts to keep fixed: text_encoder duration_predictor posterior_encoder flow decoder")
