@@ -364,7 +364,10 @@ class TrainingLoop:
         """Step `number` over the window that fits, at its learning rate; timed into the pacer's timer."""
         window = self.context.dist.broadcast(self.pacer.next_window())
         last = self.context.dist.any(self.pacer.step_is_last(number, window))
-        lr = self.pacer.learning_rate(number, last, self.steps_per_epoch) * self.state.setbacks.lr_scale
+        lr = self.pacer.learning_rate(number, last, self.steps_per_epoch)
+        if self.plan is None:  # foretold from each process's own timings: the main one's, for every process
+            lr = self.context.dist.broadcast(lr)
+        lr *= self.state.setbacks.lr_scale
         self.step.set_learning_rates(lr, lr * self.settings.schedule.discriminator_ratio)
         result = self.windows.run(window, discriminator=self.step.discriminator_learns(number))
         self.timer.record(result.micro_batch_s, result.update_s)
