@@ -65,7 +65,7 @@ def test_planned_evaluations_take_at_most_a_tenth_of_the_time_the_final_one_coun
     assert plan.total_steps == 3600 - 5 * 60  # the steps count the five; the final is in final_s
 
 
-def short_plan(steps_done: int = 25, **fixed) -> Plan:
+def short_plan(steps_done: int = 25) -> Plan:
     """The plan of a 225 s fine-tune at the second scale on a 2-core machine, after its benchmark."""
     return make_plan(
         time_left_s=115.3,
@@ -77,7 +77,6 @@ def short_plan(steps_done: int = 25, **fixed) -> Plan:
         steps_done=steps_done,
         warmup_steps=50,
         safety_s=1.0,
-        **fixed,
     )
 
 
