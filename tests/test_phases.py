@@ -94,6 +94,31 @@ def test_an_evaluation_is_cut_short_between_clips_and_scored_on_the_clips_done(p
     assert skipped.skipped and skipped.samples == [] and skipped.cut_short == "the deadline"
 
 
+def test_paying_once_makes_each_recordings_references_across_speakers_and_stops_between_clips(prepared_demo, tmp_path):
+    from finetune.data.corpus import load_examples
+    from finetune.data.features import FeatureConfig, Features
+    from finetune.system.interrupt import StopRequest, StopRequested
+    from tests.conftest import tiny_generator
+
+    loaded = tiny_generator(prepared_demo)
+    examples, _ = load_examples(
+        prepared_demo, "metadata.csv", loaded.tokenizer, hop=256, sample_rate=16000, max_samples=3
+    )
+
+    def evaluator():
+        features = Features(FeatureConfig())
+        return evaluation.Evaluator(examples, features, torch.device("cpu"), 16000, None, [], across_speakers=True)
+
+    paid = evaluator()
+    paid.pay_once()
+    assert sorted(paid.references) == sorted(e.item_id for e in examples)  # the evaluations find them made
+    stop, stopped = StopRequest(), evaluator()
+    stop.request("SIGTERM")
+    with pytest.raises(StopRequested):
+        stopped.pay_once(stop)
+    assert stopped.references == {}
+
+
 def test_the_final_evaluation_keeps_the_final_save_free_and_one_inside_the_run_the_final_evaluation_too():
     from finetune.training.budget import Budget, StepTimer
     from finetune.training.pacing import Costs, Pacer
@@ -158,6 +183,36 @@ def test_a_resumed_process_measures_its_evaluations_before_the_final_one_and_end
     assert "evaluation primed in 16.0s: a whole one is expected to take 33.0s" in log_of(tmp_path)
     final = metrics(tmp_path, "eval")[-1]
     assert final["step"] == end["steps"] and final["clips_scored"] == 4
+
+
+def test_a_fresh_run_pays_the_evaluations_one_time_cost_before_its_baseline_is_timed(
+    prepared_demo, tmp_path, timed_work, monkeypatch
+):
+    """A process's first DTW costs 25 s (numba compiling it in a fresh environment); an evaluation 10 s.
+    A short run, whose final evaluation is its only one after the baseline, pays the 25 s before the
+    baseline is timed: it keeps 10 s, not 35, for the final evaluation, and ends in its budget's last
+    seconds rather than 25 s early."""
+    fake, costs = timed_work
+    costs["eval_s"], costs["clips"] = 10.0, 4
+    real, compiled = evaluation.mcd_dtw, {"yet": False}
+
+    def mcd_dtw(*a, **k):
+        if not compiled["yet"]:
+            compiled["yet"] = True
+            fake.t += 25.0
+        return real(*a, **k)
+
+    monkeypatch.setattr(evaluation, "mcd_dtw", mcd_dtw)
+    target_s = 150.0
+    run = args(
+        prepared_demo, tmp_path, "--target_hours", str(target_s / 3600), "--max_samples", "12", "--val_samples", "4"
+    )
+    assert train_vits.main(run, clock=clock_for(fake)) == 0
+    end = metrics(tmp_path, "end")[-1]
+    assert end["stop_reason"] == "deadline" and target_s - 5 < end["time_used_s"] <= target_s, end
+    assert [e["step"] for e in metrics(tmp_path, "eval")] == [0, end["steps"]]
+    log = log_of(tmp_path)
+    assert "evaluation's one-time costs paid in 25.0s" in log and "no evaluation before the final one" in log
 
 
 def test_a_final_evaluation_slower_than_planned_is_cut_short_inside_the_budget(

@@ -110,6 +110,12 @@ class FeedbackEvaluator:
         """The voice's tempo is fitted on its own held-out clips, not on the corrections (other voices)."""
         return self.originals.fit_tempo(model)
 
+    def pay_once(self, stop=None) -> None:
+        """What each part's first evaluation would pay once (finetune/reporting/evaluation.py), paid now."""
+        for part in (self.said, self.learnt, self.originals):
+            if part is not None:
+                part.pay_once(stop)
+
     def evaluate(self, model, step: int, stop=None, limit=None) -> EvalResult:
         """Said, (learnt), then originals, inside one time limit; cut short if any was."""
         said = self.said.evaluate(model, step, stop, limit)

@@ -3,8 +3,8 @@ skipping itself where a resumed run has done it already:
 
     fit the batch   on CUDA, the longest clips tried once as one micro-batch; on out-of-memory the
                     micro-batch halves and the accumulation doubles (finetune/training/batch_fit.py)
-    baseline        a fresh run evaluates the starting model (timed; the final save is measured too); a
-                    resumed process primes its evaluation instead
+    baseline        a fresh run pays the evaluation's one-time costs, then evaluates the starting model
+                    (timed; the final save is measured too); a resumed process primes its evaluation instead
     warm-up         a new discriminator facing a pretrained generator trains alone first, until it tells
                     real from generated (finetune/training/warmup.py)
     benchmark       the first optimizer steps (--benchmark_samples clips) are ordinary training steps; with
@@ -168,6 +168,7 @@ class TrainingLoop:
         if not self.fresh:
             self.evaluations.prime()
             return
+        self.evaluations.pay_once()
         self.evaluations.evaluate()
         if self.costs.export_s == 0.0:  # nothing was exported: the starting model is outside the timing rule
             context.on_main(lambda: self.saver.measure_export(context.paths.run_dir))
