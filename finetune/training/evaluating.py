@@ -210,8 +210,8 @@ class Evaluations:
         took = context.now() - started
         if took >= 1.0:
             context.logger.info(
-                f"evaluation's one-time costs paid in {took:.1f}s (librosa's DTW compiled, or loaded from its "
-                "cache, and references made), before the baseline evaluation is timed"
+                f"evaluation's one-time costs paid in {took:.1f}s before the baseline evaluation is timed "
+                "(librosa's DTW: compiled on a fresh environment's first run, loaded from its cache after)"
             )
 
     def prime(self) -> None:
