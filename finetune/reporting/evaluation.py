@@ -390,7 +390,7 @@ class Evaluator:
     def pay_once(self, stop: StopRequest | None = None) -> None:
         """Pay now what a process's first evaluation would pay once, so that the evaluation measured for the plan
         costs what every later one will: the distance's DTW, which numba compiles on first use (25 s on a
-        2-core machine in a fresh environment, whose cache later runs load in about 3 s), and, across speakers,
+        2-core machine in a fresh environment, whose cache later runs load in 2-3 s), and, across speakers,
         each recording's references (made once per clip; a stop request is honoured between clips)."""
         for example in self.examples if self.across_speakers else ():
             if stop is not None:

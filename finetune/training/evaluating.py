@@ -211,7 +211,8 @@ class Evaluations:
         if took >= 1.0:
             context.logger.info(
                 f"evaluation's one-time costs paid in {took:.1f}s before the baseline evaluation is timed "
-                "(librosa's DTW: compiled on a fresh environment's first run, loaded from its cache after)"
+                "(librosa's DTW: compiled on a fresh environment's first run, loaded from its cache after; across "
+                "speakers, the recordings' references)"
             )
 
     def prime(self) -> None:
