@@ -503,7 +503,7 @@ class Evaluator:
         )
         scores = {}
         for i, example in enumerate(group):
-            synthesised = self.features.mel(torch.from_numpy(speech.waveforms[i]).unsqueeze(0).to(self.device))
+            synthesised = self.mel_of(speech.waveforms[i])
             real = self.recorded_mel(example)
             if seed_offset == 0 and i == 0:  # the first clip, kept for pictures (TensorBoard, the run report)
                 self.example_mels = (example.item_id, synthesised[0].cpu().numpy(), real[0].cpu().numpy())
@@ -542,16 +542,18 @@ class Evaluator:
     def references_of(self, example: Example) -> list[np.ndarray]:
         """A recording's normalised cepstra at each frequency warp (across speakers), made on first use."""
         if example.item_id not in self.references:
-
-            def log_mel(audio: np.ndarray) -> np.ndarray:
-                return self.features.mel(torch.from_numpy(audio).float().unsqueeze(0).to(self.device))[0].cpu().numpy()
-
-            self.references[example.item_id] = warped_references(example.audio / 32768.0, self.sample_rate, log_mel)
+            self.references[example.item_id] = warped_references(
+                example.audio / 32768.0, self.sample_rate, lambda audio: self.mel_of(audio)[0].cpu().numpy()
+            )
         return self.references[example.item_id]
 
     def recorded_mel(self, example: Example) -> torch.Tensor:
         """A held-out clip's recording as a log-mel [1, n_mels, frames] on the device."""
-        return self.features.mel(torch.from_numpy(example.audio / 32768.0).float().unsqueeze(0).to(self.device))
+        return self.mel_of(example.audio / 32768.0)
+
+    def mel_of(self, audio: np.ndarray) -> torch.Tensor:
+        """Audio [samples] in [-1, 1] as a log-mel [1, n_mels, frames] (float32) on the device."""
+        return self.features.mel(torch.from_numpy(audio).float().unsqueeze(0).to(self.device))
 
     @torch.no_grad()
     def validation_losses(self, model, batch, seed_offset: int) -> tuple[dict[str, float], list[np.ndarray]]:
