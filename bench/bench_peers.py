@@ -127,6 +127,9 @@ LEVERS = {
     "lr1.2e-2": ["--learning_rate", "1.2e-2"],
     "lr1.6e-2": ["--learning_rate", "1.6e-2"],
     "freeze_text": ["--freeze", "text_encoder"],
+    # the latent space held still: the flow and prior learn against a fixed target, and the posterior
+    # encoder's backward (over whole clips, not the decoder's segment) is not paid
+    "freeze_posterior": ["--freeze", "posterior_encoder"],
     "batch4": ["--batch_size", "4"],
     "batch16": ["--batch_size", "16"],
     "seg16": ["--segment_frames", "16"],  # half VITS's segment: faster steps, half the audio each
