@@ -13,8 +13,9 @@ The train step cut down: TrainStep's own parts, called one by one with a device 
 
 Also timed: a discriminator warm-up step both ways, the full generator forward under no_grad (as the
 warm-up ran before) and the segments alone (posterior encoder -> random segment -> decoder, as it runs now);
-and a whole step as training runs it (TrainStep.run, no syncs between parts) with the discriminator learning
-and with it only scoring (a step it sits out under --discriminator_every).
+and a whole step as training runs it (TrainStep.run, no syncs between parts) with the discriminator learning,
+with it only scoring (a step it sits out under --discriminator_every), and without the duration predictor
+(a step it sits out under --duration_every).
 """
 
 from __future__ import annotations
@@ -126,12 +127,13 @@ def warm_up_step(step: TrainStep, host_batch, device, sync, full: bool) -> float
     return time.perf_counter() - started
 
 
-def whole_step(step: TrainStep, host_batch, device, sync, discriminator: bool) -> float:
+def whole_step(step: TrainStep, host_batch, device, sync, discriminator: bool, duration: bool = True) -> float:
     """Seconds of one whole optimizer step over one micro-batch as training runs it, the discriminator
-    learning in it or only scoring (a step it sits out under --discriminator_every N)."""
+    learning in it or only scoring (a step it sits out under --discriminator_every N), the duration predictor
+    learning in it or not (--duration_every N)."""
     sync()
     started = time.perf_counter()
-    step.run([host_batch.to(device)], discriminator=discriminator)
+    step.run([host_batch.to(device)], discriminator=discriminator, duration=duration)
     sync()
     return time.perf_counter() - started
 
@@ -221,10 +223,11 @@ def main() -> None:
         for name, full in (("whole generator forward (before)", True), ("segments only (now)", False))
     }
 
-    whole_s: dict[bool, list[float]] = {True: [], False: []}
-    for i in range(max(1, args.steps // 2)):  # the two kinds in turn, so that a slower minute slows both
-        for learns in (True, False):
-            whole_s[learns].append(whole_step(step, batches[i % len(batches)], device, sync, learns))
+    kinds = {"learning": (True, True), "scoring": (False, True), "no duration": (True, False)}
+    whole_s: dict[str, list[float]] = {kind: [] for kind in kinds}
+    for i in range(max(1, args.steps // 2)):  # the kinds in turn, so that a slower minute slows each
+        for kind, (learns, duration) in kinds.items():
+            whole_s[kind].append(whole_step(step, batches[i % len(batches)], device, sync, learns, duration))
 
     total = statistics.mean(sum(r.values()) for r in records)
     print(f"machine: {describe()}")
@@ -245,10 +248,12 @@ def main() -> None:
         )
     for name, seconds in warm_up.items():
         print(f"discriminator warm-up micro-batch, {name:<34} {1000 * seconds:>9.1f} ms")
-    learning, scoring = statistics.mean(whole_s[True]), statistics.mean(whole_s[False])
+    learning, scoring, no_duration = (statistics.mean(whole_s[kind]) for kind in kinds)
     print(f"whole step, {'the discriminator learning':<58} {1000 * learning:>9.1f} ms")
     print(f"whole step, {'the discriminator only scoring':<58} {1000 * scoring:>9.1f} ms")
+    print(f"whole step, {'without the duration predictor':<58} {1000 * no_duration:>9.1f} ms")
     print(f"a step the discriminator sits out: x{scoring / learning:.2f} of one it learns in")
+    print(f"a step the duration predictor sits out: x{no_duration / learning:.2f} of one it learns in")
     if device.type == "cuda":
         print(f"peak VRAM {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
 

@@ -114,6 +114,7 @@ def train_step(flags: TrainingFlags, run: Run, model, discriminator, features: F
         adam_eps=flags.adam_eps,
         discriminator_loss_weight=flags.discriminator_loss_weight,
         discriminator_every=flags.discriminator_every,
+        duration_every=flags.duration_every,
         anchor_weight=flags.anchor_weight,
     )
     return TrainStep(model, discriminator, features, weights, settings, run.precision, run.device, run.dist)

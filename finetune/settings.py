@@ -99,6 +99,11 @@ class TrainingFlags:
         "the discriminator learns in every Nth optimizer step (1: each, as VITS); in the others it only scores the "
         "audio for the generator's losses, which saves its own forward and backward",
     )
+    duration_every: int = flag(
+        1,
+        "the duration predictor learns in every Nth optimizer step (1: each, as VITS); in the others its loss is "
+        "not computed, which saves its flows' forward and backward",
+    )
     adam_eps: float = flag(1e-9, "AdamW's epsilon, both optimizers (original VITS: 1e-9; finetune-hf-vits: 1e-8)")
     anchor_weight: float = flag(
         0.0,
@@ -130,6 +135,7 @@ class TrainingFlags:
                 "discriminator_warmup_learning_rate",
                 "discriminator_loss_weight",
                 "discriminator_every",
+                "duration_every",
                 "adam_eps",
                 "segment_frames",
                 "length_pool_batches",

@@ -249,7 +249,7 @@ def test_each_clip_of_a_window_weighs_the_same_however_its_micro_batches_were_cu
     whole = batch.first(4)
     seen = []
 
-    def accumulate(micro_batch, scale, generator=True, discriminator=True):
+    def accumulate(micro_batch, scale, generator=True, discriminator=True, duration=True):
         for param in step.generator_params:  # a gradient of 1 a clip's mean loss, weighed by `scale`
             param.grad = (param.grad if param.grad is not None else torch.zeros_like(param)) + scale
         seen.append((len(micro_batch), scale))
@@ -406,3 +406,53 @@ def test_with_discriminator_every_2_a_step_without_it_moves_the_generator_alone_
     with pytest.raises(SystemExit):
         parse_config(TrainConfig, ["--discriminator_every", "0"], "")
     assert "--discriminator_every 0: must be positive" in capsys.readouterr().err
+
+
+def test_with_duration_every_2_a_step_without_it_leaves_the_duration_predictor_and_every_other_gradient_alone(
+    prepared_demo, capsys
+):
+    """--duration_every 2: the duration predictor learns in steps 1, 3, 5...; in the others its loss is not
+    computed, so it gets no gradient and its weights and AdamW moments stay as they were, while every other
+    parameter's gradient is the same as in a step where it learns (its input is the text encoder's output,
+    detached: the duration loss reaches nothing else)."""
+    from types import SimpleNamespace
+
+    from finetune import recipe
+    from finetune.cli import parse_config
+    from finetune.training.distributed import Distributed
+    from train_vits import TrainConfig
+
+    flags = parse_config(TrainConfig, ["--duration_every", "2", "--learning_rate", "2e-3"], "")
+    loaded = tiny_generator(prepared_demo)
+    model, batch = loaded.model.train(), demo_batch(prepared_demo, loaded.tokenizer)
+    run = SimpleNamespace(precision=FP32, device=torch.device("cpu"), dist=Distributed())
+    torch.manual_seed(0)
+    step = recipe.train_step(flags, run, model, Discriminator(SMALL_D), Features(FeatureConfig()))
+    assert [step.duration_learns(n) for n in range(1, 6)] == [True, False, True, False, True]
+    predictor = {id(p) for p in model.duration_predictor.parameters()}
+
+    gradients = {}
+    for learns in (True, False):
+        torch.manual_seed(1)
+        terms = step.accumulate(batch, scale=1.0, duration=learns)
+        assert ("duration" in terms) == learns
+        assert all((p.grad is None) != learns for p in model.duration_predictor.parameters())
+        gradients[learns] = [p.grad.clone() for p in step.generator_params if id(p) not in predictor]
+        step.zero_grad()
+    assert len(gradients[True]) == len(gradients[False]) > 0
+    for with_it, without in zip(gradients[True], gradients[False]):
+        assert torch.allclose(with_it, without, rtol=1e-4, atol=1e-6)
+
+    predictor_before = copy.deepcopy(model.duration_predictor.state_dict())
+    decoder_before = copy.deepcopy(model.decoder.state_dict())
+    result = step.run([batch], duration=False)
+    assert result.applied and "duration" not in result.losses and np.isfinite(result.losses["generator"])
+    for key, value in model.duration_predictor.state_dict().items():
+        assert torch.equal(value, predictor_before[key]), key
+    stepped = {id(p) for p in step.generator_params if p in step.optimizer_g.state}
+    assert stepped and not stepped & predictor  # AdamW never touched the predictor's moments
+    assert any(not torch.equal(value, decoder_before[key]) for key, value in model.decoder.state_dict().items())
+
+    with pytest.raises(SystemExit):
+        parse_config(TrainConfig, ["--duration_every", "0"], "")
+    assert "--duration_every 0: must be positive" in capsys.readouterr().err

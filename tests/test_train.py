@@ -236,6 +236,20 @@ def test_discriminator_every_from_the_command_line_sets_which_steps_the_discrimi
     assert updates(latest["train_step"]["optimizer_d"]) == {2}
 
 
+def test_duration_every_from_the_command_line_sets_which_steps_the_duration_predictor_learns_in(
+    prepared_demo, tmp_path, timed_work
+):
+    """--duration_every 2 over a run of 4 steps: AdamW stepped the duration predictor's parameters twice
+    (steps 1 and 3) and the other generator parameters 4 times, as the checkpoint's states count them."""
+    fake, _ = timed_work
+    argv = args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "2", "--max_samples", "8")
+    assert train_vits.main([*argv, "--duration_every", "2"], clock=clock_for(fake)) == 0
+    latest = latest_checkpoint(tmp_path)
+    assert latest["state"]["step"] == 4
+    counts = [int(state["step"]) for state in latest["train_step"]["optimizer_g"]["state"].values()]
+    assert sorted(set(counts)) == [2, 4]  # which parameters sat out is tests/test_step.py's
+
+
 def test_checkpoints_slower_than_steps_still_fit_the_deadline(prepared_demo, tmp_path, timed_work):
     """An epoch-end checkpoint after a step is counted before the step runs: with 3 steps an epoch and a
     checkpoint 3x as slow as a step, the run still ends inside the budget, on a step at the floor. At 70 s

@@ -370,7 +370,9 @@ class TrainingLoop:
             lr = self.context.dist.broadcast(lr)
         lr *= self.state.setbacks.lr_scale
         self.step.set_learning_rates(lr, lr * self.settings.schedule.discriminator_ratio)
-        result = self.windows.run(window, discriminator=self.step.discriminator_learns(number))
+        result = self.windows.run(
+            window, discriminator=self.step.discriminator_learns(number), duration=self.step.duration_learns(number)
+        )
         self.timer.record(result.micro_batch_s, result.update_s)
         return result, last, lr
 

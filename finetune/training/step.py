@@ -7,7 +7,9 @@ For each micro-batch of an accumulation window:
   3. generator loss with the discriminator frozen (requires_grad off), backward into the generator only.
 With --discriminator_every N the discriminator learns in every Nth step only: in the others step 2 is a
 forward pass over the real audio alone, without gradients (the features step 3 matches), and its optimizer
-does not step.
+does not step. With --duration_every N the duration predictor learns in every Nth step only: in the
+others its loss is not computed (its flows' forward and backward are a tenth to a fifth of a step on a CPU,
+bench/RESULTS.md), so its parameters get no gradient and AdamW leaves them and their moments as they are.
 In a new discriminator's warm-up, the discriminator trains alone: step 1 is cut down to what it needs
 (posterior encoder -> random segment -> decoder, no gradients: no text encoder, flow, alignment search
 or duration loss) and step 3 is left out; the generator does not change.
@@ -130,8 +132,8 @@ class GeneratorObjective(torch.nn.Module):
         self.features = [features]  # not a submodule: its buffers are constants, not the generator's state
         self.segment_frames = segment_frames
 
-    def forward(self, batch: Batch):
-        return generator_forward(self.model, batch, self.features[0], self.segment_frames)
+    def forward(self, batch: Batch, duration: bool = True):
+        return generator_forward(self.model, batch, self.features[0], self.segment_frames, duration)
 
 
 @dataclass
@@ -144,6 +146,7 @@ class StepSettings:
     adam_eps: float = 1e-9  # original VITS
     discriminator_loss_weight: float = 1.0  # the discriminator's loss is scaled by this before its backward
     discriminator_every: int = 1  # it learns in steps 1, 1+N, 1+2N...; in the others it only scores
+    duration_every: int = 1  # the duration predictor learns in steps 1, 1+N, 1+2N...; in the others no duration loss
     anchor_weight: float = 0.0  # >0: the generator decays toward its starting weights (rate: this x lr), not zero
 
 
@@ -275,22 +278,30 @@ class TrainStep:
         for --discriminator_every N, in every step by default."""
         return (number - 1) % self.settings.discriminator_every == 0
 
+    def duration_learns(self, number: int) -> bool:
+        """Whether the duration predictor learns in optimizer step `number` (1-based): in steps 1, 1 + N, ...
+        for --duration_every N, in every step by default."""
+        return (number - 1) % self.settings.duration_every == 0
+
     def accumulate(
-        self, batch: Batch, scale: float, generator: bool = True, discriminator: bool = True
+        self, batch: Batch, scale: float, generator: bool = True, discriminator: bool = True, duration: bool = True
     ) -> dict[str, torch.Tensor]:
         """Forward and backward for one micro-batch; `scale` is 1 / micro-batches per step. With
         `generator` False only the discriminator learns (its warm-up): the generator runs without
         gradients and is left untouched. With `discriminator` False only the generator learns: the
         discriminator scores the real audio without gradients (the features the generator matches) and the
-        generated audio for the generator's losses, and takes no gradient. The gradients stay this
-        process's own until the update. Returns the loss terms as detached tensors (no sync)."""
-        return self._accumulate(batch, scale, generator, discriminator)
+        generated audio for the generator's losses, and takes no gradient. With `duration` False the duration
+        loss is not computed (no "duration" term; the duration predictor takes no gradient). The gradients stay
+        this process's own until the update. Returns the loss terms as detached tensors (no sync)."""
+        return self._accumulate(batch, scale, generator, discriminator, duration)
 
-    def _accumulate(self, batch: Batch, scale: float, generator: bool, discriminator: bool) -> dict[str, torch.Tensor]:
+    def _accumulate(
+        self, batch: Batch, scale: float, generator: bool, discriminator: bool, duration: bool
+    ) -> dict[str, torch.Tensor]:
         if not generator:
             return self._accumulate_discriminator(batch, scale)
         with section("generator_forward"):
-            out, real_audio, mel_real = self.forward(batch)
+            out, real_audio, mel_real = self.forward(batch, duration)
         with section("discriminator"):
             if discriminator:
                 d_loss, margin, real_features = self.discriminator_backward(real_audio, out.audio, True, scale)
@@ -321,10 +332,11 @@ class TrainStep:
         real_audio = slice_segments(batch.audio.unsqueeze(1), starts * hop, self.settings.segment_frames * hop)
         return generated, real_audio
 
-    def forward(self, batch: Batch):
-        """Generator forward plus the matching real segments: (GeneratorForward, real audio, real log-mel)."""
+    def forward(self, batch: Batch, duration: bool = True):
+        """Generator forward plus the matching real segments: (GeneratorForward, real audio, real log-mel);
+        `duration` False: without the duration loss."""
         with self.autocast():
-            out = self.generator_objective(batch)
+            out = self.generator_objective(batch, duration)
             real_audio, mel_real = real_segments(batch, self.features, out.segment_starts, self.settings.segment_frames)
         return out, real_audio, mel_real
 
@@ -365,12 +377,18 @@ class TrainStep:
         return g_losses
 
     def optimizer_step(
-        self, source: MicroBatchSource, window: WindowShape, generator: bool = True, discriminator: bool = True
+        self,
+        source: MicroBatchSource,
+        window: WindowShape,
+        generator: bool = True,
+        discriminator: bool = True,
+        duration: bool = True,
     ) -> StepResult:
         """One optimizer step, top to bottom, over the window the loop decided before it started
         (finetune/training/pacing.py: how many micro-batches, the last cut to the clips that fit), at the
         learning rates already set. With `generator` False only the discriminator learns (its warm-up);
-        with `discriminator` False only the generator (--discriminator_every).
+        with `discriminator` False only the generator (--discriminator_every); with `duration` False the
+        duration predictor sits it out (--duration_every).
 
         Each clip weighs the same: a micro-batch's mean loss counts by its clips, and the gradients are the
         mean over every clip the window used (a micro-batch cut to 2 of 8 clips does not weigh each of them
@@ -398,7 +416,7 @@ class TrainStep:
                 longest, widest = max(longest, int(batch.frame_lengths.max())), max(widest, len(batch))
                 if not result.oom:
                     try:
-                        for name, value in self.accumulate(batch, scale, generator, discriminator).items():
+                        for name, value in self.accumulate(batch, scale, generator, discriminator, duration).items():
                             totals[name] = totals.get(name, 0.0) + value * scale
                     except torch.OutOfMemoryError:  # torch.cuda.OutOfMemoryError is this type
                         self.zero_grad()
@@ -482,10 +500,14 @@ class TrainStep:
         result.grad_norm_discriminator = float(norms[0]) if discriminator else float("nan")
         result.grad_norm_generator = float(norms[-1]) if generator else float("nan")
 
-    def run(self, micro_batches: list[Batch], generator: bool = True, discriminator: bool = True) -> StepResult:
+    def run(
+        self, micro_batches: list[Batch], generator: bool = True, discriminator: bool = True, duration: bool = True
+    ) -> StepResult:
         """One optimizer step over a list of micro-batches (gradient accumulation), none cut."""
         count = len(micro_batches)
-        return self.optimizer_step(ListSource(micro_batches), WindowShape(count, count, 1, 1), generator, discriminator)
+        return self.optimizer_step(
+            ListSource(micro_batches), WindowShape(count, count, 1, 1), generator, discriminator, duration
+        )
 
     def zero_grad(self) -> None:
         self.optimizer_g.zero_grad(set_to_none=True)

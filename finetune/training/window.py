@@ -48,11 +48,14 @@ class WindowRunner:
         self.boundary: Boundary | None = None  # set while a window runs
         self.last_start: Boundary | None = None  # where the last window started (a refit runs it again)
 
-    def run(self, window: WindowShape, generator: bool = True, discriminator: bool = True) -> StepResult:
+    def run(
+        self, window: WindowShape, generator: bool = True, discriminator: bool = True, duration: bool = True
+    ) -> StepResult:
         """One optimizer step over `window` (generator False: the discriminator's alone; discriminator
-        False: the generator's alone); the boundary is kept while it runs."""
+        False: the generator's alone; duration False: without the duration predictor); the boundary is kept
+        while it runs."""
         self.boundary = Boundary(SamplerState(self.sampler.state.epoch, self.sampler.state.position), capture_rng())
-        result = self.step.optimizer_step(self, window, generator, discriminator)
+        result = self.step.optimizer_step(self, window, generator, discriminator, duration)
         self.last_start, self.boundary = self.boundary, None
         return result
 

@@ -99,12 +99,15 @@ class GeneratorForward:
     m_p: torch.Tensor  # [batch, flow, frames] prior mean, expanded by the alignment
     logs_p: torch.Tensor  # [batch, flow, frames] prior log std, expanded
     frame_mask: torch.Tensor  # [batch, 1, frames]
-    duration_loss: torch.Tensor  # scalar
+    duration_loss: torch.Tensor | None  # scalar; None in a step the duration predictor sits out
     durations: torch.Tensor  # [batch, 1, tokens] frames per token from the alignment
 
 
-def generator_forward(model: VitsModel, batch: Batch, features: Features, segment_frames: int) -> GeneratorForward:
-    """Everything the generator computes for one batch (already on the device)."""
+def generator_forward(
+    model: VitsModel, batch: Batch, features: Features, segment_frames: int, duration: bool = True
+) -> GeneratorForward:
+    """Everything the generator computes for one batch (already on the device); `duration` False leaves the
+    duration loss out (--duration_every: the predictor's flows, forward and backward, not paid)."""
     if not batch.audio.is_floating_point():
         raise ValueError("batch audio is still int16: move batches with batch.to(device), which scales it to [-1, 1]")
     device = batch.input_ids.device
@@ -123,7 +126,7 @@ def generator_forward(model: VitsModel, batch: Batch, features: Features, segmen
         logs_p = torch.matmul(path, text.logs_p.float().transpose(1, 2)).transpose(1, 2)
     starts = pick_segment_starts(batch.frame_lengths, segment_frames)
     audio = model.decoder(slice_segments(z, starts, segment_frames), g)  # [batch, 1, segment_frames * hop]
-    duration = duration_loss(model, text, durations, duration_conditioning(model, g))
+    duration_nll = duration_loss(model, text, durations, duration_conditioning(model, g)) if duration else None
     return GeneratorForward(
         audio=audio,
         segment_starts=starts,
@@ -132,7 +135,7 @@ def generator_forward(model: VitsModel, batch: Batch, features: Features, segmen
         m_p=m_p,
         logs_p=logs_p,
         frame_mask=frame_mask,
-        duration_loss=duration,
+        duration_loss=duration_nll,
         durations=durations,
     )
 
@@ -172,7 +175,7 @@ def real_segments(
 class GeneratorLosses:
     mel: torch.Tensor
     kl: torch.Tensor
-    duration: torch.Tensor
+    duration: torch.Tensor | None  # None: not computed (a step the duration predictor sits out)
     adversarial: torch.Tensor
     feature_matching: torch.Tensor
     total: torch.Tensor  # weighted sum, what the generator minimises
@@ -181,7 +184,7 @@ class GeneratorLosses:
         return {
             "mel": self.mel,
             "kl": self.kl,
-            "duration": self.duration,
+            **({"duration": self.duration} if self.duration is not None else {}),
             "adversarial": self.adversarial,
             "feature_matching": self.feature_matching,
             "generator": self.total,
@@ -207,13 +210,10 @@ def generator_losses(
         if fake_features is not None and real_features is not None
         else zero
     )
-    total = (
-        weights.mel * mel
-        + weights.kl * kl
-        + weights.duration * out.duration_loss
-        + weights.adversarial * adversarial
-        + weights.feature_matching * matching
-    )
+    total = weights.mel * mel + weights.kl * kl  # summed in this order, as always (resumed runs compare equal)
+    if out.duration_loss is not None:
+        total = total + weights.duration * out.duration_loss
+    total = total + weights.adversarial * adversarial + weights.feature_matching * matching
     return GeneratorLosses(
         mel=mel, kl=kl, duration=out.duration_loss, adversarial=adversarial, feature_matching=matching, total=total
     )
