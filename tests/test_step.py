@@ -360,12 +360,9 @@ def test_segment_frames_from_the_command_line_set_what_a_step_decodes_and_discri
     assert "--segment_frames 0: must be positive" in capsys.readouterr().err
 
 
-def test_with_discriminator_every_2_a_step_without_it_moves_the_generator_alone_by_the_same_gradients(
-    prepared_demo, capsys
-):
-    """--discriminator_every 2: the discriminator learns in steps 1, 3, 5...; in the others it scores the audio
-    without gradients, its weights and optimizer untouched, and the generator's gradients are those of a step
-    where it learns (the features it matches are the same real audio's)."""
+def step_from_flags(data_dir, argv: list[str]):
+    """train_vits's optimizer step built from its command line (`argv`, at 2e-3) on a tiny voice, the way a run
+    builds it (recipe.train_step): (step, model, a demo batch)."""
     from types import SimpleNamespace
 
     from finetune import recipe
@@ -373,12 +370,24 @@ def test_with_discriminator_every_2_a_step_without_it_moves_the_generator_alone_
     from finetune.training.distributed import Distributed
     from train_vits import TrainConfig
 
-    flags = parse_config(TrainConfig, ["--discriminator_every", "2", "--learning_rate", "2e-3"], "")
-    loaded = tiny_generator(prepared_demo)
-    model, batch = loaded.model.train(), demo_batch(prepared_demo, loaded.tokenizer)
+    flags = parse_config(TrainConfig, [*argv, "--learning_rate", "2e-3"], "")
+    loaded = tiny_generator(data_dir)
+    model, batch = loaded.model.train(), demo_batch(data_dir, loaded.tokenizer)
     run = SimpleNamespace(precision=FP32, device=torch.device("cpu"), dist=Distributed())
     torch.manual_seed(0)
-    step = recipe.train_step(flags, run, model, Discriminator(SMALL_D), Features(FeatureConfig()))
+    return recipe.train_step(flags, run, model, Discriminator(SMALL_D), Features(FeatureConfig())), model, batch
+
+
+def test_with_discriminator_every_2_a_step_without_it_moves_the_generator_alone_by_the_same_gradients(
+    prepared_demo, capsys
+):
+    """--discriminator_every 2: the discriminator learns in steps 1, 3, 5...; in the others it scores the audio
+    without gradients, its weights and optimizer untouched, and the generator's gradients are those of a step
+    where it learns (the features it matches are the same real audio's)."""
+    from finetune.cli import parse_config
+    from train_vits import TrainConfig
+
+    step, model, batch = step_from_flags(prepared_demo, ["--discriminator_every", "2"])
     assert [step.discriminator_learns(n) for n in range(1, 6)] == [True, False, True, False, True]
 
     gradients = {}
@@ -415,19 +424,10 @@ def test_with_duration_every_2_a_step_without_it_leaves_the_duration_predictor_a
     computed, so it gets no gradient and its weights and AdamW moments stay as they were, while every other
     parameter's gradient is the same as in a step where it learns (its input is the text encoder's output,
     detached: the duration loss reaches nothing else)."""
-    from types import SimpleNamespace
-
-    from finetune import recipe
     from finetune.cli import parse_config
-    from finetune.training.distributed import Distributed
     from train_vits import TrainConfig
 
-    flags = parse_config(TrainConfig, ["--duration_every", "2", "--learning_rate", "2e-3"], "")
-    loaded = tiny_generator(prepared_demo)
-    model, batch = loaded.model.train(), demo_batch(prepared_demo, loaded.tokenizer)
-    run = SimpleNamespace(precision=FP32, device=torch.device("cpu"), dist=Distributed())
-    torch.manual_seed(0)
-    step = recipe.train_step(flags, run, model, Discriminator(SMALL_D), Features(FeatureConfig()))
+    step, model, batch = step_from_flags(prepared_demo, ["--duration_every", "2"])
     assert [step.duration_learns(n) for n in range(1, 6)] == [True, False, True, False, True]
     predictor = {id(p) for p in model.duration_predictor.parameters()}
 

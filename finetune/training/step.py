@@ -8,7 +8,7 @@ For each micro-batch of an accumulation window:
 With --discriminator_every N the discriminator learns in every Nth step only: in the others step 2 is a
 forward pass over the real audio alone, without gradients (the features step 3 matches), and its optimizer
 does not step. With --duration_every N the duration predictor learns in every Nth step only: in the
-others its loss is not computed (its flows' forward and backward are a tenth to a fifth of a step on a CPU,
+others its loss is not computed (its flows' forward and backward are a seventh to a quarter of a step on a CPU,
 bench/RESULTS.md), so its parameters get no gradient and AdamW leaves them and their moments as they are.
 In a new discriminator's warm-up, the discriminator trains alone: step 1 is cut down to what it needs
 (posterior encoder -> random segment -> decoder, no gradients: no text encoder, flow, alignment search
