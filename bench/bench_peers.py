@@ -130,8 +130,9 @@ LEVERS = {
     # the latent space held still: the flow and prior learn against a fixed target, and the posterior
     # encoder's backward (over whole clips, not the decoder's segment) is not paid
     "freeze_posterior": ["--freeze", "posterior_encoder"],
-    # the duration predictor held still: its flows' backward is 11-18% of a step on a CPU (11M and tiny); it
-    # then cannot learn a new tempo, which the timing rule judges at the model's own settings
+    # the duration predictor held still: no backward through its flows (a step without it at all is x0.86 of
+    # one with it at 11M, x0.75 tiny: bench_step.py); it then cannot learn a new tempo, which the timing rule
+    # judges at the model's own settings
     "freeze_duration": ["--freeze", "duration_predictor"],
     # the duration predictor learning in every second step: half that cost, its tempo still learned
     "duration_every2": ["--duration_every", "2"],
