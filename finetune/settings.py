@@ -28,6 +28,11 @@ class TrainingFlags:
         0.0, "peak learning rate of the discriminator (0: same as --learning_rate)"
     )
     lr_floor_ratio: float = flag(0.1, "learning rate at the end of the cosine, as a fraction of the peak")
+    lr_decay_share: float = flag(
+        1.0,
+        "the cosine's share of the steps after the warmup; the rate holds at its peak before it (1: the cosine spans "
+        "them all)",
+    )
     warmup_steps: int = flag(500, "linear warmup in optimizer steps (shortened to 10%% of a short plan)")
     fp16: bool | None = flag(
         None,
@@ -160,6 +165,8 @@ class TrainingFlags:
             problems.append(f"--max_length_ratio {self.max_length_ratio}: must be 1 or more (1.25 accepts 0.8-1.25)")
         if not 0 <= self.lr_floor_ratio <= 1:
             problems.append(f"--lr_floor_ratio {self.lr_floor_ratio}: use a value from 0 to 1")
+        if not 0 < self.lr_decay_share <= 1:
+            problems.append(f"--lr_decay_share {self.lr_decay_share}: use a value above 0, at most 1")
         if self.fp16 and self.bf16:
             problems.append("--fp16 and --bf16 exclude each other: pick one")
         from finetune.vits.generator import FREEZABLE_PARTS  # after parsing: torch is not needed for --help

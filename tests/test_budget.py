@@ -25,6 +25,34 @@ def test_warmup_rises_linearly_then_cosine_reaches_the_floor_at_the_last_step():
     assert all(a >= b for a, b in zip(after_warmup, after_warmup[1:]))
 
 
+def test_a_decay_share_holds_the_peak_then_runs_the_cosine_over_the_last_steps():
+    # --lr_decay_share 0.3: 90 steps after a warmup of 10; the peak held to step 73, the cosine over 74..100
+    peak, floor = 1e-3, 0.1
+    rates = {s: learning_rate(s, 100, 10, peak, floor, 0.3) for s in range(1, 121)}
+    assert rates[5] == pytest.approx(peak / 2)  # the warmup unchanged
+    assert all(rates[s] == pytest.approx(peak) for s in range(10, 74))
+    assert rates[73 + 27 // 2] == pytest.approx(peak * (floor + (1 - floor) * 0.5), rel=0.06)  # half-way down
+    assert rates[100] == pytest.approx(peak * floor) and rates[120] == pytest.approx(peak * floor)
+    after_warmup = [rates[s] for s in range(10, 121)]
+    assert all(a >= b for a, b in zip(after_warmup, after_warmup[1:]))
+    # a share of 1 is the cosine over every step after the warmup
+    assert all(learning_rate(s, 100, 10, peak, floor, 1.0) == learning_rate(s, 100, 10, peak, floor) for s in rates)
+
+
+def test_lr_decay_share_from_the_command_line_reaches_the_schedule_and_a_share_of_0_is_refused(capsys):
+    from finetune.cli import parse_config
+    from finetune.training.run_settings import CheckpointSettings, LoopSettings
+    from train_vits import TrainConfig
+
+    flags = parse_config(TrainConfig, ["--lr_decay_share", "0.3"], "")
+    checkpoints = CheckpointSettings(enabled=False)
+    loop = LoopSettings.from_flags(flags, warmup_steps=0, num_workers=0, checkpoints=checkpoints)
+    assert loop.schedule.lr_decay_share == 0.3
+    with pytest.raises(SystemExit):
+        parse_config(TrainConfig, ["--lr_decay_share", "0"], "")
+    assert "--lr_decay_share 0.0: use a value above 0, at most 1" in capsys.readouterr().err
+
+
 def test_plan_counts_steps_evaluations_and_saves():
     # 1000 s left, 2 s safety, 20 s final save: 978 s usable. Evaluations every 50 steps at 10 s,
     # checkpoints 5 s at each 100-step epoch (and every 1800 s, which never comes).
@@ -252,7 +280,7 @@ def test_the_benchmarks_steps_warm_up_over_the_plan_their_timings_foretell_not_t
     now = {"t": 35.0}
     budget = Budget(target_s=225.0, clock=Clock(lambda: now["t"]), safety_s=1.0)
     timer = StepTimer(accumulation=1, skip=0)
-    schedule = ScheduleSettings(1e-3, 2e-4, 0.1, warmup_steps=500)
+    schedule = ScheduleSettings(1e-3, 2e-4, 0.1, 1.0, warmup_steps=500)
     pacer = Pacer(budget, timer, Costs(eval_s=15.0, export_s=5.0, checkpoint_s=0.7), 1e9, schedule=schedule)
     assert pacer.learning_rate(1, last=False) == pytest.approx(1e-3 / 500)  # nothing timed yet
     for step in range(1, 11):

@@ -289,12 +289,15 @@ def make_plan(
     )
 
 
-def learning_rate(step: int, total_steps: int, warmup_steps: int, peak: float, floor_ratio: float) -> float:
+def learning_rate(
+    step: int, total_steps: int, warmup_steps: int, peak: float, floor_ratio: float, decay_share: float = 1.0
+) -> float:
     """Linear warmup from 0 to `peak` over steps 1..warmup_steps, then a cosine from `peak` down to
-    `peak * floor_ratio`, reached exactly at step `total_steps` (and held after it)."""
+    `peak * floor_ratio`, reached exactly at step `total_steps` (and held after it). The cosine spans the last
+    `decay_share` of the steps after the warmup; the rate holds at `peak` before it."""
     if warmup_steps > 0 and step <= warmup_steps:
         return peak * step / warmup_steps
     floor = peak * floor_ratio
-    span = max(1, total_steps - warmup_steps)
-    progress = min(1.0, max(0.0, (step - warmup_steps) / span))
+    span = max(1, round((total_steps - warmup_steps) * decay_share))
+    progress = min(1.0, max(0.0, (step - (total_steps - span)) / span))
     return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))

@@ -194,7 +194,9 @@ class Pacer:
         plan = self.plan or self.foretold_plan(steps_per_epoch, step - 1)
         total = step if last else (plan.total_steps if plan else 10**9)
         warmup = plan.warmup_steps if plan else schedule.warmup_steps
-        return learning_rate(step, max(total, step), warmup, schedule.learning_rate, schedule.lr_floor_ratio)
+        return learning_rate(
+            step, max(total, step), warmup, schedule.learning_rate, schedule.lr_floor_ratio, schedule.lr_decay_share
+        )
 
     def foretold_plan(self, steps_per_epoch: int, steps_done: int) -> Plan | None:
         """The plan the steps timed so far give (None before the first): for the learning rate of the

@@ -26,6 +26,7 @@ class ScheduleSettings:
     learning_rate: float  # the generator's peak
     discriminator_learning_rate: float  # the discriminator's peak
     lr_floor_ratio: float  # the cosine's end, as a share of the peak
+    lr_decay_share: float  # the cosine's share of the steps after the warm-up (the peak held before it)
     warmup_steps: int  # linear warm-up of the learning rate (cut to 10% of a short plan)
 
     @property
@@ -92,7 +93,11 @@ class LoopSettings:
                 flags.batch_size, flags.gradient_accumulation_steps, flags.fit_batch, num_workers, flags.seed
             ),
             schedule=ScheduleSettings(
-                flags.learning_rate, flags.discriminator_learning_rate, flags.lr_floor_ratio, flags.warmup_steps
+                flags.learning_rate,
+                flags.discriminator_learning_rate,
+                flags.lr_floor_ratio,
+                flags.lr_decay_share,
+                flags.warmup_steps,
             ),
             warmup=WarmupSettings(
                 warmup_steps, flags.discriminator_warmup_learning_rate, flags.discriminator_warmup_margin
