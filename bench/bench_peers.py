@@ -1024,6 +1024,30 @@ def nearer_by(runs: list[dict], peer_runs: list[dict], confidence: float = 0.95)
     }
 
 
+def held_at(run: dict, t: float, start_db: float, end: bool = False) -> float:
+    """The judge's MCD of what a run held at `t` seconds: its last curve point by then (the start before its
+    first); at its budget's `end`, its result."""
+    if end and run.get("judge"):
+        return run["judge"]["mcd_db"]
+    held = start_db
+    for at, point in sorted((float(at), point) for at, point in run["curve"].items()):
+        if at <= t:
+            held = point["mcd_db"]
+    return held
+
+
+def lead_along(runs: list[dict], peer_runs: list[dict], start_db: float, budget_s: float) -> list[tuple]:
+    """(seconds, ours' mean, the peer's mean, ours nearer by) at each quarter of the budget: where a lead is
+    made (the tiny scale's 180 s: in its last third, bench/RESULTS.md, twenty-fourth session)."""
+    rows = []
+    for quarter in (1, 2, 3, 4):
+        t = budget_s * quarter / 4
+        ours = sum(held_at(r, t, start_db, quarter == 4) for r in runs) / len(runs)
+        peer = sum(held_at(r, t, start_db, quarter == 4) for r in peer_runs) / len(peer_runs)
+        rows.append((t, ours, peer, 1 - ours / peer))
+    return rows
+
+
 def print_tables(results: dict) -> None:
     start = results["start"]["mcd_db"]
     print(
@@ -1063,6 +1087,19 @@ def print_tables(results: dict) -> None:
                 f"over {said['clips']} clips); seed against seed: {pairs}; "
                 + ("beyond the noise" if said["beyond_noise"] else "within the noise")
             )
+    budget_s = results.get("budget_s") or max(r["wall_s"] for runs in results["runs"].values() for r in runs)
+    print(
+        "\nThe lead along the budget: each system's judge MCD at each quarter of it (a run's last judged model by "
+        "then, the start before its first; at the end its result), seeds averaged, and ours nearer by:"
+    )
+    for peer_name in peers:
+        for name, runs in results["runs"].items():
+            if name.startswith("fhv"):
+                continue
+            rows = lead_along(runs, results["runs"][peer_name], start, budget_s)
+            results.setdefault("lead", {})[f"{name} vs {peer_name}"] = rows
+            shown = "; ".join(f"{t:.0f} s {ours:.3f} / {peer:.3f} ({100 * by:+.1f}%)" for t, ours, peer, by in rows)
+            print(f"  {name} / {peer_name}: {shown}")
     print(
         "\nTime to reach each peer's final quality (its seeds' mean judge MCD), per seed of each system, "
         "interpolated between the curve's points:"

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from bench.bench_peers import (
+    lead_along,
     nearer_by,
     peer_datasets,
     peer_rate,
@@ -91,6 +92,24 @@ def test_a_lever_run_alone_is_still_put_beside_the_peer(capsys):
     assert "ours+no_dropout against fhv@1e-3: +10.0%" in said and "x0.50 of its wall time" in said
     assert results["nearer"]["ours+no_dropout vs fhv@1e-3"]["beyond_noise"]
     assert set(results["table"]) == {"ours+no_dropout", "fhv@1e-3"}
+
+
+def test_the_lead_along_the_budget_is_what_each_run_held_at_each_quarter(capsys):
+    """Ours judged at 40 s and ends at 7.2; the peer saves at 10 s and 30 s and ends at 8.0: the peer ahead at
+    the first quarter (ours still holds its start), ours ahead from the second on."""
+    ours = {"wall_s": 60.0, "judge": {"mcd_db": 7.2}, "curve": {"40.0": {"mcd_db": 7.6}, "59.0": {"mcd_db": 7.4}}}
+    peer = {"wall_s": 60.0, "judge": {"mcd_db": 8.0}, "curve": {"10.0": {"mcd_db": 8.5}, "30.0": {"mcd_db": 8.0}}}
+    rows = lead_along([ours], [peer], 10.0, 60.0)
+    assert [t for t, *_ in rows] == [15.0, 30.0, 45.0, 60.0]
+    assert [(o, p) for _, o, p, _ in rows] == [(10.0, 8.5), (10.0, 8.0), (7.6, 8.0), (7.2, 8.0)]
+    assert rows[0][3] < 0 and rows[-1][3] == pytest.approx(0.1)
+    results = {"start": {"mcd_db": 10.0}, "budget_s": 60.0, "runs": {"ours": [ours], "fhv@2e-3": [peer]}}
+    for run_ in (ours, peer):  # what the other tables read
+        run_["judge"].update(clips={"c0": run_["judge"]["mcd_db"]}, length_ratio=1.0)
+        run_["steps"] = 10
+    print_tables(results)
+    assert "60 s 7.200 / 8.000 (+10.0%)" in capsys.readouterr().out
+    assert results["lead"]["ours vs fhv@2e-3"][-1][1] == 7.2
 
 
 def test_a_start_whose_tempo_fit_was_held_at_its_limit_is_said(tmp_path, capsys):
