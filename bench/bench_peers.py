@@ -1048,6 +1048,11 @@ def lead_along(runs: list[dict], peer_runs: list[dict], start_db: float, budget_
     return rows
 
 
+def ours_beside(runs: dict[str, list[dict]], peers) -> list[tuple[str, str, list[dict]]]:
+    """(peer, system of ours, its runs) for each peer and each system of ours."""
+    return [(peer, name, mine) for peer in peers for name, mine in runs.items() if not name.startswith("fhv")]
+
+
 def print_tables(results: dict) -> None:
     start = results["start"]["mcd_db"]
     print(
@@ -1072,34 +1077,28 @@ def print_tables(results: dict) -> None:
         "judge's 95% interval from the clips judged, and each seed against each of the peer's (the training's "
         "noise, which the interval leaves out):"
     )
-    for peer_name in peers:
-        for name, runs in results["runs"].items():
-            if name.startswith("fhv"):
-                continue
-            said = nearer_by(runs, results["runs"][peer_name])
-            if said is None:
-                continue
-            results.setdefault("nearer", {})[f"{name} vs {peer_name}"] = said
-            low, high = said["interval"]
-            pairs = ", ".join(f"{100 * p:+.1f}%" for p in said["seed_pairs"])
-            print(
-                f"  {name} against {peer_name}: {100 * said['nearer']:+.1f}% ({100 * low:+.1f}% to {100 * high:+.1f}% "
-                f"over {said['clips']} clips); seed against seed: {pairs}; "
-                + ("beyond the noise" if said["beyond_noise"] else "within the noise")
-            )
+    for peer_name, name, runs in ours_beside(results["runs"], peers):
+        said = nearer_by(runs, results["runs"][peer_name])
+        if said is None:
+            continue
+        results.setdefault("nearer", {})[f"{name} vs {peer_name}"] = said
+        low, high = said["interval"]
+        pairs = ", ".join(f"{100 * p:+.1f}%" for p in said["seed_pairs"])
+        print(
+            f"  {name} against {peer_name}: {100 * said['nearer']:+.1f}% ({100 * low:+.1f}% to {100 * high:+.1f}% "
+            f"over {said['clips']} clips); seed against seed: {pairs}; "
+            + ("beyond the noise" if said["beyond_noise"] else "within the noise")
+        )
     budget_s = results.get("budget_s") or max(r["wall_s"] for runs in results["runs"].values() for r in runs)
     print(
         "\nThe lead along the budget: each system's judge MCD at each quarter of it (a run's last judged model by "
         "then, the start before its first; at the end its result), seeds averaged, and ours nearer by:"
     )
-    for peer_name in peers:
-        for name, runs in results["runs"].items():
-            if name.startswith("fhv"):
-                continue
-            rows = lead_along(runs, results["runs"][peer_name], start, budget_s)
-            results.setdefault("lead", {})[f"{name} vs {peer_name}"] = rows
-            shown = "; ".join(f"{t:.0f} s {ours:.3f} / {peer:.3f} ({100 * by:+.1f}%)" for t, ours, peer, by in rows)
-            print(f"  {name} / {peer_name}: {shown}")
+    for peer_name, name, runs in ours_beside(results["runs"], peers):
+        rows = lead_along(runs, results["runs"][peer_name], start, budget_s)
+        results.setdefault("lead", {})[f"{name} vs {peer_name}"] = rows
+        shown = "; ".join(f"{t:.0f} s {ours:.3f} / {peer:.3f} ({100 * by:+.1f}%)" for t, ours, peer, by in rows)
+        print(f"  {name} / {peer_name}: {shown}")
     print(
         "\nTime to reach each peer's final quality (its seeds' mean judge MCD), per seed of each system, "
         "interpolated between the curve's points:"
