@@ -56,8 +56,12 @@ noise) and the figure for every seed against every seed of the peer (the trainin
 clips' interval leaves out). A difference is beyond the noise where the interval and every seed pair
 agree in sign.
 
+Where a lead is made: each system's judge MCD at each quarter of the budget (a run's last judged model by then,
+the start before its first; at the end its result), seeds averaged. `--systems` left empty prints the tables of
+an existing W/results.json again, with no run (the start is judged again).
+
 Outputs: W/<system>_s<seed>/final_model/ (a transformers folder), W/results.json (with the tables' figures
-under "table" and "nearer"), and the tables.
+under "table", "nearer" and "lead"), and the tables.
 """
 
 from __future__ import annotations
