@@ -964,7 +964,7 @@ def peer_runs_from(path: Path, start: dict) -> dict[str, list[dict]]:
             "start, --data_dir, --eval_clips, --judge_clips or --judge_seeds, so the two cannot be put side by side"
         )
     return {
-        f"{name} at {other['budget_s']:.0f} s": runs
+        f"{name} at {other['budget_s']:.0f} s": [{**run, "budget_s": other["budget_s"]} for run in runs]
         for name, runs in other["runs"].items()
         if name.startswith("fhv") and " at " not in name
     }
@@ -1028,13 +1028,11 @@ def nearer_by(runs: list[dict], peer_runs: list[dict], confidence: float = 0.95)
     }
 
 
-def held_at(run: dict, t: float, start_db: float, end: bool = False) -> float:
+def held_at(run: dict, t: float, start_db: float) -> float:
     """The judge's MCD of what a run held at `t` seconds: its last curve point by then (the start before its
-    first); at its budget's `end`, its result."""
-    if end and run.get("judge"):
-        return run["judge"]["mcd_db"]
+    first)."""
     held = start_db
-    for at, point in sorted((float(at), point) for at, point in run["curve"].items()):
+    for at, point in sorted(((float(at), point) for at, point in run["curve"].items()), key=lambda p: p[0]):
         if at <= t:
             held = point["mcd_db"]
     return held
@@ -1044,12 +1042,13 @@ def lead_along(runs: list[dict], peer_runs: list[dict], start_db: float, budget_
     """(seconds, ours' mean, the peer's mean, ours nearer by) at each quarter of the budget: where a lead is
     made (the tiny scale's 180 s: in its last third, bench/RESULTS.md, twenty-fourth session)."""
     rows = []
-    for quarter in (1, 2, 3, 4):
+    for quarter in (1, 2, 3):
         t = budget_s * quarter / 4
-        ours = sum(held_at(r, t, start_db, quarter == 4) for r in runs) / len(runs)
-        peer = sum(held_at(r, t, start_db, quarter == 4) for r in peer_runs) / len(peer_runs)
+        ours = sum(held_at(r, t, start_db) for r in runs) / len(runs)
+        peer = sum(held_at(r, t, start_db) for r in peer_runs) / len(peer_runs)
         rows.append((t, ours, peer, 1 - ours / peer))
-    return rows
+    ours, peer = summary(runs)["mcd_db"], summary(peer_runs)["mcd_db"]  # the results, as the first table has them
+    return [*rows, (budget_s, ours, peer, 1 - ours / peer)]
 
 
 def ours_beside(runs: dict[str, list[dict]], peers) -> list[tuple[str, str, list[dict]]]:
@@ -1094,11 +1093,13 @@ def print_tables(results: dict) -> None:
             + ("beyond the noise" if said["beyond_noise"] else "within the noise")
         )
     budget_s = results.get("budget_s") or max(r["wall_s"] for runs in results["runs"].values() for r in runs)
-    print(
-        "\nThe lead along the budget: each system's judge MCD at each quarter of it (a run's last judged model by "
-        "then, the start before its first; at the end its result), seeds averaged, and ours nearer by:"
-    )
-    for peer_name, name, runs in ours_beside(results["runs"], peers):
+    same_budget = {name for name in peers if results["runs"][name][0].get("budget_s", budget_s) == budget_s}
+    if same_budget:  # a peer given another budget (--peer_results) is beside ours at the end only, above
+        print(
+            "\nThe lead along the budget: each system's judge MCD at each quarter of it (a run's last judged model "
+            "by then, the start before its first; at the end its result), seeds averaged, and ours nearer by:"
+        )
+    for peer_name, name, runs in ours_beside(results["runs"], same_budget):
         rows = lead_along(runs, results["runs"][peer_name], start, budget_s)
         results.setdefault("lead", {})[f"{name} vs {peer_name}"] = rows
         shown = "; ".join(f"{t:.0f} s {ours:.3f} / {peer:.3f} ({100 * by:+.1f}%)" for t, ours, peer, by in rows)

@@ -96,20 +96,29 @@ def test_a_lever_run_alone_is_still_put_beside_the_peer(capsys):
 
 def test_the_lead_along_the_budget_is_what_each_run_held_at_each_quarter(capsys):
     """Ours judged at 40 s and ends at 7.2; the peer saves at 10 s and 30 s and ends at 8.0: the peer ahead at
-    the first quarter (ours still holds its start), ours ahead from the second on."""
-    ours = {"wall_s": 60.0, "judge": {"mcd_db": 7.2}, "curve": {"40.0": {"mcd_db": 7.6}, "59.0": {"mcd_db": 7.4}}}
-    peer = {"wall_s": 60.0, "judge": {"mcd_db": 8.0}, "curve": {"10.0": {"mcd_db": 8.5}, "30.0": {"mcd_db": 8.0}}}
+    the first quarter (ours still holds its start), ours ahead from the second on. A peer given another budget
+    (--peer_results) is beside ours at the end only, in the other tables."""
+
+    def judged_run(final_db: float, curve: dict) -> dict:
+        score = {"mcd_db": final_db, "length_ratio": 1.0, "clips": {"c0": final_db}}
+        return {"wall_s": 60.0, "steps": 10, "judge": score, "curve": {t: {"mcd_db": m} for t, m in curve.items()}}
+
+    ours = judged_run(7.2, {"40.0": 7.6, "59.0": 7.4})
+    peer = judged_run(8.0, {"10.0": 8.5, "30.0": 8.0})
     rows = lead_along([ours], [peer], 10.0, 60.0)
     assert [t for t, *_ in rows] == [15.0, 30.0, 45.0, 60.0]
     assert [(o, p) for _, o, p, _ in rows] == [(10.0, 8.5), (10.0, 8.0), (7.6, 8.0), (7.2, 8.0)]
     assert rows[0][3] < 0 and rows[-1][3] == pytest.approx(0.1)
-    results = {"start": {"mcd_db": 10.0}, "budget_s": 60.0, "runs": {"ours": [ours], "fhv@2e-3": [peer]}}
-    for run_ in (ours, peer):  # what the other tables read
-        run_["judge"].update(clips={"c0": run_["judge"]["mcd_db"]}, length_ratio=1.0)
-        run_["steps"] = 10
+    longer = {**judged_run(7.5, {"100.0": 7.5}), "budget_s": 120.0}
+    results = {
+        "start": {"mcd_db": 10.0},
+        "budget_s": 60.0,
+        "runs": {"ours": [ours], "fhv@2e-3": [peer], "fhv@2e-3 at 120 s": [longer]},
+    }
     print_tables(results)
     assert "60 s 7.200 / 8.000 (+10.0%)" in capsys.readouterr().out
-    assert results["lead"]["ours vs fhv@2e-3"][-1][1] == 7.2
+    assert list(results["lead"]) == ["ours vs fhv@2e-3"] and results["lead"]["ours vs fhv@2e-3"][-1][1] == 7.2
+    assert "ours vs fhv@2e-3 at 120 s" in results["nearer"]
 
 
 def test_a_start_whose_tempo_fit_was_held_at_its_limit_is_said(tmp_path, capsys):
