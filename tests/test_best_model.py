@@ -15,7 +15,16 @@ import train_vits
 from finetune.reporting.evaluation import ClipScore, judge, says_nothing
 from finetune.reporting.measures import TimingRule
 from finetune.reporting.model_card import card_facts, card_text
-from finetune.reporting.selection import NONE_YET, better, chosen_as, compare, judge_candidate, standing, timing_error
+from finetune.reporting.selection import (
+    NONE_YET,
+    better,
+    chosen_as,
+    compare,
+    judge_candidate,
+    partial_refusal,
+    standing,
+    timing_error,
+)
 from tests.conftest import DEMO_CORPUS, clock_for
 from tests.test_train import args, metrics
 
@@ -119,6 +128,27 @@ def test_the_kept_model_is_better_beyond_the_noise_than_every_later_one():
         history.append(kept.step)
     assert history == [100, 200, 300, 300]  # ties go to training, one at a time; 400 is worse than 300 beyond it
     assert "step 300 is better beyond the noise" in judge_candidate(runs[3], runs[2]).why
+
+
+def test_a_cut_short_evaluation_is_compared_only_clip_by_clip_and_within_the_timing_rule():
+    """An evaluation cut short (fewer clips than planned) is compared on the clips it shares with the kept
+    model when it is within the timing rule and shares at least 3 of them; else it is not compared at all."""
+    rng = np.random.default_rng(2)
+    base = {f"c{i}": 9.0 + rng.normal(0, 1.0) for i in range(16)}
+    kept = scored(0, base)
+    first_14 = {k: v - 2.0 + rng.normal(0, 0.1) for k, v in list(base.items())[:14]}  # the 450 s run's final
+    cut = scored(220, first_14)
+    assert partial_refusal(cut, kept) == "" and judge_candidate(cut, kept).replace
+    assert "on 14 clips" in judge_candidate(cut, kept).why
+    two = scored(220, dict(list(first_14.items())[:2]))
+    assert "2 clips in common with step 0: at least 3" in partial_refusal(two, kept)
+    elsewhere = scored(220, {f"other{i}": 5.0 + i for i in range(5)})  # no clip the kept model scored
+    assert "0 clips in common" in partial_refusal(elsewhere, kept)
+    drifted = standing(False, 1.6, 6.0, 1.25, first_14, 220)  # outside the timing rule
+    assert partial_refusal(drifted, kept) == "cut short and not eligible: not compared"
+    assert partial_refusal(scored(220, dict(list(first_14.items())[:3])), NONE_YET) == ""  # nothing kept yet
+    assert "2 clips scored" in partial_refusal(two, NONE_YET)
+    assert partial_refusal(None, kept) == ""  # not finite: judge_candidate refuses it and says why
 
 
 def test_without_clip_scores_nothing_is_beyond_the_noise_and_the_lower_mean_decides():

@@ -32,8 +32,9 @@ SIGTERM) is honoured between groups of clips and between test sentences.
 An evaluation may be given a time limit (finetune/system/time_limit.py): before each group of clips and
 each test sentence it asks whether one more, at the slowest so far (or the last evaluation's), still
 ends in time; if not, it stops there. A cut-short evaluation is scored on the clips done, says so
-(`cut_short`, `clips_scored` of `clips_planned`), and is never eligible as the best model (a mean over
-fewer clips is not comparable with one over all of them). One that scored no clip at all was skipped.
+(`cut_short`, `clips_scored` of `clips_planned`); it is judged by the timing rule on those clips, and the
+choice of the best model compares it clip by clip only (finetune/reporting/selection.py: a mean over fewer
+clips is not comparable with one over all of them). One that scored no clip at all was skipped.
 """
 
 from __future__ import annotations
@@ -191,7 +192,7 @@ def judge(
     planned: int | None = None,
 ) -> EvalResult:
     """Per-clip scores -> one evaluation: means, the median length ratio of a single draw, and eligibility
-    by the timing rule (and only when every one of the `planned` clips was scored). `rule` None: the
+    by the timing rule on the clips scored (fewer than the `planned` ones when cut short). `rule` None: the
     recordings are not at the voice's tempo (other people's), so the length is reported, not judged."""
     planned = len(scores) if planned is None else planned
     mcd = float(np.mean([s.mcd_db for s in scores.values()])) if scores else float("nan")
@@ -199,9 +200,7 @@ def judge(
     error = float(np.mean([s.duration_error for s in scores.values()])) if scores else float("nan")
     natural = [s.naturalness for s in scores.values() if s.naturalness is not None]
     reason = ""
-    if len(scores) < planned:
-        reason = f"cut short by the deadline after {len(scores)} of {planned} clips (a partial score is not compared)"
-    elif not np.isfinite(mcd):
+    if not np.isfinite(mcd):
         reason = "the synthesised speech is not finite"
     elif all_say_nothing(scores):
         reason = (

@@ -13,6 +13,12 @@ The rule, in order (docs/training.md, "Which model is kept"):
        end is better, beyond the noise, than every model evaluated after it.
 A model whose speech is not finite is never kept.
 
+An evaluation cut short by the deadline (scored on fewer clips than planned) takes part only where it can
+be compared clip by clip: eligible (within the timing rule), on at least MIN_PAIRED_CLIPS clips that the
+kept model scored too (its mean over fewer clips is not comparable with a whole one's; clip by clip it
+is). Before this, none took part, and a 450 s run whose one evaluation after the start was cut at 14 of
+16 clips (2.3 dB nearer on them) ended with its start as the voice (bench/RESULTS.md).
+
 Beyond the noise: both evaluations score the same held-out clips (same texts, same seeds), so they are
 compared clip by clip: the difference of the two MCDs on each clip, whose mean must exceed its one-sided
 Student t bound at NOISE_CONFIDENCE (the t quantile for n - 1 degrees of freedom times the standard error
@@ -175,6 +181,19 @@ def judge_candidate(candidate: Standing | None, kept: Standing, confidence: floa
             f"{'the lower' if lower else 'a higher'} mean, no more: {against.describe()} against step {kept.step}",
         )
     return Verdict(True, f"the longer-trained model, within the noise of step {kept.step}: {against.describe()}")
+
+
+def partial_refusal(candidate: Standing | None, kept: Standing) -> str:
+    """Why a cut-short evaluation's `candidate` may not be compared with the kept model ("" where it may)."""
+    if candidate is None:
+        return ""  # judge_candidate says why: its score is not finite
+    if not candidate.eligible:
+        return "cut short and not eligible: not compared"
+    common = len(candidate.clips) if kept.score == math.inf else sum(name in kept.clips for name in candidate.clips)
+    if common < MIN_PAIRED_CLIPS:
+        what = "clips scored" if kept.score == math.inf else f"clips in common with step {kept.step}"
+        return f"cut short at {common} {what}: at least {MIN_PAIRED_CLIPS} are needed to compare it clip by clip"
+    return ""
 
 
 def better(candidate: Standing | None, incumbent: Standing, confidence: float = NOISE_CONFIDENCE) -> bool:

@@ -1,12 +1,12 @@
 """The run's evaluations: scored on the main process inside a time limit, best_model kept by the
-selection rule (finetune/reporting/selection.py; never a partial score), early stopping, and what an
+selection rule (finetune/reporting/selection.py; one cut short compared clip by clip), early stopping, and what an
 evaluation costs, measured for the plan. Every process of a data-parallel run then shares the verdicts.
 """
 
 from __future__ import annotations
 
 from finetune.reporting.evaluation import EvalResult
-from finetune.reporting.selection import NONE_YET, Standing, chosen_as, judge_candidate, standing
+from finetune.reporting.selection import NONE_YET, Standing, chosen_as, judge_candidate, partial_refusal, standing
 from finetune.training.context import LoopContext
 from finetune.training.exports import Exports
 from finetune.training.pacing import Pacer
@@ -115,8 +115,9 @@ class Evaluations:
         return result
 
     def keep_if_best(self, result: EvalResult) -> tuple[bool, str, float]:
-        """The selection rule on a whole evaluation; its model exported as best_model when it wins. (whether it
-        was kept, what decided, export seconds)."""
+        """The selection rule on an evaluation (one cut short: on the clips it scored, where selection.py
+        allows); its model exported as best_model when it wins. (whether it was kept, what decided, export
+        seconds)."""
         best, step = self.state.best, result.step
         candidate = standing(
             result.eligible,
@@ -126,13 +127,14 @@ class Evaluations:
             result.choice_scores,
             step,
         )
-        if result.clips_scored < result.clips_planned:  # a mean over fewer clips is not comparable
-            best.evals_since += 1
-            return False, "cut short", 0.0
         if result.says_nothing:  # not even as the fallback nearest the timing rule
             best.evals_since += 1
             return False, "a voice that says nothing is never kept", 0.0
         kept = self.kept_standing()
+        refusal = partial_refusal(candidate, kept) if result.clips_scored < result.clips_planned else ""
+        if refusal:
+            best.evals_since += 1
+            return False, refusal, 0.0
         verdict = judge_candidate(candidate, kept)
         improved = verdict.replace
         if improved:
@@ -160,7 +162,7 @@ class Evaluations:
         """What the evaluation line says about best_model, and what decided."""
         best = self.state.best
         fallback = not best.eligible
-        because = f"; {why}" if why and why not in ("the first model kept", "cut short") else ""
+        because = f"; {why}" if why and why != "the first model kept" else ""
         if improved:
             return (
                 "nearest to the timing rule so far: saved best_model as a fallback" if fallback else "saved best_model"

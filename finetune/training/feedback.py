@@ -132,7 +132,16 @@ class FeedbackEvaluator:
             extra.update(corrections_learnt_mcd_db=learnt.mcd_db, corrections_learnt_length_ratio=learnt.length_ratio)
         baseline = self.baseline.extra["originals_mcd_db"] if self.baseline else originals.mcd_db
         extra["originals_change_pct"] = change_pct(baseline, originals.mcd_db)
-        reasons = [f"{name}: {part.ineligible_reason}" for name, part in parts[:2] if not part.eligible]
+        # A round's verdict compares its parts' means (the originals' change against the start's), so a part
+        # cut short is never eligible here, as it is in a plain run's choice (clip by clip: selection.py).
+        reasons = [
+            f"{name}: cut short by the deadline after {part.clips_scored} of {part.clips_planned} clips (a partial "
+            "score is not compared)"
+            if part.clips_scored < part.clips_planned
+            else f"{name}: {part.ineligible_reason}"
+            for name, part in parts[:2]
+            if part.clips_scored < part.clips_planned or not part.eligible
+        ]
         if extra["originals_change_pct"] > self.max_regression_pct:
             reasons.append(
                 f"originals {extra['originals_change_pct']:+.1f}%, past the {self.max_regression_pct}% tolerance"
