@@ -21,7 +21,7 @@ from finetune.reporting.selection import (
     chosen_as,
     compare,
     judge_candidate,
-    partial_refusal,
+    judge_cut_short,
     standing,
     timing_error,
 )
@@ -132,23 +132,32 @@ def test_the_kept_model_is_better_beyond_the_noise_than_every_later_one():
 
 def test_a_cut_short_evaluation_is_compared_only_clip_by_clip_and_within_the_timing_rule():
     """An evaluation cut short (fewer clips than planned) is compared on the clips it shares with the kept
-    model when it is within the timing rule and shares at least 3 of them; else it is not compared at all."""
+    model when it is within the timing rule and shares at least 3 of them, and then replaces a kept model of
+    its standing only when better beyond the noise there (no tie goes to it); a fallback, by the timing rule."""
     rng = np.random.default_rng(2)
     base = {f"c{i}": 9.0 + rng.normal(0, 1.0) for i in range(16)}
     kept = scored(0, base)
     first_14 = {k: v - 2.0 + rng.normal(0, 0.1) for k, v in list(base.items())[:14]}  # the 450 s run's final
-    cut = scored(220, first_14)
-    assert partial_refusal(cut, kept) == "" and judge_candidate(cut, kept).replace
-    assert "on 14 clips" in judge_candidate(cut, kept).why
+    verdict = judge_cut_short(scored(220, first_14), kept)
+    assert verdict.replace and verdict.why.startswith("better beyond the noise") and "on 14 clips" in verdict.why
+    tie = scored(220, {k: v + 0.05 * (-1) ** i for i, (k, v) in enumerate(list(base.items())[:14])})
+    assert judge_candidate(tie, kept).replace  # a whole evaluation's tie goes to the longer-trained model
+    verdict = judge_cut_short(tie, kept)
+    assert not verdict.replace and verdict.why.startswith("cut short, and not better beyond the noise than step 0")
     two = scored(220, dict(list(first_14.items())[:2]))
-    assert "2 clips in common with step 0: at least 3" in partial_refusal(two, kept)
+    assert "2 clips in common with step 0: at least 3" in judge_cut_short(two, kept).why
     elsewhere = scored(220, {f"other{i}": 5.0 + i for i in range(5)})  # no clip the kept model scored
-    assert "0 clips in common" in partial_refusal(elsewhere, kept)
+    assert "0 clips in common" in judge_cut_short(elsewhere, kept).why
     drifted = standing(False, 1.6, 6.0, 1.25, first_14, 220)  # outside the timing rule
-    assert partial_refusal(drifted, kept) == "cut short and not eligible: not compared"
-    assert partial_refusal(scored(220, dict(list(first_14.items())[:3])), NONE_YET) == ""  # nothing kept yet
-    assert "2 clips scored" in partial_refusal(two, NONE_YET)
-    assert partial_refusal(None, kept) == ""  # not finite: judge_candidate refuses it and says why
+    assert judge_cut_short(drifted, kept).why == "cut short and not eligible: not compared"
+    three = scored(220, dict(list(first_14.items())[:3]))
+    assert judge_cut_short(three, NONE_YET).replace  # nothing kept yet: the first model kept
+    assert "2 clips scored" in judge_cut_short(two, NONE_YET).why
+    fallback = scored(0, base, eligible=False)  # the kept model outside the timing rule: the rule decides
+    worse = scored(220, {k: v + 1.0 for k, v in list(base.items())[:14]})
+    assert judge_cut_short(worse, fallback) == judge_candidate(worse, fallback)
+    assert judge_cut_short(worse, fallback).why == "nearer the timing rule"
+    assert not judge_cut_short(None, kept).replace  # not finite
 
 
 def test_without_clip_scores_nothing_is_beyond_the_noise_and_the_lower_mean_decides():

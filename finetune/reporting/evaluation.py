@@ -267,6 +267,8 @@ def describe_timing(result: EvalResult) -> str:
 class Evaluator:
     """Scores a model on held-out examples and writes test-sentence WAVs to samples_dir/step_NNNNNN/."""
 
+    compares_cut_short = True  # one cut short takes part in the choice of best_model, clip by clip (selection.py)
+
     @staticmethod
     def describe(result: EvalResult) -> str:
         natural = f", naturalness {result.naturalness:.2f}" if result.naturalness is not None else ""

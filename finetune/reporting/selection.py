@@ -13,11 +13,13 @@ The rule, in order (docs/training.md, "Which model is kept"):
        end is better, beyond the noise, than every model evaluated after it.
 A model whose speech is not finite is never kept.
 
-An evaluation cut short by the deadline (scored on fewer clips than planned) takes part only where it can
-be compared clip by clip: eligible (within the timing rule), on at least MIN_PAIRED_CLIPS clips that the
-kept model scored too (its mean over fewer clips is not comparable with a whole one's; clip by clip it
-is). Before this, none took part, and a 450 s run whose one evaluation after the start was cut at 14 of
-16 clips (2.3 dB nearer on them) ended with its start as the voice (bench/RESULTS.md).
+An evaluation cut short by the deadline (scored on fewer clips than planned; judge_cut_short) takes part
+only where it can be compared clip by clip: eligible (within the timing rule, on the clips it scored), on
+at least MIN_PAIRED_CLIPS clips that the kept model scored too (its mean over fewer clips is not comparable
+with a whole one's; clip by clip it is). It replaces a kept model of the same standing only when better
+beyond the noise on those clips (no tie goes to it), and a fallback by the timing rule, as a whole one
+does. Before this, none took part, and a 450 s run whose one evaluation after the start was cut at 14 of
+16 clips (2.5 dB nearer on them) ended with its start as the voice (bench/RESULTS.md).
 
 Beyond the noise: both evaluations score the same held-out clips (same texts, same seeds), so they are
 compared clip by clip: the difference of the two MCDs on each clip, whose mean must exceed its one-sided
@@ -183,17 +185,31 @@ def judge_candidate(candidate: Standing | None, kept: Standing, confidence: floa
     return Verdict(True, f"the longer-trained model, within the noise of step {kept.step}: {against.describe()}")
 
 
-def partial_refusal(candidate: Standing | None, kept: Standing) -> str:
-    """Why a cut-short evaluation's `candidate` may not be compared with the kept model ("" where it may)."""
+def judge_cut_short(candidate: Standing | None, kept: Standing, confidence: float = NOISE_CONFIDENCE) -> Verdict:
+    """judge_candidate for an evaluation cut short by the deadline (fewer clips scored than planned). It must
+    be eligible and share at least MIN_PAIRED_CLIPS clips with the kept model (have scored that many when
+    none is kept yet). Then it wins by the timing rule as a whole one does (judged on its clips), and at the
+    kept model's standing only when better beyond the noise on the clips in common: no tie goes to it, as the
+    clips it did not score are unknown."""
     if candidate is None:
-        return ""  # judge_candidate says why: its score is not finite
+        return judge_candidate(candidate, kept, confidence)
     if not candidate.eligible:
-        return "cut short and not eligible: not compared"
-    common = len(candidate.clips) if kept.score == math.inf else sum(name in kept.clips for name in candidate.clips)
+        return Verdict(False, "cut short and not eligible: not compared")
+    nothing_kept = kept.score == math.inf
+    common = len(candidate.clips) if nothing_kept else sum(name in kept.clips for name in candidate.clips)
     if common < MIN_PAIRED_CLIPS:
-        what = "clips scored" if kept.score == math.inf else f"clips in common with step {kept.step}"
-        return f"cut short at {common} {what}: at least {MIN_PAIRED_CLIPS} are needed to compare it clip by clip"
-    return ""
+        what = "clips scored" if nothing_kept else f"clips in common with step {kept.step}"
+        return Verdict(
+            False, f"cut short at {common} {what}: at least {MIN_PAIRED_CLIPS} are needed to compare it clip by clip"
+        )
+    verdict = judge_candidate(candidate, kept, confidence)
+    if verdict.replace and not nothing_kept and candidate.rank() == kept.rank():
+        against = compare(candidate, kept, confidence)
+        if not against.beyond_noise:
+            return Verdict(
+                False, f"cut short, and not better beyond the noise than step {kept.step}: {against.describe()}"
+            )
+    return verdict
 
 
 def better(candidate: Standing | None, incumbent: Standing, confidence: float = NOISE_CONFIDENCE) -> bool:

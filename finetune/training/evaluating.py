@@ -6,7 +6,16 @@ evaluation costs, measured for the plan. Every process of a data-parallel run th
 from __future__ import annotations
 
 from finetune.reporting.evaluation import EvalResult
-from finetune.reporting.selection import NONE_YET, Standing, chosen_as, judge_candidate, partial_refusal, standing
+from finetune.reporting.selection import (
+    NONE_YET,
+    Standing,
+    Verdict,
+    chosen_as,
+    compare,
+    judge_candidate,
+    judge_cut_short,
+    standing,
+)
 from finetune.training.context import LoopContext
 from finetune.training.exports import Exports
 from finetune.training.pacing import Pacer
@@ -131,11 +140,16 @@ class Evaluations:
             best.evals_since += 1
             return False, "a voice that says nothing is never kept", 0.0
         kept = self.kept_standing()
-        refusal = partial_refusal(candidate, kept) if result.clips_scored < result.clips_planned else ""
-        if refusal:
-            best.evals_since += 1
-            return False, refusal, 0.0
-        verdict = judge_candidate(candidate, kept)
+        if result.clips_scored < result.clips_planned:
+            # Clip by clip where selection.py allows; never for an evaluator whose parts are judged by their means
+            # (a feedback round's): there a mean over fewer clips would be compared with one over all of them.
+            verdict = (
+                judge_cut_short(candidate, kept)
+                if self.evaluator.compares_cut_short
+                else Verdict(False, "cut short: not compared")
+            )
+        else:
+            verdict = judge_candidate(candidate, kept)
         improved = verdict.replace
         if improved:
             result.chosen_as = chosen_as(candidate, result.length_ratio, result.ineligible_reason)
@@ -151,8 +165,8 @@ class Evaluations:
             best.evals_since += 1
             return False, verdict.why, 0.0
         # Early stopping counts evaluations without a lower MCD (or a better timing): a tie kept for its
-        # training is no progress.
-        progress = kept.step < 0 or candidate.rank() != kept.rank() or candidate.score < kept.score
+        # training is no progress. Lower on the clips both scored (one of them may have been cut short).
+        progress = kept.step < 0 or candidate.rank() != kept.rank() or compare(candidate, kept).advantage_db > 0
         best.score, best.step, best.clips = result.mcd_db, step, dict(candidate.clips)
         best.eligible, best.timing_error = candidate.eligible, candidate.timing_error
         best.evals_since = 0 if progress else best.evals_since + 1
@@ -168,7 +182,7 @@ class Evaluations:
                 "nearest to the timing rule so far: saved best_model as a fallback" if fallback else "saved best_model"
             ) + because
         if best.step < 0:
-            return "no model kept yet (none with a finite score that says something)"
+            return "no model kept yet (none with a finite score that says something)" + because
         return (
             f"best {best.score:.3f} at step {best.step}"
             + (", a fallback: none within the timing rule yet" if fallback else "")

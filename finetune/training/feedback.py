@@ -64,6 +64,9 @@ class FeedbackEvaluator:
 
     The first evaluation (step 0, the starting model) is the baseline."""
 
+    # The round's verdict compares its parts' means (decide), so one cut short never takes part in the choice.
+    compares_cut_short = False
+
     @staticmethod
     def describe(result: EvalResult) -> str:
         x = result.extra
@@ -133,7 +136,7 @@ class FeedbackEvaluator:
         baseline = self.baseline.extra["originals_mcd_db"] if self.baseline else originals.mcd_db
         extra["originals_change_pct"] = change_pct(baseline, originals.mcd_db)
         # A round's verdict compares its parts' means (the originals' change against the start's), so a part
-        # cut short is never eligible here, as it is in a plain run's choice (clip by clip: selection.py).
+        # cut short is never eligible here, unlike in a plain run's choice (clip by clip: selection.py).
         reasons = [
             f"{name}: cut short by the deadline after {part.clips_scored} of {part.clips_planned} clips (a partial "
             "score is not compared)"
