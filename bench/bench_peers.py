@@ -5,11 +5,12 @@
         --peer_dir finetune-hf-vits=PATH [--seeds 2] [--learning_rate 1e-3] [--levers clip1 dur8]
     python bench/bench_peers.py --scenario tiny --work_dir W --peer_dir finetune-hf-vits=PATH --budget_s 180
     python bench/bench_peers.py --scenario small ...  # the same with an 11M-parameter voice (scratch:small)
+    python bench/bench_peers.py --scenario mms ...    # the MMS-TTS shape (36M), for a GPU
     python bench/bench_peers.py --smoke            # ours alone on a few clips, seconds of training
 
 The start: --base_model, a voice folder this tool wrote (config.json, weights, tokenizer, discriminator.pt),
 and --data_dir, a corpus prepared for it (prepare_data.py: wavs/, metadata.csv, metadata_val.csv). Or
---scenario tiny (or small): this script makes both (bench_finetune.py's scenario: a tiny voice A pretrained from
+--scenario tiny (or small, or mms): this script makes both (bench_finetune.py's scenario: a tiny voice A pretrained from
 scratch on the demo corpus, fine-tuned onto B, A's recordings played 1.25x slower and lower), with a
 discriminator finetune-hf-vits can hold too (the period discriminators alone, width 1/16). A start whose own
 tempo fit was held at a limit of speaking_rate (a short pretraining from new weights) is warned of: ours judges
@@ -158,8 +159,8 @@ LEVERS = {
 
 
 # Voice A's pretraining rate by size: scratch:small collapsed on a CPU at 2e-3 and 1e-3 (ninth session), not at
-# 5e-4 (tenth session, bench/RESULTS.md).
-PRETRAIN_RATES = {"tiny": 2e-3, "small": 5e-4}
+# 5e-4 (tenth session, bench/RESULTS.md); scratch:mms (36M) is given the same, untried on a CPU.
+PRETRAIN_RATES = {"tiny": 2e-3, "small": 5e-4, "mms": 5e-4}
 
 
 def recipe(script: str, argv: list, log: Path, label: str) -> None:
@@ -172,7 +173,12 @@ def recipe(script: str, argv: list, log: Path, label: str) -> None:
 
 
 def scenario(
-    work: Path, size: str, pretrain_hours: float, max_samples: int, pretrain_rate: float = 2e-3
+    work: Path,
+    size: str,
+    pretrain_hours: float,
+    max_samples: int,
+    pretrain_rate: float = 2e-3,
+    pretrain_flags: tuple[str, ...] = (),
 ) -> tuple[Path, Path]:
     """Voice A (scratch:`size`) pretrained from scratch on the demo corpus (a discriminator both tools can
     hold), and B's data: A's recordings 1.25x slower and lower, prepared with A's vocabulary, 30% held out."""
@@ -224,6 +230,7 @@ def scenario(
                 "--log_every_seconds",
                 "60",
                 *smoke,
+                *pretrain_flags,
             ],
             work / "voice_a.log",
             "pretraining A",
@@ -745,8 +752,9 @@ def main() -> None:
     parser.add_argument("--data_dir", help="the clips: a corpus prepared for the base model")
     parser.add_argument(
         "--scenario",
-        choices=["tiny", "small"],
-        help="make the start and the clips here instead: voice A at this scratch size (tiny 0.7M, small 11M)",
+        choices=["tiny", "small", "mms"],
+        help="make the start and the clips here instead: voice A at this scratch size (tiny 0.7M, small 11M, "
+        "mms 36M: the MMS-TTS shape, for a GPU)",
     )
     parser.add_argument("--pretrain_hours", type=float, default=0.17, help="--scenario: voice A's pretraining")
     parser.add_argument(
@@ -754,7 +762,14 @@ def main() -> None:
         type=float,
         default=None,
         help="--scenario: voice A's pretraining rate (default: tiny 2e-3; small 5e-4, since two scratch:small ones "
-        "collapsed at 2e-3 and 1e-3 on a CPU and one at 5e-4 did not, bench/RESULTS.md)",
+        "collapsed at 2e-3 and 1e-3 on a CPU and one at 5e-4 did not, bench/RESULTS.md; mms 5e-4)",
+    )
+    parser.add_argument(
+        "--pretrain_flags",
+        default="",
+        help="--scenario: more train_vits.py flags for voice A's pretraining, one string (--pretrain_flags=\"--bf16 "
+        '--batch_size 16": on a GPU a step of 16 clips costs about what one of 8 does, and fp16 skips many steps of '
+        "a voice from new weights, bench/RESULTS.md)",
     )
     parser.add_argument("--budget_s", type=float, default=180.0, help="wall seconds each run gets, launch to result")
     parser.add_argument("--work_dir", default=None)
@@ -837,11 +852,12 @@ def main() -> None:
             0.1 if args.smoke else args.pretrain_hours,
             24 if args.smoke else 0,
             args.pretrain_learning_rate or PRETRAIN_RATES[args.scenario],
+            tuple(shlex.split(args.pretrain_flags)),
         )
     elif args.base_model and args.data_dir:
         base, data_dir = Path(args.base_model).resolve(), Path(args.data_dir).resolve()
     else:
-        parser.error("give --base_model and --data_dir, or --scenario tiny|small (or --smoke)")
+        parser.error("give --base_model and --data_dir, or --scenario tiny|small|mms (or --smoke)")
     held = start_tempo_held(base)
     if held:
         print(
