@@ -35,7 +35,7 @@ from finetune.system.model_source import parse_scratch
 from finetune.system.run_lock import hold_for_launch
 from finetune.training import budget as budgeting
 from finetune.training import checkpoint as checkpoints
-from finetune.training import context, distributed, loop, machinery, run_settings, session
+from finetune.training import context, distributed, exports, loop, machinery, run_settings, session
 from finetune.vits import generator
 from finetune.vits import speakers as speaker_layers
 
@@ -632,11 +632,13 @@ def report_end(config: TrainConfig, run: recipe.Run, trainer, result) -> int:
 
 
 def describe_best(state, band: str, best_dir: Path) -> str:
-    """The end line's words on best_model: its score, and whether it met the timing rule or is the fallback."""
+    """The end line's words on best_model: its score (on the clips its evaluation scored, when the deadline cut it
+    short), and whether it met the timing rule or is the fallback."""
     best = state.best
     if best.step < 0:
         return "no best_model (no evaluation had a finite score, or every one said nothing)"
-    kept = f"best MCD {best.score:.3f} dB at step {best.step} -> {best_dir}"
+    partial = model_card.partial_clips(exports.read_evaluation(best_dir) or {})
+    kept = f"best MCD {best.score:.3f} dB at step {best.step}{' on ' + partial if partial else ''} -> {best_dir}"
     if best.eligible:
         return kept
     return (

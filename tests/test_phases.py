@@ -307,6 +307,11 @@ def test_a_final_evaluation_cut_short_is_kept_when_better_beyond_the_noise_on_th
     assert f"on {last['clips_scored']} clips" in kept["chosen_because"]
     summary = json.loads((tmp_path / "final_model" / "training_summary.json").read_text())
     assert summary["best_step"] == last["step"] and summary["final_model_holds"] == f"best_model (step {last['step']})"
+    # the end line, the model card and the report say which clips its MCD is over
+    partial = f"{last['clips_scored']} of its 5 held-out clips (its evaluation was cut short by the deadline)"
+    assert f"at step {last['step']} on {partial}" in log_of(tmp_path)
+    assert partial in (tmp_path / "final_model" / "README.md").read_text()
+    assert partial in (tmp_path / "checkpoints" / "report.html").read_text()
 
 
 def test_a_final_evaluation_with_no_time_for_one_clip_is_skipped_and_said(

@@ -109,11 +109,22 @@ def _figures(evaluation: dict | None) -> str:
         ),
         ("duration error (share of frames the predicted rhythm misplaces)", evaluation.get("duration_error")),
         ("naturalness, DNSMOS OVRL 1..5 (higher is better)", evaluation.get("naturalness")),
+        ("held-out clips these figures are over", partial_clips(evaluation) or evaluation.get("clips_scored")),
         ("within the timing rule", evaluation.get("eligible")),
     ]
     table = "\n".join(f"| {name} | {value} |" for name, value in rows if value is not None)
     chosen = f"\n\nKept as: {evaluation['chosen_as']}." if evaluation.get("chosen_as") else ""
     return f"| figure | value |\n| --- | --- |\n{table}{chosen}"
+
+
+def partial_clips(evaluation: dict) -> str:
+    """For a model kept from an evaluation the deadline cut short (eval.json's summary): '14 of its 16 held-out
+    clips (its evaluation was cut short by the deadline)', the clips its figures are over; '' for a whole one."""
+    scored, planned = evaluation.get("clips_scored"), evaluation.get("clips_planned")
+    if scored is None or planned is None or scored >= planned:
+        return ""
+    why = evaluation.get("cut_short") or "the deadline"
+    return f"{scored} of its {planned} held-out clips (its evaluation was cut short by {why})"
 
 
 def _tempo(evaluation: dict) -> str:

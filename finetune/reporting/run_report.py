@@ -13,6 +13,7 @@ import html
 import json
 from pathlib import Path
 
+from finetune.reporting.model_card import partial_clips
 from finetune.reporting.plots import bars, curves
 from finetune.system.atomic import write_text_atomic
 
@@ -171,9 +172,10 @@ def _clip_table(best_dir: Path) -> str:
     noise = f" ±{best['mcd_se_db']:.3f}" if best.get("mcd_se_db") is not None else ""
     spread = f" (x{best['draw_spread']:.2f} between requests)" if best.get("draw_spread") is not None else ""
     because = f" Decided: {best['chosen_because']}." if best.get("chosen_because") else ""
+    clips = partial_clips(best) or f"its {len(best.get('per_clip', {}))} held-out clips"
     return (
-        f"<p>Best model: step {best['step']}, MCD {best['mcd_db']:.3f}{noise} dB (± one standard error over its "
-        f"{len(best.get('per_clip', {}))} held-out clips), length x{best['length_ratio']:.2f}{spread}"
+        f"<p>Best model: step {best['step']}, MCD {best['mcd_db']:.3f}{noise} dB (± one standard error over "
+        f"{html.escape(clips)}), length x{best['length_ratio']:.2f}{spread}"
         f"{_naturalness_text(best)}.{html.escape(why + because)}</p>{_tempo_fit(best)}"
         "<table><tr><th>held-out clip</th><th>MCD dB</th><th>length ratio</th><th>duration error</th></tr>"
         f"{rows}</table>"
