@@ -22,6 +22,7 @@ Parts (each a table, ready for bench/RESULTS.md, and a JSON file with the same f
            discriminator, forward and backward: torch.utils.flop_counter, which counts matrix products and
            convolutions), and the clips a second each card's tensor peak (PEAK_TFLOPS) would allow; runs on a
            CPU too. On a GPU named in PEAK_TFLOPS, the step part's rows say what fraction of its peak they reach
+           (the step part counts the FLOPs itself when this part does not run first)
 
 Data is synthetic (random tokens, noise-and-tone audio of fixed length): step cost depends on lengths, not
 on content. On a machine without CUDA (and without --smoke or --parts flops alone) it says so in one line and
@@ -194,6 +195,8 @@ def host_batches(examples: list[Example], micro_batch: int, hop: int, device: to
 
 def part_step(setup: Setup) -> list[dict]:
     rows = []
+    if card_peak(setup.device) and setup.flops_per_clip is None:  # the share of the peak needs the count
+        setup.flops_per_clip = flops_per_clip(setup, setup.clip_seconds)["total"]
     for precision in setup.precisions:
         step, hop = build_step(setup, precision)
         examples = synthetic_examples(2 * max(setup.micro_batches), setup.clip_seconds, hop, seed=1)
