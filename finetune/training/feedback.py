@@ -137,14 +137,15 @@ class FeedbackEvaluator:
         extra["originals_change_pct"] = change_pct(baseline, originals.mcd_db)
         # A round's verdict compares its parts' means (the originals' change against the start's), so a part
         # cut short is never eligible here, unlike in a plain run's choice (clip by clip: selection.py).
-        reasons = [
-            f"{name}: cut short by the deadline after {part.clips_scored} of {part.clips_planned} clips (a partial "
-            "score is not compared)"
-            if part.clips_scored < part.clips_planned
-            else f"{name}: {part.ineligible_reason}"
-            for name, part in parts[:2]
-            if part.clips_scored < part.clips_planned or not part.eligible
-        ]
+        reasons = []
+        for name, part in parts[:2]:
+            if part.clips_scored < part.clips_planned:
+                reasons.append(
+                    f"{name}: cut short by the deadline after {part.clips_scored} of {part.clips_planned} clips "
+                    "(a partial score is not compared)"
+                )
+            elif not part.eligible:
+                reasons.append(f"{name}: {part.ineligible_reason}")
         if extra["originals_change_pct"] > self.max_regression_pct:
             reasons.append(
                 f"originals {extra['originals_change_pct']:+.1f}%, past the {self.max_regression_pct}% tolerance"
