@@ -35,6 +35,7 @@ $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml | $(BIN)/pyt
 	fi
 	$(BIN)/python -m pip install -r requirements.txt -c constraints.txt
 	$(BIN)/python -m pip install --no-deps -e .  # finetune/ and bench/ importable from any folder (pyproject.toml)
+	$(BIN)/python -m finetune.warm_caches  # numba's compiled DTW and alignment, matplotlib's fonts: not in a run's budget
 	touch $@
 
 # The test runner and the optional extras the tests check (TensorBoard, ONNX export, sherpa-onnx).

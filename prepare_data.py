@@ -131,9 +131,13 @@ def print_summary(report: dict, data_dir: Path) -> None:
             f"{name} ({entry['clips']} clips, {entry['hours']:.2f} h, {entry['val_clips']} held out)"
             for name, entry in list(speakers.items())[:3]
         )
+        target, entry = next(iter(speakers.items()))
+        others_h = sum(e["hours"] for e in speakers.values()) - entry["hours"]
         print(
-            f"{len(speakers)} speakers; most hours: {top}. train_vits.py speaks as the first unless given "
-            "--target_speaker"
+            f"{len(speakers)} speakers; most hours: {top}. train_vits.py speaks as {target} (the most hours) "
+            "unless given --target_speaker; from a pretrained voice a default run (--speakers auto: target_only) "
+            f"trains on {target}'s {entry['hours']:.2f} h alone and leaves out the other {len(speakers) - 1} "
+            f"speakers' {others_h:.2f} h (--speakers conditioned trains on every clip)"
         )
     print(
         f"wrote {data_dir}/metadata.csv, metadata_val.csv, quality.csv, wavs/; every drop is listed in "

@@ -190,8 +190,10 @@ def feedback_round(config: FeedbackConfig, versions, base: Path, clock, stop, di
     round_ = start_round(config, versions, base, clock, stop, dist)
     data = load_round_data(config, round_, base)
     start = starting_point(config, round_, data, base)
+    rendering = round_.budget.used_s()
     lines = render_before(round_, data, base) if dist.is_main else []
-    trainer, evaluator, result = fit_round(config, round_, data, start, base)
+    reserve_s = after_loop_reserve_s(round_.budget.used_s() - rendering, base)  # the "after" renders cost the same
+    trainer, evaluator, result = fit_round(config, round_, data, start, base, dist.broadcast(reserve_s))
     trainer.context.run_log.end(trainer.summary(result.stop_reason))
     if result.stop_reason == "interrupted":
         round_.logger.info(
@@ -288,7 +290,9 @@ def load_round_data(config: FeedbackConfig, round_: recipe.Run, base: Path) -> R
     round_.stop.check()  # loading a model takes seconds: a stop asked for meanwhile is honoured here
     model, tokenizer = generator.ready_for_training(loaded.model), loaded.tokenizer
     data_dir = Path(config.data_dir)
-    voice = corrections.voice_speaker(data_dir, config.target_speaker, getattr(model.config, "speaker", None))
+    voice = corrections.voice_speaker(
+        data_dir, config.target_speaker, getattr(model.config, "speaker", None), int(model.config.sampling_rate)
+    )
     if config.corrections_voice == "own":  # other people's recordings: their own speaker id, the voice its own
         model = speaker_layers.add_speakers(model, 2, seed=config.seed)
         speaker_layers.pin_target_speaker(model)  # the voice's own path: only the shared parts can move it
@@ -390,9 +394,10 @@ def render_before(round_: recipe.Run, data: RoundData, base: Path) -> list:
     return lines
 
 
-def fit_round(config: FeedbackConfig, round_: recipe.Run, data: RoundData, start, base: Path):
+def fit_round(config: FeedbackConfig, round_: recipe.Run, data: RoundData, start, base: Path, reserve_after_s: float):
     """The training loop of train_vits.py on corrections + replay, judged on corrections and originals.
-    A round is short and never resumed: no checkpoints, no early stopping, no worker processes."""
+    A round is short and never resumed: no checkpoints, no early stopping, no worker processes;
+    `reserve_after_s` is kept for what follows the loop (the "after" renders, the version's copies)."""
     fixed = data.corrections.examples
     own = config.corrections_voice == "own"  # other people's recordings, under a speaker id of their own
     voice = speakers.TARGET_SPEAKER if speaker_layers.speaker_count(data.model) > 1 else None  # the corrections': 1
@@ -429,7 +434,7 @@ def fit_round(config: FeedbackConfig, round_: recipe.Run, data: RoundData, start
         paths=paths,
         checkpoints=run_settings.CheckpointSettings(enabled=False),
         num_workers=0,
-        reserve_after_s=after_loop_reserve_s(len(fixed)),
+        reserve_after_s=reserve_after_s,
     )
     resolved = config_to_dict(config)
     saves = machinery.SaveExtras(
@@ -530,9 +535,13 @@ def conclude_round(
     return 0
 
 
-def after_loop_reserve_s(corrections: int) -> float:
-    """Seconds kept for after the loop: rendering each correction once more and copying a version."""
-    return 5.0 + 0.5 * corrections
+def after_loop_reserve_s(render_s: float, model_dir: Path) -> float:
+    """Seconds kept for after the loop: rendering each correction once more (as long as the "before" renders
+    took, half as much again for a busier machine), copying the new version twice (at 100 MB/s) and the
+    reports. Before, a flat 5 s + 0.5 s a correction: 7 s where 1 s was spent, which a 60 s round took from
+    its final evaluation."""
+    model_bytes = sum(path.stat().st_size for path in model_dir.rglob("*") if path.is_file())
+    return 0.5 + 1.5 * render_s + 2 * model_bytes / 100e6
 
 
 if __name__ == "__main__":

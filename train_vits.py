@@ -74,6 +74,12 @@ class TrainConfig(TrainingFlags):
     )
     keep_checkpoints: int = flag(3, "checkpoints kept in --checkpoint_dir (older ones are deleted)")
     checkpoint_every_minutes: float = flag(30.0, "also checkpoint this often inside an epoch (minutes)")
+    checkpoint_min_minutes: float = flag(
+        10.0,
+        "at most one checkpoint every N minutes: an epoch's end sooner than that after the last writes none (a "
+        "small corpus on a GPU ends an epoch every minute or two; an MMS-size checkpoint is about 1 GB); the first "
+        "and the final checkpoint are always written (0: one every epoch)",
+    )
     test_sentences: str | None = flag(
         None,
         "text file, one sentence a line, synthesised at each evaluation (default: three built-in Kurmanji sentences)",
@@ -126,6 +132,7 @@ class TrainConfig(TrainingFlags):
             for k, v in {
                 "max_samples": self.max_samples,
                 "early_stopping_patience": self.early_stopping_patience,
+                "checkpoint_min_minutes": self.checkpoint_min_minutes,
             }.items()
             if v < 0
         ]
@@ -173,6 +180,7 @@ RESUME_MAY_CHANGE = (
     "max_epochs",
     "keep_checkpoints",
     "checkpoint_every_minutes",
+    "checkpoint_min_minutes",
     "log_every_seconds",
     "test_sentences",
 )
@@ -317,6 +325,8 @@ def build_model(config: TrainConfig, run: recipe.Run) -> Model:
     if found is not None and found.conditioned and not run.payload:  # a resumed run's model has them already
         loaded.model = speaker_layers.add_speakers(loaded.model, len(found.names), seed=config.seed)
         loaded.model.config.speaker_names = list(found.names)
+    elif found is not None:  # target_only or pooled: a plain model that names the voice it speaks as (for feedback)
+        loaded.model.config.speaker = found.target
     frozen_parts = generator.freeze(loaded.model, config.freeze)
     from_scratch = parse_scratch(config.model_name) is not None  # a resumed scratch run's too
     dropout_off = config.dropout == "off" or (config.dropout == "auto" and not from_scratch)
@@ -499,7 +509,9 @@ def build_loop(config: TrainConfig, run: recipe.Run, model: Model, data: Data, s
     choices = recipe.RunChoices(
         title=f"train_vits: {run.folder}",
         paths=context.RunPaths(run_dir=run.folder, output_dir=Path(config.output_dir)),
-        checkpoints=run_settings.CheckpointSettings(True, config.keep_checkpoints, config.checkpoint_every_minutes),
+        checkpoints=run_settings.CheckpointSettings(
+            True, config.keep_checkpoints, config.checkpoint_every_minutes, config.checkpoint_min_minutes
+        ),
         num_workers=workers(config, run),
         early_stopping_patience=config.early_stopping_patience,
         tracker=tracker,

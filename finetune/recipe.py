@@ -66,7 +66,7 @@ def open_run(
 ) -> Run:
     """The run's metrics, on the device its flags ask for (each process of a torchrun launch on the GPU of
     its local rank); `logger` is setup_logging's for the folder, opened first so that resuming can warn."""
-    device = pick_device(flags.device, dist.local_rank if dist.active else None)
+    device = pick_device(flags.device, dist.local_rank if dist.active else None, training=True)
     precision = resolve_precision(device, flags.fp16, flags.bf16)
     if warning := precision_warning(device, precision):
         logger.warning(warning)  # CPU fp16/bf16: slow, for checking numerics

@@ -241,3 +241,46 @@ def test_out_of_memory_even_at_one_clip_stops_before_training_with_what_to_do(
     )
     assert metrics(tmp_path, "end")[0]["stop_reason"] == "out_of_memory"
     assert not list((tmp_path / "checkpoints").glob("checkpoint_*.pt"))
+
+
+def test_out_of_memory_again_and_again_refits_every_few_windows_and_at_one_clip_stops():
+    """After the first refit one error is a rare long batch (its window skipped), but they are bounded: every
+    OOM_WINDOWS_PER_REFIT-th refits again, and at one clip a micro-batch the next such run stops the run."""
+    from types import SimpleNamespace
+
+    from finetune.training.batch_fit import OOM_WINDOWS_PER_REFIT, BatchFitter
+    from finetune.training.state import BatchFit
+
+    fitted = BatchFit()
+    fitter = BatchFitter(SimpleNamespace(batch_size=4, accumulation=1), fitted, None, None, None, None, None)
+    fitter.refit = lambda micro_batch, why, steps_done: setattr(fitted, "micro_batch", micro_batch)
+    actions = []
+    while not fitter.exhausted and len(actions) < 50:
+        action = fitter.after_out_of_memory()
+        actions.append(f"{action}@{fitter.micro_batch}")
+        if action == "refit":
+            fitter.refit_in_training("out of GPU memory", len(actions))
+    assert OOM_WINDOWS_PER_REFIT == 3
+    assert actions == ["refit@4", "skip@2", "skip@2", "refit@2", "skip@1", "skip@1", "give_up@1"]
+
+
+@pytest.mark.timeout(600)  # a real run of train_vits.py
+def test_a_card_that_runs_out_of_memory_at_any_size_stops_the_run_with_what_to_do_and_keeps_the_best(
+    prepared_demo, tmp_path, timed_work, decoder_out_of_memory
+):
+    """Every window from step 4 on runs out of memory, whatever its size: before, every one after the first
+    refit was skipped until the deadline (a drain seen only in warnings)."""
+    fake, _ = timed_work
+    state = decoder_out_of_memory(clips=1, after_calls=3)
+    argv = args(prepared_demo, tmp_path, *COMMON, "--max_epochs", "8")  # room for more steps than it gets
+    assert train_vits.main(argv, clock=clock_for(fake)) == 1
+    log = (tmp_path / "checkpoints" / "train.log").read_text()
+    assert "micro-batch 4 -> 2 clips" in log and "micro-batch 2 -> 1 clips" in log
+    assert "out of GPU memory again at one clip a micro-batch" in log and "--discriminator_width" in log
+    end = metrics(tmp_path, "end")[0]
+    # Step 4 at 4 clips (refit), at 2 (counted), step 5 skipped, step 6 refits to 1 and fails again, step 7
+    # skipped, step 8 the third at one clip: the stop. Five windows skipped, not the rest of the budget.
+    assert end["stop_reason"] == "out_of_memory" and end["steps"] == 8 and end["oom_skips"] == 5
+    assert state["raised"] == 7
+    best = json.loads((tmp_path / "checkpoints" / "best_model" / "eval.json").read_text())
+    assert best["step"] >= 3 and (tmp_path / "final_model" / "config.json").is_file()

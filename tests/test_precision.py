@@ -7,6 +7,7 @@ clips, 4-frame segments: a step in fp16 takes a tenth of a second or so on one f
 
 import copy
 import math
+import os
 
 import pytest
 import torch
@@ -296,3 +297,29 @@ def test_a_cuda_device_always_gets_an_index(monkeypatch):
     assert chosen == [0, 0, 1, 1]
     with pytest.raises(ConfigError, match="--device cuda:2: this machine has 2 CUDA"):
         pick_device("cuda:2")
+
+
+def listed_card(tmp_path, monkeypatch) -> None:
+    """An nvidia-smi on PATH that lists a card, as on a machine with a GPU whose PyTorch install cannot use it
+    (here: the CPU build the tests run on)."""
+    program = tmp_path / "bin" / "nvidia-smi"
+    program.parent.mkdir()
+    program.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA GeForce RTX 2070 (UUID: GPU-0000)'\n")
+    program.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{program.parent}:{os.environ['PATH']}")
+
+
+def test_a_card_torch_cannot_use_is_an_error_that_names_the_fix_unless_the_cpu_is_asked_for(tmp_path, monkeypatch):
+    """--device auto with a listed card and a CPU build of torch: before, 9.5 hours went to the CPU, said only as
+    "device cpu" in one line. Synthesis (a sentence) may still take the CPU; the recipes' --device cpu too."""
+    from finetune.system.errors import ConfigError
+    from finetune.training.session import pick_device
+
+    assert torch.version.cuda is None  # the suite's torch: the CPU build
+    listed_card(tmp_path, monkeypatch)
+    with pytest.raises(ConfigError, match=r"nvidia-smi lists GPU 0: NVIDIA GeForce RTX 2070.*CPU build.*--device cpu"):
+        pick_device("auto", training=True)
+    assert pick_device("cpu", training=True) == torch.device("cpu")
+    assert pick_device("auto") == torch.device("cpu")  # synthesis, review: a sentence on the CPU is fine
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))  # no nvidia-smi at all: the CPU, as before
+    assert pick_device("auto", training=True) == torch.device("cpu")

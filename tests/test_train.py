@@ -27,7 +27,8 @@ def args(data_dir, run_dir, *extra: str) -> list[str]:
     no tempo fitted at each (the fit is tested in test_tempo_fit.py, and end to end by the feedback tests'
     base voice and the bench smokes, which fit it as a user's run does); 8-frame segments, not VITS's 32 (a
     micro-batch a third faster: what these runs test is the machinery around the step, and the feedback tests'
-    base voice, the bench smokes and `make demo` train on the default)."""
+    base voice, the bench smokes and `make demo` train on the default); a checkpoint at every epoch's end, as the
+    resume tests need (--checkpoint_min_minutes 0: a run's checkpoints paced by time are tested on their own)."""
     return [
         "--data_dir",
         str(data_dir),
@@ -62,6 +63,8 @@ def args(data_dir, run_dir, *extra: str) -> list[str]:
         "model",
         "--segment_frames",
         "8",
+        "--checkpoint_min_minutes",
+        "0",
         *extra,
     ]
 
@@ -313,3 +316,32 @@ def test_a_new_discriminator_warms_up_alone_before_a_pretrained_generator_trains
     assert "discriminator warm-up ended by the step limit (--discriminator_warmup_steps 4): 4 steps" in log
     assert "real-minus-generated score margin" in log
     assert seen["dropout"] == {0.0} and "dropout off (--dropout auto)" in log  # fine-tuning a pretrained voice
+
+
+def checkpoint_times(run_dir) -> list[tuple[int, float]]:
+    """(step, the budget's seconds used when it was written) of every checkpoint the run kept, by step."""
+    from finetune.training.checkpoint import list_checkpoints, load_checkpoint
+
+    found = [load_checkpoint(path)["state"] for path in list_checkpoints(run_dir / "checkpoints")]
+    return sorted((state["step"], state["time_used_s"]) for state in found)
+
+
+def test_checkpoints_are_paced_by_time_with_the_first_and_the_last_always_written(prepared_demo, tmp_path, timed_work):
+    """An epoch of 2 steps (6 s of injected time): with --checkpoint_min_minutes 0.25 (15 s) an epoch's end
+    writes one only when the last is 15 s old or more; the benchmark's (the run's first) and the final one
+    always. With 0, every epoch's end writes one, as before."""
+    fake, _ = timed_work
+    common = ["--target_hours", "1", "--max_samples", "8", "--max_epochs", "8", "--keep_checkpoints", "100"]
+    every = tmp_path / "every"
+    for run, minutes in ((every, "0"), (tmp_path / "paced", "0.25")):
+        fake.t = 0.0
+        argv = args(prepared_demo, run, *common, "--checkpoint_min_minutes", minutes)
+        assert train_vits.main(argv, clock=clock_for(fake)) == 0
+    paced = tmp_path / "paced"
+    all_epochs, by_time = checkpoint_times(every), checkpoint_times(paced)
+    last_step = metrics(paced, "end")[0]["steps"]
+    assert [step for step, _ in all_epochs] == [2, 3, 4, 6, 8, 10, 12, 14, 16]  # each epoch end, the benchmark's
+    steps = [step for step, _ in by_time]
+    assert steps == [3, 8, 14, 16] and last_step == 16  # the benchmark's, two epoch ends 15 s apart or more, the final
+    gaps = [later - earlier for (_, earlier), (_, later) in zip(by_time[:-2], by_time[1:-1])]
+    assert gaps and all(gap >= 15.0 for gap in gaps)  # the final one may come sooner

@@ -15,6 +15,7 @@ import numpy as np
 
 from finetune.data import prepare, sources
 from finetune.data.corpus import load_examples, read_rows
+from finetune.data.speakers import clip_hours
 from finetune.data.text import TextNormalizer
 from finetune.system import model_source
 from finetune.system.errors import ToolError
@@ -155,21 +156,24 @@ def held_out_originals(data_dir: Path, speaker: str | None = None) -> None:
         )
 
 
-def voice_speaker(data_dir: Path, asked: str | None, exported_for: str | None) -> str | None:
+def voice_speaker(data_dir: Path, asked: str | None, exported_for: str | None, sample_rate: int = 16000) -> str | None:
     """Whose clips of a multi-speaker corpus are the voice's: --target_speaker, else the speaker the base
     model was exported for; None for a single-speaker corpus. A FeedbackError when neither names one of
     its speakers."""
     path = data_dir / "metadata.csv"
     if not path.is_file():
         return None  # replay_clips says what is missing
-    clips = Counter(speaker for _, speaker, _ in read_rows(path))
+    rows = read_rows(path)
+    clips = Counter(speaker for _, speaker, _ in rows)
     if set(clips) == {""}:
         if asked:
             raise FeedbackError(f"--target_speaker {asked}: {path} names no speakers (one voice); leave it out")
         return None
     wanted = asked or exported_for
     if wanted not in clips:
-        top = ", ".join(f"{s} ({n} clips)" for s, n in clips.most_common(5))
+        hours = clip_hours(data_dir, rows, sample_rate)  # ranked as train_vits.py picks its default target
+        by_hours = sorted(clips, key=lambda name: (-hours.get(name, 0.0), name))
+        top = ", ".join(f"{s} ({hours.get(s, 0.0):.2f} h, {clips[s]} clips)" for s in by_hours[:5])
         why = (
             f"--target_speaker {asked} is not one of them"
             if asked
@@ -178,6 +182,7 @@ def voice_speaker(data_dir: Path, asked: str | None, exported_for: str | None) -
             else "the base model names none of them"
         )
         raise FeedbackError(
-            f"{path} has {len(clips)} speakers and {why}: name the voice with --target_speaker (most clips: {top})"
+            f"{path} has {len(clips)} speakers and {why}: name the voice with --target_speaker (most hours, the "
+            f"one a default train_vits.py run speaks as first: {top})"
         )
     return wanted

@@ -1,13 +1,13 @@
 """Whose voice a run learns from and speaks in.
 
 A prepared corpus names each clip's speaker when it has several (metadata.csv as `id|speaker|text`).
-train_vits.py then trains on every clip and speaks as one target speaker (--target_speaker, default the
-one with the most hours), in one of three ways (--speakers):
+train_vits.py then speaks as one target speaker (--target_speaker, default the one with the most hours),
+trained in one of three ways (--speakers; `auto`, the default, picks by the start: resolve_mode):
 
-    conditioned   (default) every speaker under its own embedding (finetune/vits/speakers.py): the crowd
-                  teaches the text, the target keeps its own voice; exported as the target alone
+    conditioned   every speaker under its own embedding (finetune/vits/speakers.py): the crowd teaches
+                  the text, the target keeps its own voice; exported as the target alone (auto from new weights)
     pooled        every clip as one voice (what single-speaker training does with a crowd)
-    target_only   the target's clips only
+    target_only   the target's clips only (auto from a pretrained voice)
 
 In all three, evaluation and best_model are judged on the target's held-out clips. The target is index 0
 of the list, the others follow by hours: the order is fixed by the data, so a resumed run maps speakers
@@ -82,10 +82,16 @@ class Speakers:
             "pooled": "all as one voice",
             "target_only": "the target's clips only",
         }[self.mode]
+        left_out = (
+            f"; left out: the other {len(self.names) - 1} speakers' "
+            f"{sum(self.hours.values()) - self.hours.get(self.target, 0.0):.2f} h"
+            if self.mode == "target_only"
+            else ""
+        )
         return (
             f"speakers: {len(self.names)} in the training data, trained {how} (--speakers {self.mode}); the voice "
             f"judged and exported: {self.target} ({self.hours.get(self.target, 0.0):.2f} h, "
-            f"{self.held_out.get(self.target, 0)} held-out clips)"
+            f"{self.held_out.get(self.target, 0)} held-out clips){left_out}"
         )
 
 

@@ -1,4 +1,4 @@
-"""Fitting the micro-batch to the device's memory: a probe before training, and one refit during it.
+"""Fitting the micro-batch to the device's memory: a probe before training, and refits during it.
 
 Before training (on CUDA; `--fit_batch on` anywhere, off with `--fit_batch off`), the longest clips of
 the corpus are tried once as one micro-batch of the asked size: the optimizers' states are created
@@ -15,10 +15,12 @@ bit for bit); the models' buffers, the learning rates and every random generator
 run with the probe trains exactly as one without it.
 
 During training, the first out-of-memory error (in a window's forward or backward, or in the optimizer
-update) refits the same way once: a window is then run again from its start at the smaller micro-batch
+update) refits the same way at once: a window is then run again from its start at the smaller micro-batch
 (same clips, same random state: the loop rewinds it, finetune/training/window.py); an update that failed
-half way still goes back to the last good state (finetune/training/recovery.py). After that one refit,
-out-of-memory errors are handled as before: a window is skipped, an update rolled back.
+half way still goes back to the last good state (finetune/training/recovery.py). After it, one error is
+taken for a rare long batch: its window is skipped. But they are bounded: the OOM_WINDOWS_PER_REFIT-th
+skipped since the last refit refits again, and at one clip a micro-batch (nothing smaller left) the run
+stops there, with what to do, instead of draining the budget window by window.
 
 Memory: the probe's peak is a real step's peak (states, gradients, activations of the longest clips),
 so it costs about one step's time, once per process start.
@@ -36,6 +38,7 @@ from finetune.training.budget import Durations, StepTimer
 from finetune.training.checkpoint import capture_rng, restore_rng
 
 FIT_BATCH_CHOICES = ("auto", "on", "off")
+OOM_WINDOWS_PER_REFIT = 3  # out-of-memory windows after a refit before the next one (at one clip: the stop)
 OUT_OF_MEMORY_ADVICE = (
     "freeze parts (--freeze posterior_encoder), use a narrower --discriminator_width, prepare "
     "with a lower --max_seconds, or a GPU with more memory"
@@ -139,6 +142,7 @@ class BatchFitter:
         """`settings`: finetune/training/run_settings.py BatchSettings; `fitted`: the state's BatchFit."""
         self.settings, self.fitted, self.step, self.sampler, self.feed = settings, fitted, step, sampler, feed
         self.timer, self.run_log = timer, run_log
+        self.exhausted = False  # out of memory too often at one clip a micro-batch: the run stops (after_out_of_memory)
         if fitted.micro_batch and not fitted.accumulation:  # a checkpoint written before the accumulation was kept
             fitted.accumulation = accumulation_for(settings.batch_size, settings.accumulation, fitted.micro_batch)
         if fitted.micro_batch and fitted.micro_batch != settings.batch_size:  # a resumed run: as its checkpoint
@@ -209,16 +213,27 @@ class BatchFitter:
                 smaller, f"out of memory on {len(batch)} of the longest clips before training ({where})", steps_done
             )
 
-    def can_refit(self) -> bool:
-        """Whether training's one refit is still there to use (and a smaller micro-batch exists)."""
-        return not self.fitted.refit_in_training and smaller_micro_batch(self.micro_batch) is not None
+    def after_out_of_memory(self) -> str:
+        """What an out-of-memory error during training calls for: "refit" (the first of the run's training, or
+        the OOM_WINDOWS_PER_REFIT-th since the last refit), "skip" (its window), or "give_up" (as many at one
+        clip a micro-batch: no smaller one is left)."""
+        fitted, smaller = self.fitted, smaller_micro_batch(self.micro_batch)
+        if not fitted.refit_in_training and smaller is not None:
+            return "refit"
+        fitted.oom_since_refit += 1
+        if fitted.oom_since_refit < OOM_WINDOWS_PER_REFIT:
+            return "skip"
+        self.exhausted = smaller is None
+        return "give_up" if self.exhausted else "refit"
 
-    def refit_once_in_training(self, what: str, step_number: int) -> None:
-        """The first out-of-memory error of the run's training (when can_refit): half the micro-batch."""
-        self.fitted.refit_in_training = True
+    def refit_in_training(self, what: str, step_number: int) -> None:
+        """Half the micro-batch after out-of-memory errors in training (when after_out_of_memory says so)."""
+        repeated = self.fitted.oom_since_refit
+        self.fitted.refit_in_training, self.fitted.oom_since_refit = True, 0
         self.refit(
             smaller_micro_batch(self.micro_batch),
-            f"out of memory during training at step {step_number} ({what})",
+            f"out of memory during training at step {step_number} ({what})"
+            + (f"; {repeated} windows ran out of memory since the last refit" if repeated else ""),
             step_number - 1,
         )
 

@@ -242,6 +242,7 @@ def make_plan(
     max_epochs: int = 0,
     checkpoint_every_s: float = 1800.0,
     evaluations_planned: bool = False,
+    checkpoint_min_s: float = 0.0,
 ) -> Plan:
     """How many optimizer steps fit in `time_left_s`, with evaluations and checkpoints counted.
 
@@ -250,12 +251,15 @@ def make_plan(
     final one counted. So a short run (a 225 s fine-tune whose evaluation costs 20 s) has none but the
     final: one more, steps before it, would buy nothing to keep and cost a tenth of the run's steps. A
     given eval_every is the user's (--val_every), unless `evaluations_planned` says it was planned before.
-    Checkpoints come at each epoch end and every `checkpoint_every_s`. The warmup is shortened to at most
-    10% of the planned steps.
+    Checkpoints come at each epoch end (at most one every `checkpoint_min_s`) and every `checkpoint_every_s`.
+    The warmup is shortened to at most 10% of the planned steps.
     """
     usable = max(0.0, time_left_s - final_s - safety_s)
     step_s = max(step_s, 1e-6)  # a clock too coarse to see a step must not divide by zero
-    per_step = step_s + checkpoint_s * (1.0 / steps_per_epoch + step_s / checkpoint_every_s)
+    epoch_ends = (
+        min(1.0 / steps_per_epoch, step_s / checkpoint_min_s) if checkpoint_min_s > 0 else 1.0 / steps_per_epoch
+    )
+    per_step = step_s + checkpoint_s * (epoch_ends + step_s / checkpoint_every_s)
     if eval_every <= 0:
         evaluations_planned = True
         fit = int(0.1 * usable / eval_s) if eval_s > 0 else evals_wanted

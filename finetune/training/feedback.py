@@ -231,6 +231,18 @@ def decide(
     else:
         after, step, after_clips = {k: last.extra[k] for k in before}, last.step, clip_scores(last.per_clip)
         timing_problem = last.ineligible_reason if not last.eligible else ""
+        if last.cut_short and step > 0:  # its means are over fewer clips than the start's: nothing to compare
+            return Decision(
+                False,
+                f"the round's last evaluation was cut short by {last.cut_short} ({last.clips_scored} of "
+                f"{last.clips_planned} clips scored), so it could not be compared with the start: give the round more "
+                "time (--target_minutes)",
+                before,
+                after,
+                step,
+                measure,
+                "not compared",
+            )
     improvement = paired(clip_scores(baseline.per_clip), after_clips, confidence)
     decision = partial(
         Decision, before=before, after=after, candidate_step=step, measure=measure, improvement=improvement.describe()

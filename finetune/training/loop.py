@@ -37,7 +37,7 @@ from finetune.data.feed import MicroBatchFeed
 from finetune.data.sampler import BucketSampler
 from finetune.system.errors import ToolError
 from finetune.system.interrupt import StopRequested
-from finetune.training.batch_fit import OUT_OF_MEMORY_ADVICE
+from finetune.training.batch_fit import OOM_WINDOWS_PER_REFIT, OUT_OF_MEMORY_ADVICE
 from finetune.training.budget import Plan, StepTimer
 from finetune.training.context import LoopContext
 from finetune.training.ending import LoopResult, RunFigures, summary
@@ -192,7 +192,8 @@ class TrainingLoop:
         warmup, progress = self.warmup, self.state.warmup
         if self.plan is not None or not warmup.needed():
             return None
-        pacer = warmup.start(self.costs, self.timer.accumulation, self.settings.checkpoints.every_s)
+        checkpoints = self.settings.checkpoints
+        pacer = warmup.start(self.costs, self.timer.accumulation, checkpoints.every_s, checkpoints.min_s)
         ended = f"the step limit (--discriminator_warmup_steps {self.settings.warmup.steps})"
         while progress.done < self.settings.warmup.steps:
             stop, no_room = self.context.dist.any_of(self.stop.requested, warmup.out_of_room(pacer))
@@ -346,6 +347,8 @@ class TrainingLoop:
             if result.oom and self.refit(result.oom, number, rewind=True):
                 self.step.skips.oom -= 1  # not skipped after all: its clips run again, in smaller micro-batches
                 result, last, lr = self.planned_step(number)
+                if result.oom:  # even the smaller micro-batches: counted toward the next refit (or the stop)
+                    self.fitter.after_out_of_memory()
             if result.cut_to:
                 self.context.logger.info(
                     f"step {number}: its last micro-batch cut to {result.cut_to} of "
@@ -377,13 +380,14 @@ class TrainingLoop:
         return result, last, lr
 
     def refit(self, what: str, number: int, rewind: bool = False) -> bool:
-        """The run's one refit after running out of memory in training (then plan.json says so); `rewind`:
-        back to the start of the window under way first (its clips and random state, to be run again)."""
-        if not self.fitter.can_refit():
+        """A smaller micro-batch after running out of memory in training, when the fitter's bound says so
+        (then plan.json says so; at one clip, the bound's last call ends the run: the fitter is `exhausted`);
+        `rewind`: back to the start of the window under way first (its clips and random state, to be run again)."""
+        if self.fitter.after_out_of_memory() != "refit":
             return False
         if rewind:
             self.windows.run_again()
-        self.fitter.refit_once_in_training(what, number)
+        self.fitter.refit_in_training(what, number)
         if self.plan is not None:
             self.write_plan()
         return True
@@ -442,7 +446,14 @@ class TrainingLoop:
         if the failures call for it). `at` names the step for the log (default: the training step)."""
         at, setbacks, logger = at or f"step {self.state.step}", self.state.setbacks, self.context.logger
         if result.update_failed and not result.first_update:
-            self.refit(result.reason, self.state.step + 1)  # once; the torn update is rolled back below
+            self.refit(result.reason, self.state.step + 1)  # as the bound says; the torn update is rolled back below
+        if (result.oom or result.update_failed) and self.fitter.exhausted:  # the same on every process: no collective
+            logger.error(
+                f"error: out of GPU memory again at one clip a micro-batch ({result.reason or 'on another process'}; "
+                f"{OOM_WINDOWS_PER_REFIT} windows since the last refit): stopped; best_model is what the run keeps. "
+                f"{OUT_OF_MEMORY_ADVICE}"
+            )
+            return "out_of_memory"
         action = self.divergence.record(result.applied, result.reason.startswith("non-finite"), result.update_failed)
         if action == "ok":
             return None

@@ -93,8 +93,19 @@ def build_machinery(
         checkpoint_s=estimates.checkpoint_s,
         after_loop_s=settings.reserve_after_s,
         checkpoints=settings.checkpoints.enabled,
+        # An evaluator that cannot use a cut-short final evaluation keeps a quarter more for it (pacing.py).
+        final_eval_cushion=1.0 if getattr(parts.evaluator, "compares_cut_short", True) else 1.25,
     )
-    pacer = Pacer(budget, timer, costs, settings.checkpoints.every_s, settings.max_epochs, settings.schedule, plan)
+    pacer = Pacer(
+        budget,
+        timer,
+        costs,
+        settings.checkpoints.every_s,
+        settings.max_epochs,
+        settings.schedule,
+        plan,
+        checkpoint_min_s=settings.checkpoints.min_s,
+    )
     feed = MicroBatchFeed(
         parts.examples,
         parts.sampler,

@@ -56,10 +56,15 @@ class CheckpointSettings:
     enabled: bool  # False: none at all (feedback rounds, which are never resumed)
     keep: int = 1  # the newest this many are kept
     every_minutes: float = 30.0  # also this often inside an epoch
+    min_minutes: float = 0.0  # an epoch's end closer than this to the last checkpoint writes none
 
     @property
     def every_s(self) -> float:
         return 60 * self.every_minutes
+
+    @property
+    def min_s(self) -> float:
+        return 60 * self.min_minutes
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from transformers import VitsConfig, VitsModel, VitsTokenizer
 from finetune.data.corpus import Corpus, CorpusError, read_metadata, tokenize
 from finetune.data.speakers import target_clips
 from finetune.data.text import TextNormalizer, describe_oov
+from finetune.system import gpu_check
 from finetune.system.errors import ConfigError
 from finetune.system.model_source import resolve_model
 from finetune.training.checkpoint import CheckpointError
@@ -41,9 +42,13 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def pick_device(name: str, local_rank: int | None = None) -> torch.device:
-    """--device as a torch device; in a data-parallel run each process takes the GPU of its local rank."""
+def pick_device(name: str, local_rank: int | None = None, training: bool = False) -> torch.device:
+    """--device as a torch device; in a data-parallel run each process takes the GPU of its local rank. For
+    `training`, auto refuses a card nvidia-smi lists but torch cannot use (finetune/system/gpu_check.py)."""
     if name == "auto":
+        problem = gpu_check.unusable_card_problem() if training else None
+        if problem:
+            raise ConfigError([problem])
         name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():

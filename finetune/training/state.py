@@ -65,7 +65,8 @@ class BatchFit:
     micro_batch: int = 0  # clips per micro-batch (0: --batch_size as asked)
     accumulation: int = 0  # micro-batches per optimizer step (0: as asked)
     refits: list = field(default_factory=list)  # each refit: step, from, to, accumulation, why
-    refit_in_training: bool = False  # the one refit an out-of-memory error during training gets was used
+    refit_in_training: bool = False  # the first out-of-memory error of training refitted at once
+    oom_since_refit: int = 0  # out-of-memory windows skipped since the last refit (batch_fit.py bounds them)
 
 
 @dataclass
@@ -126,7 +127,12 @@ _FLAT = {
         (f"discriminator_warmup_{name}", name)
         for name in ("done", "finished", "s", "allowed_s", "margins", "first", "last")
     ],
-    "batch": [("micro_batch", "micro_batch"), ("refits", "refits"), ("refit_in_training", "refit_in_training")],
+    "batch": [
+        ("micro_batch", "micro_batch"),
+        ("refits", "refits"),
+        ("refit_in_training", "refit_in_training"),
+        ("oom_since_refit", "oom_since_refit"),
+    ],
 }
 
 

@@ -48,7 +48,7 @@ class DiscriminatorWarmup:
         """Nothing to do for a loaded discriminator, or one a resumed run already warmed up."""
         return not self.progress.finished and self.progress.done < self.settings.steps
 
-    def start(self, costs: Costs, accumulation: int, checkpoint_every_s: float) -> Pacer:
+    def start(self, costs: Costs, accumulation: int, checkpoint_every_s: float, checkpoint_min_s: float = 0.0) -> Pacer:
         """Its time cap (fixed at its first start: a resumed warm-up keeps it), its start line, and the
         pacer of its steps (a timer of its own: its steps cost less than training's)."""
         progress, settings = self.progress, self.settings
@@ -61,7 +61,9 @@ class DiscriminatorWarmup:
             f"{format_duration(max(0.0, left_s))}; the generator is untouched"
             + (f" (resumed at step {progress.done})" if progress.done else "")
         )
-        return Pacer(self.context.budget, StepTimer(accumulation), costs, checkpoint_every_s)
+        return Pacer(
+            self.context.budget, StepTimer(accumulation), costs, checkpoint_every_s, checkpoint_min_s=checkpoint_min_s
+        )
 
     def out_of_room(self, pacer: Pacer) -> bool:
         """Whether the next step would not fit: the run's deadline, or the warm-up's own time cap."""
