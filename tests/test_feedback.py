@@ -326,6 +326,14 @@ def test_the_decision_accepts_only_an_improvement_beyond_the_noise_within_tolera
     assert "timing drifted" in decide(base, drifted, base, 2.0).reason
     assert not decide(base, None, round_scores(8, [float("nan")] * 4, 8.0), 2.0).accepted
     assert not decide(base, best_record(6, better, float("nan")), base, 2.0).accepted
+    # The round's last evaluation cut short by the deadline: named as that (a 60 s round's was "the voice's timing
+    # drifted"), and the flag that gives it room.
+    cut = round_scores(8, better[:3], 8.0)
+    cut.cut_short, cut.clips_planned = "the deadline", 13
+    cut.eligible, cut.ineligible_reason = False, "originals: cut short by the deadline after 3 of 5 clips"
+    reason = decide(base, None, cut, 2.0).reason
+    assert "cut short by the deadline (3 of 13 clips scored)" in reason and "--target_minutes" in reason
+    assert "timing" not in reason
 
 
 def test_rollback_previous_follows_what_each_version_was_trained_from(tmp_path):
