@@ -57,13 +57,15 @@ class CheckConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
+    config = parse_config(CheckConfig, argv, __doc__)
+    # torch and transformers load below, once the flags are read (--help never waits for them)
     import json
 
     import numpy as np
     from transformers import VitsTokenizer
 
     from finetune.data.corpus import load_examples
-    from finetune.recipe import features_for
+    from finetune.recipes.shared import features_for
     from finetune.reporting import transcripts
     from finetune.system.interrupt import StopRequest, StopRequested
     from finetune.system.progress import Progress
@@ -71,7 +73,6 @@ def main(argv: list[str] | None = None) -> int:
     from finetune.vits.generator import load_complete_model
     from finetune.vits.speakers import MULTI_SPEAKER_DIR
 
-    config = parse_config(CheckConfig, argv, __doc__)
     data_dir, folder = Path(config.data_dir), Path(config.model)
     speakers = transcripts.speakers_of(data_dir)
     several = folder / MULTI_SPEAKER_DIR

@@ -104,6 +104,8 @@ def check_onnxruntime(voice, out_dir: Path, lines: list, tolerance: float, sid: 
 
 
 def main(argv: list[str] | None = None) -> int:
+    config = parse_config(ExportConfig, argv, __doc__)
+    # torch and transformers load below, once the flags are read (--help never waits for them)
     import torch
 
     from finetune.reporting.model_card import card_facts
@@ -111,7 +113,6 @@ def main(argv: list[str] | None = None) -> int:
     from finetune.vits.speakers import MULTI_SPEAKER_DIR
     from finetune.vits.synthesis import load_voice, numbered, prepare_lines
 
-    config = parse_config(ExportConfig, argv, __doc__)
     voice = load_voice(config.model_dir, torch.device("cpu"))
     lines = [line for line in prepare_lines(voice, numbered(config.check_sentences)) if line.token_ids is not None]
     if not lines:

@@ -84,7 +84,7 @@ def prepare_all(work: Path, max_samples: int) -> Path:
 
 def split(prepared: Path, work: Path, letter: str, stretch: float) -> dict:
     """The voice's corpus (without the letter), the corrections (other readers), the judge's unseen sentences."""
-    from finetune.data.corpus import read_rows
+    from finetune.data.metadata import read_rows
 
     rows = [(item, text) for item, _, text in read_rows(prepared / "metadata.csv")]
     with_letter = [r for r in rows if letter in r[1].lower()]

@@ -307,7 +307,7 @@ def split_held_out(
     """W/data: the training clips as they are, the first `eval_clips` held-out clips as the runs'
     metadata_val.csv; the other held-out clips (the first `judge_clips` of them; 0: all), the judge's
     (id, text)."""
-    from finetune.data.corpus import read_rows
+    from finetune.data.metadata import read_rows
 
     held = [(item, text) for item, _, text in read_rows(data_dir / "metadata_val.csv")]
     if len(held) < eval_clips + 4:
@@ -499,7 +499,7 @@ def peer_data(data: Path, work: Path) -> Path:
     """The training clips as an audiofolder the peer's load_dataset reads (file_name, text)."""
     import csv
 
-    from finetune.data.corpus import read_rows
+    from finetune.data.metadata import read_rows
 
     folder = work / "fhv_data"
     shutil.rmtree(folder, ignore_errors=True)

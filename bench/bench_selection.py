@@ -198,7 +198,7 @@ def run_flags(args, scenario: str, data: Path, model: str, target: str, folder: 
 
 def held_out_rows(data: Path, target: str) -> list[tuple[str, str]]:
     """(id, text) of the held-out clips of the voice the runs speak as."""
-    from finetune.data.corpus import read_rows
+    from finetune.data.metadata import read_rows
 
     return [
         (item, text) for item, speaker, text in read_rows(data / "metadata_val.csv") if not target or speaker == target

@@ -91,7 +91,7 @@ def make_crowd(data_a: Path, out: Path, target_share: float, test_clips: int, se
     folder, both from the prepared demo corpus. Returns clips per speaker."""
     import soundfile as sf
 
-    from finetune.data.corpus import read_metadata
+    from finetune.data.metadata import read_metadata
 
     rows = [r for name in ("metadata.csv", "metadata_val.csv") for r in read_metadata(data_a / name)]
     text = dict(rows)
@@ -223,7 +223,7 @@ def main() -> None:
 def check_mismatches(work: Path, model: Path, count: int, seed: int) -> dict:
     """Rotate the texts of `count` training clips in a copy of the crowd (the audio untouched), run
     check_transcripts.py on the copy, and count what it flags."""
-    from finetune.data.corpus import read_rows
+    from finetune.data.metadata import read_rows
     from finetune.reporting.transcripts import read_report
 
     copy = work / "data_swapped"

@@ -178,7 +178,8 @@ def main() -> None:
         parser.error("--model and --data_dir are needed (or --smoke)")
     from transformers import VitsModel, VitsTokenizer
 
-    from finetune.data.corpus import load_examples, read_rows
+    from finetune.data.corpus import load_examples
+    from finetune.data.metadata import read_rows
 
     data = Path(args.data_dir)
     listing = "metadata_val.csv"

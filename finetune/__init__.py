@@ -1,8 +1,11 @@
 """finetune: the parts behind the recipes (prepare_data.py, train_vits.py, train_feedback.py, synthesize.py,
 export_onnx.py), in five sub-packages along the real seams. Imports point one way, down this list:
 
-    cli.py     flags from a config dataclass; settings.py: the training flags both training recipes
-               share; recipe.py: the wiring they share (run folder, device, step, log, loop)
+    recipes/   what each recipe script builds its run from: shared.py (the wiring both training recipes
+               share: run folder, device, step, log, loop), train.py (train_vits.py's steps), feedback.py
+               (train_feedback.py's round)
+    cli.py     flags from a config dataclass (each flag's resume rule with it); settings.py: the training
+               flags both training recipes share. Light: a script reads its flags before torch is imported
     training/  the run's machinery: budget and pacing, the loop and one optimizer step, warm-up,
                recovery, checkpoints and saving, torchrun, feedback rounds
     reporting/ what the run tells its user, and how it judges a voice: logs, metrics, evaluation and
@@ -14,5 +17,5 @@ export_onnx.py), in five sub-packages along the real seams. Imports point one wa
     system/    what any part may use: durable writes, stop requests, progress bars, step-time sections,
                where a model comes from (hub, folder, scratch)
 
-Where to start reading: train_vits.py, then training/loop.py.
+Where to start reading: train_vits.py, then recipes/train.py, then training/loop.py.
 """

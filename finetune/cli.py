@@ -20,9 +20,16 @@ from typing import Any
 
 from finetune.system.errors import ConfigError, ToolError
 
+RESUME_RULES = ("checkpoint", "may_change", "command_line")  # a flag's `on_resume` (resume_rules)
+
 
 def flag(default: Any, help: str, **metadata: Any) -> Any:
-    """A dataclass field that is also a command-line flag (`choices=`, `metavar=` pass through)."""
+    """A dataclass field that is also a command-line flag (`choices=`, `metavar=` pass through). `on_resume`
+    says what a resumed run does with it: "checkpoint" (the default: the checkpoint's value holds; another
+    one given is refused), "may_change" (given again, it wins: budget, device, what is written and how
+    often) or "command_line" (always this command line's: where to resume from)."""
+    if metadata.get("on_resume", "checkpoint") not in RESUME_RULES:
+        raise ValueError(f"on_resume {metadata['on_resume']!r}: choose from {', '.join(RESUME_RULES)}")
     if isinstance(default, list):
         return dataclasses.field(default_factory=lambda: list(default), metadata={"help": help, **metadata})
     return dataclasses.field(default=default, metadata={"help": help, **metadata})
@@ -87,6 +94,15 @@ def parse_config(config_cls: type, argv: list[str] | None, description: str) -> 
 def given_flags(config_cls: type, argv: list[str] | None) -> set[str]:
     """The fields whose flags this command line names (a resumed run takes the others from its checkpoint)."""
     return set(vars(build_parser(config_cls, "", with_defaults=False).parse_args(argv)))
+
+
+def resume_rules(config_cls: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the flags a resumed run's command line may change, those always taken from it): each flag's `on_resume`."""
+    fields = dataclasses.fields(config_cls)
+    return (
+        tuple(f.name for f in fields if f.metadata.get("on_resume") == "may_change"),
+        tuple(f.name for f in fields if f.metadata.get("on_resume") == "command_line"),
+    )
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:

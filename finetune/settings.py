@@ -22,6 +22,7 @@ class TrainingFlags:
         "try the longest clips once before training; on out-of-memory halve the micro-batch "
         "and double the accumulation (same clips a step): auto (with CUDA), on, off",
         choices=["auto", "on", "off"],
+        on_resume="may_change",
     )
     learning_rate: float = flag(2e-5, "peak learning rate of the generator")
     discriminator_learning_rate: float = flag(
@@ -37,15 +38,22 @@ class TrainingFlags:
     fp16: bool | None = flag(
         None,
         "fp16 mixed precision (default: on with CUDA, off on CPU, where it is slow and meant for checking numerics)",
+        on_resume="may_change",
     )
-    bf16: bool = flag(False, "bf16 autocast instead of fp16 (CUDA with bf16 support; on CPU for checking numerics)")
-    benchmark_samples: int = flag(200, "clips of real training steps timed at the start to plan the run")
+    bf16: bool = flag(
+        False,
+        "bf16 autocast instead of fp16 (CUDA with bf16 support; on CPU for checking numerics)",
+        on_resume="may_change",
+    )
+    benchmark_samples: int = flag(
+        200, "clips of real training steps timed at the start to plan the run", on_resume="may_change"
+    )
     seed: int = flag(1234, "random seed (sampler order, segments, initial weights of new parts)")
     val_every: int = flag(
         0, "evaluate at every N-th optimizer step (0: planned, about 20 evaluations a run, the final one included)"
     )
     val_samples: int = flag(16, "held-out clips synthesised and scored per evaluation")
-    max_epochs: int = flag(0, "stop after N epochs even if time is left (0: no limit)")
+    max_epochs: int = flag(0, "stop after N epochs even if time is left (0: no limit)", on_resume="may_change")
     freeze: list[str] = flag([], "parts to keep fixed: text_encoder duration_predictor posterior_encoder flow decoder")
     dropout: str = flag(
         "auto",
@@ -116,9 +124,11 @@ class TrainingFlags:
         "the learning rate at each step, in place of AdamW's decay toward zero (L2-SP; "
         "0: off). Keeps what the start already knew while a few things change",
     )
-    log_every_seconds: float = flag(30.0, "seconds between progress lines")
-    profile: bool = flag(False, "exact step profile: synchronise the GPU at each section (slower steps)")
-    device: str = flag("auto", "cuda, cuda:N, cpu, or auto")
+    log_every_seconds: float = flag(30.0, "seconds between progress lines", on_resume="may_change")
+    profile: bool = flag(
+        False, "exact step profile: synchronise the GPU at each section (slower steps)", on_resume="may_change"
+    )
+    device: str = flag("auto", "cuda, cuda:N, cpu, or auto", on_resume="may_change")
 
     def __post_init__(self):
         problems = self.problems()

@@ -157,7 +157,7 @@ def tiny_generator(data_dir: Path, seed: int = 0, **config_overrides):
     """A seeded scratch:tiny VitsModel (ready for training) and tokenizer for the texts in data_dir."""
     import torch
 
-    from finetune.data.corpus import read_metadata
+    from finetune.data.metadata import read_metadata
     from finetune.vits.generator import SCRATCH_CONFIGS, ready_for_training, scratch_generator
 
     torch.manual_seed(seed)

@@ -25,6 +25,7 @@ from finetune.reporting.selection import (
     standing,
     timing_error,
 )
+from finetune.system.errors import ConfigError
 from tests.conftest import DEMO_CORPUS, clock_for
 from tests.test_train import args, metrics
 
@@ -393,16 +394,16 @@ def test_push_to_hub_fails_before_training_when_the_hub_cannot_be_reached(prepar
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed_port()}")
     monkeypatch.setenv("HF_TOKEN", "hf_not_a_real_token")
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    with pytest.raises(train_vits.ConfigError, match="cannot be reached.*train without --push_to_hub"):
+    with pytest.raises(ConfigError, match="cannot be reached.*train without --push_to_hub"):
         train_vits.main(args(prepared_demo, tmp_path, "--push_to_hub", "me/voice"))
     run = tmp_path / "checkpoints"  # the run lock may have made the folder; nothing was trained or written in it
     assert not list(run.glob("*.pt")) and not (run / "best_model").exists() and not (run / "metrics.jsonl").exists()
     monkeypatch.delenv("HF_TOKEN")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))  # no stored token either
-    with pytest.raises(train_vits.ConfigError, match="no Hugging Face token: run `hf auth login`"):
+    with pytest.raises(ConfigError, match="no Hugging Face token: run `hf auth login`"):
         train_vits.main(args(prepared_demo, tmp_path, "--push_to_hub", "me/voice"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(train_vits.ConfigError, match="HF_HUB_OFFLINE"):
+    with pytest.raises(ConfigError, match="HF_HUB_OFFLINE"):
         train_vits.main(args(prepared_demo, tmp_path, "--push_to_hub", "me/voice"))
 
 
@@ -511,6 +512,6 @@ def test_a_resumed_run_checks_the_upload_its_checkpoint_asks_for(prepared_demo, 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     run = tmp_path / "checkpoints"
     before = sorted(p.name for p in run.glob("*.pt"))
-    with pytest.raises(train_vits.ConfigError, match="cannot be reached"):
+    with pytest.raises(ConfigError, match="cannot be reached"):
         train_vits.main(["--checkpoint_dir", str(run), "--resume", "auto"], clock=clock_for(fake))
     assert sorted(p.name for p in run.glob("*.pt")) == before  # nothing trained, nothing written

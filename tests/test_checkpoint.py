@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from finetune.data.corpus import CorpusError, MemoryEstimate, decide_precompute
+from finetune.data.corpus import MemoryEstimate, decide_precompute
+from finetune.data.metadata import CorpusError
 from finetune.training.checkpoint import (
     CheckpointError,
     capture_rng,

@@ -2,7 +2,7 @@
 else with its traceback, the machine out of RAM in words."""
 
 from finetune.cli import run_script
-from finetune.data.corpus import CorpusError
+from finetune.data.metadata import CorpusError
 from finetune.system.errors import ConfigError
 
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import train_vits
-from finetune.data.corpus import CorpusError, load_examples, read_metadata
+from finetune.data.corpus import load_examples
+from finetune.data.metadata import CorpusError, read_metadata
 from finetune.system.model_source import ModelSourceError
 from finetune.training.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
 from tests.conftest import clock_for, tiny_generator

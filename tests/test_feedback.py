@@ -213,7 +213,7 @@ def tempo_centred_copy(base, prepared_demo, folder, clips: int = 3, also: list[s
     from transformers import AutoTokenizer, VitsModel
 
     import prepare_data
-    from finetune.data.corpus import read_rows
+    from finetune.data.metadata import read_rows
     from finetune.data.prepare import ClipJob, ClipSettings, process_clip
 
     shutil.copytree(base, folder)

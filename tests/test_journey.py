@@ -15,7 +15,7 @@ import prepare_data
 import synthesize
 import train_feedback
 import train_vits
-from finetune.data.corpus import read_rows
+from finetune.data.metadata import read_rows
 from tests.conftest import clock_for
 from tests.test_speakers import SPEAKERS, common_voice_folder
 

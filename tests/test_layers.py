@@ -11,7 +11,7 @@ from pathlib import Path
 from tests.conftest import REPO
 
 LAYERS = ("system", "data", "vits", "reporting", "training")  # bottom to top
-TOP = len(LAYERS)  # finetune/__init__.py, cli.py, settings.py, recipe.py: the recipes' own shared modules
+TOP = len(LAYERS)  # finetune/__init__.py, cli.py, settings.py, recipes/: what the recipe scripts build on
 
 
 def package_sources(root: Path = REPO) -> dict[str, str]:

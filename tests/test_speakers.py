@@ -11,7 +11,7 @@ from transformers import VitsModel, pipeline
 
 import prepare_data
 import train_vits
-from finetune.data.corpus import read_rows
+from finetune.data.metadata import read_rows
 from finetune.data.prepare import Kept, split_by_speaker, split_validation, write_metadata
 from finetune.vits.inference import speak
 from finetune.vits.objective import generator_forward

@@ -341,8 +341,8 @@ def test_segment_frames_from_the_command_line_set_what_a_step_decodes_and_discri
     are 8 frames x the hop (2048 samples), not VITS's 32."""
     from types import SimpleNamespace
 
-    from finetune import recipe
     from finetune.cli import parse_config
+    from finetune.recipes import shared as recipe
     from finetune.training.distributed import Distributed
     from train_vits import TrainConfig
 
@@ -365,8 +365,8 @@ def step_from_flags(data_dir, argv: list[str]):
     builds it (recipe.train_step): (step, model, a demo batch)."""
     from types import SimpleNamespace
 
-    from finetune import recipe
     from finetune.cli import parse_config
+    from finetune.recipes import shared as recipe
     from finetune.training.distributed import Distributed
     from train_vits import TrainConfig
 

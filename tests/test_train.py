@@ -16,6 +16,7 @@ from transformers import VitsModel, pipeline
 import train_vits
 from finetune.reporting import evaluation
 from finetune.reporting.evaluation import ClipScore
+from finetune.system.errors import ConfigError
 from tests import launch
 from tests.conftest import REPO, clock_for
 
@@ -175,7 +176,7 @@ def test_an_earlier_run_is_never_silently_mixed_with_a_new_one(prepared_demo, tm
     fake, _ = timed_work
     base = args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "1")
     assert train_vits.main(base, clock=clock_for(fake)) == 0
-    with pytest.raises(train_vits.ConfigError, match="--resume auto"):
+    with pytest.raises(ConfigError, match="--resume auto"):
         train_vits.main(base, clock=clock_for(fake))
     from finetune.training.checkpoint import CheckpointError
 

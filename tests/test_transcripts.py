@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import check_transcripts
-from finetune.data.corpus import read_rows
+from finetune.data.metadata import read_rows
 from finetune.reporting import transcripts
 
 

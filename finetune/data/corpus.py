@@ -27,40 +27,14 @@ import torch
 from finetune.data.audio import read_pcm16
 from finetune.data.examples import Example, collate
 from finetune.data.features import Features
-from finetune.system.errors import ToolError
+from finetune.data.metadata import WAV_HEADER_BYTES, CorpusError, read_rows
 from finetune.system.interrupt import StopRequest
 from finetune.system.progress import Progress
 
-WAV_HEADER_BYTES = 44
 EXAMPLE_OVERHEAD_BYTES = 1024  # Python objects and token ids per clip, roughly
 RAM_SHARE = 0.8  # of the available RAM the corpus may take
 MAX_DAMAGED_SHARE = 0.5  # more missing or damaged WAVs than this: the folder is broken, not a few clips
 DAMAGED = ("missing wav", "damaged wav")  # the reasons that mean the prepared files are not what was prepared
-
-
-class CorpusError(ToolError):
-    """The prepared folder cannot be used as it is; the message says what to run."""
-
-
-def read_rows(path: Path) -> list[tuple[str, str, str]]:
-    """(id, speaker, text) of each line: `id|speaker|text` (a multi-speaker corpus, every line so) or
-    `id|text` (one speaker: ""). A line without '|' is a CorpusError naming the line."""
-    split = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        parts = line.split("|", 2)
-        if len(parts) < 2:
-            raise CorpusError(f"{path}:{number}: expected 'id|text' or 'id|speaker|text', found {line[:60]!r}")
-        split.append(parts)
-    if split and all(len(parts) == 3 for parts in split):
-        return [(item_id, speaker, text) for item_id, speaker, text in split]
-    return [(parts[0], "", "|".join(parts[1:])) for parts in split]
-
-
-def read_metadata(path: Path) -> list[tuple[str, str]]:
-    """(id, text) of each line of a metadata file (either layout: read_rows)."""
-    return [(item_id, text) for item_id, _, text in read_rows(path)]
 
 
 @dataclass

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from finetune.data import prepare, sources
-from finetune.data.corpus import load_examples, read_rows
+from finetune.data.corpus import load_examples
+from finetune.data.metadata import read_rows
 from finetune.data.speakers import clip_hours
 from finetune.data.text import TextNormalizer
 from finetune.system import model_source

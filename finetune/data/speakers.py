@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from finetune.data.corpus import WAV_HEADER_BYTES, read_rows
+from finetune.data.metadata import WAV_HEADER_BYTES, read_rows
 from finetune.system.errors import ConfigError
 
 MODES = ("conditioned", "pooled", "target_only")

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from finetune.data.corpus import read_rows
+from finetune.data.metadata import read_rows
 from finetune.system.atomic import write_text_atomic
 
 MIN_CLIPS_PER_SPEAKER = 10

@@ -1,6 +1,6 @@
 """What the training loop works with, built for it: the deadline (timer, costs, pacer), the data and the
 windows a step draws from, the batch fitted to memory, saving and exports, evaluations, recovery, checkpoints
-and the discriminator's warm-up. finetune/recipe.py builds them (build_machinery) and passes them to the
+and the discriminator's warm-up. finetune/recipes/shared.py builds them (build_machinery) and passes them to the
 TrainingLoop, which only uses them; what a checkpoint holds (checkpoint_payload) is written here too, from
 the same parts.
 """

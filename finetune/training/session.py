@@ -16,7 +16,8 @@ import numpy as np
 import torch
 from transformers import VitsConfig, VitsModel, VitsTokenizer
 
-from finetune.data.corpus import Corpus, CorpusError, read_metadata, tokenize
+from finetune.data.corpus import Corpus, tokenize
+from finetune.data.metadata import CorpusError, read_metadata
 from finetune.data.speakers import target_clips
 from finetune.data.text import TextNormalizer, describe_oov
 from finetune.system import gpu_check
