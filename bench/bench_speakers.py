@@ -19,13 +19,17 @@ than pooling the crowd into one voice, or than training on the target's few clip
 
    --test_clips more of T's sentences are kept out of the crowd altogether: the test set, unseen by every run.
 3. The crowd is prepared as a user prepares Common Voice (a validated.tsv with client_id, path, sentence),
-   with A's vocabulary, and A is fine-tuned on it three ways, the same budget each:
+   with A's vocabulary, and A is fine-tuned on it in each of --modes, the same budget each:
        (a) pooled       every clip as one voice (`--speakers pooled`; single-speaker training on a crowd)
        (b) target_only  T's clips alone (`--speakers target_only`)
        (c) conditioned  every clip under its speaker's embedding, T exported (`--speakers conditioned`)
+       (d) crowd_then_target  conditioned for --schedule_split of the budget, then target_only from the T
+                        voice it exported for the rest (the crowd first for the text, the target last)
+   Each run says how many times it saw each of T's clips (T's epochs: the clips it drew of T over T's clips).
 4. Each run's best_model and final_model, loaded by stock transformers (VitsModel.from_pretrained, no
    speaker id), are scored on the test set: MCD-DTW and the median length ratio (its length over the
-   recording's; 1.0 is T's tempo, A speaks T's sentences at about 1/1.3 = 0.77).
+   recording's; 1.0 is T's tempo, A speaks T's sentences at about 1/1.3 = 0.77), and, when the judges'
+   extra is installed, the speaker judge's similarity to T's test recordings (finetune/reporting/judges.py).
 5. Transcripts that do not match their audio: in a copy of the prepared crowd, the texts of --swapped
    training clips are rotated among themselves; check_transcripts.py, with the conditioned run's model,
    aligns every clip and flags outliers. Reported: how many swapped clips it flags, and how many others.
@@ -51,7 +55,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 # name -> (how many times longer than voice A, SNR of added white noise in dB or None); T is the target.
 SPEAKERS = {"T": (1.30, None), "F": (0.80, None), "N": (0.90, 25.0), "A": (1.00, 15.0)}
-MODES = ("pooled", "target_only", "conditioned")
+MODES = ("pooled", "target_only", "conditioned", "crowd_then_target")
 
 
 def assign_speakers(ids: list[str], target_share: float, test_clips: int, seed: int) -> tuple[dict, list[str]]:
@@ -130,7 +134,10 @@ def main() -> None:
     parser.add_argument("--finetune_lr", type=float, default=5e-4)
     parser.add_argument("--target_share", type=float, default=0.15, help="the target's share of the crowd's clips")
     parser.add_argument("--test_clips", type=int, default=24, help="T's sentences kept out of the crowd, to score on")
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--modes", nargs="+", default=list(MODES[:3]), choices=MODES)
+    parser.add_argument(
+        "--schedule_split", type=float, default=0.5, help="crowd_then_target: the crowd's share of the budget"
+    )
     parser.add_argument("--swapped", type=int, default=8, help="clips whose texts are rotated for the transcript check")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -166,48 +173,32 @@ def main() -> None:
     print(f"crowd: {clips} clips (T is the target); test set: {args.test_clips} clips of T", flush=True)
     prepare_crowd(work, voice_a, samples)
     rows = {"voice A (before)": voice_a} if isinstance(voice_a, Path) else {}
+    epochs_of = {}
     for mode in args.modes:
         run_dir = work / mode
         shutil.rmtree(run_dir, ignore_errors=True)
-        extra = ["--target_speaker", "T", "--speakers", mode, "--val_samples", "16", "--device", "cpu"]
-        extra += shlex.split(args.train_flags)
-        if samples:
-            extra += [
-                "--max_epochs",
-                str(args.max_epochs),
-                "--val_samples",
-                "2",
-                "--discriminator_warmup_steps",
-                "1",
-                "--discriminator_warmup_margin",
-                "1e9",
-                "--report_to",
-                "none",
-                "--benchmark_samples",
-                "8",
-            ]
-            if mode == "conditioned":  # an epoch of a few steps: at the default 0.9, the target's clips 9 times
-                extra += ["--target_share", "0.5"]
-        seconds = train(work / "data", run_dir, str(voice_a), args.finetune_hours, args.finetune_lr, extra=extra)
-        end = [json.loads(line) for line in (run_dir / "checkpoints" / "metrics.jsonl").read_text().splitlines()]
-        steps = next(r for r in reversed(end) if r.get("kind") == "end")["steps"]
-        print(f"({mode}) {steps} steps in {seconds:.0f}s", flush=True)
+        seconds, steps, epochs = fine_tune(args, work, run_dir, mode, voice_a, samples)
+        print(f"({mode}) {steps} steps in {seconds:.0f}s; T's clips seen {epochs:.1f} times each", flush=True)
         best = run_dir / "checkpoints" / "best_model"
         if not samples:  # the smoke scores final_model alone (a copy of best_model, by the same code)
             rows[f"({mode}) best_model"] = best if (best / "config.json").is_file() else None
         rows[f"({mode}) final_model"] = run_dir / "final_model"
+        epochs_of[mode] = epochs
     print(f"\nscored on {args.test_clips} clips of T never trained on; stock VitsModel, no speaker id")
-    print("| model | MCD vs T (dB) | length vs T | duration error |")
-    print("| --- | ---: | ---: | ---: |")
+    judge = speaker_judge(work / "data_test")
+    print("| model | MCD vs T (dB) | length vs T | duration error | speaker similarity to T |")
+    print("| --- | ---: | ---: | ---: | ---: |")
     results = {}
     for label, folder in rows.items():
         if folder is None:
-            print(f"| {label} | (no model passed the timing rule) | | |")
+            print(f"| {label} | (no model passed the timing rule) | | | |")
             continue
         results[label] = figures = score(folder, work / "data_test", "metadata.csv")
+        figures["speaker_similarity"] = similarity(judge, folder, work / "data_test") if judge else None
+        secs = f"{figures['speaker_similarity']:.3f}" if judge else "(judges not installed)"
         print(
             f"| {label} | {figures['mcd_db']:.2f} | {figures['stock_length_ratio']:.2f} | "
-            f"{figures['duration_error']:.2f} |",
+            f"{figures['duration_error']:.2f} | {secs} |",
             flush=True,
         )
     mismatches = (
@@ -216,8 +207,104 @@ def main() -> None:
         else None
     )
     (work / "results.json").write_text(
-        json.dumps({"clips": clips, "scores": results, "mismatches": mismatches}, indent=2)
+        json.dumps({"clips": clips, "target_epochs": epochs_of, "scores": results, "mismatches": mismatches}, indent=2)
     )
+
+
+def fine_tune(args, work: Path, run_dir: Path, mode: str, voice_a, samples: int) -> tuple[float, int, float]:
+    """One mode's fine-tune of voice A on the crowd: (seconds, steps, T's epochs). crowd_then_target is two runs:
+    conditioned for --schedule_split of the budget, then target_only from the T voice it exported."""
+    if mode == "crowd_then_target":
+        first = run_dir / "crowd"
+        hours = args.finetune_hours * args.schedule_split
+        a = one_run(args, work, first, "conditioned", str(voice_a), hours, samples)
+        b = one_run(
+            args, work, run_dir, "target_only", str(first / "final_model"), args.finetune_hours - hours, samples
+        )
+        return a[0] + b[0], a[1] + b[1], a[2] + b[2]
+    return one_run(args, work, run_dir, mode, str(voice_a), args.finetune_hours, samples)
+
+
+def one_run(args, work: Path, run_dir: Path, mode: str, start: str, hours: float, samples: int) -> tuple:
+    extra = ["--target_speaker", "T", "--speakers", mode, "--val_samples", "16", "--device", "cpu"]
+    extra += shlex.split(args.train_flags)
+    if samples:
+        extra += [
+            "--max_epochs",
+            str(args.max_epochs),
+            "--val_samples",
+            "2",
+            "--discriminator_warmup_steps",
+            "1",
+            "--discriminator_warmup_margin",
+            "1e9",
+            "--report_to",
+            "none",
+            "--benchmark_samples",
+            "8",
+        ]
+        if mode == "conditioned":  # an epoch of a few steps: at the default 0.9, the target's clips 9 times
+            extra += ["--target_share", "0.5"]
+    run_dir.parent.mkdir(parents=True, exist_ok=True)  # crowd_then_target's first run logs beside its second's
+    seconds = train(work / "data", run_dir, start, hours, args.finetune_lr, extra=extra)
+    records = [json.loads(line) for line in (run_dir / "checkpoints" / "metrics.jsonl").read_text().splitlines()]
+    end = next(r for r in reversed(records) if r.get("kind") == "end")
+    return seconds, end["steps"], target_epochs(run_dir, work / "data", end["samples_seen"])
+
+
+def target_epochs(run_dir: Path, data: Path, samples_seen: int) -> float:
+    """How many times the run drew each of T's training clips: its draws of T (all of them for target_only; the
+    share train.log names for a conditioned run, whose T clips are repeated to --target_share of the draws, or
+    T's natural share when it says they are drawn once) over T's clips."""
+    import re
+
+    from finetune.data.metadata import read_rows
+
+    rows = read_rows(data / "metadata.csv")
+    mine = sum(1 for _, who, _ in rows if who == "T")
+    log = (run_dir / "checkpoints" / "train.log").read_text(encoding="utf-8")
+    drawn = re.search(r"drawn \d+ times an epoch: (\d+)% of the draws", log)
+    if "--speakers target_only" in log:
+        share = 1.0
+    elif drawn:
+        share = int(drawn.group(1)) / 100
+    else:
+        share = mine / max(1, len(rows))
+    return samples_seen * share / max(1, mine)
+
+
+def speaker_judge(test_data: Path):
+    """The speaker judge with T's test recordings as the voice (None when the judges' extra is not installed)."""
+    import soundfile as sf
+
+    from finetune.reporting import judges
+
+    if not judges.available("speaker"):
+        print(f"speaker similarity not measured: {judges.INSTALL_HINT}", flush=True)
+        return None
+    judge = judges.SpeakerJudge()
+    items = [line.split("|", 1)[0] for line in (test_data / "metadata.csv").read_text().splitlines() if line]
+    judge.set_voice({item: sf.read(test_data / "wavs" / f"{item}.wav", dtype="float32") for item in items})
+    return judge
+
+
+def similarity(judge, model_dir: Path, test_data: Path) -> float:
+    """Mean similarity of the model's speech (stock transformers, one seeded request a sentence) to T's recordings
+    of the other test sentences."""
+    import torch
+    from transformers import VitsModel, VitsTokenizer
+
+    model = VitsModel.from_pretrained(str(model_dir)).eval()
+    tokenizer = VitsTokenizer.from_pretrained(str(model_dir))
+    scores = []
+    for index, line in enumerate(l for l in (test_data / "metadata.csv").read_text().splitlines() if l):
+        item, text = line.split("|", 1)
+        torch.manual_seed(index)
+        with torch.no_grad():
+            out = model(**tokenizer(text, return_tensors="pt"))
+        wave = out.waveform[0, : int(out.sequence_lengths[0])].numpy()
+        scores.append(judge.score(wave, int(model.config.sampling_rate), item_id=item))
+    return float(np.mean(scores))
 
 
 def check_mismatches(work: Path, model: Path, count: int, seed: int) -> dict:
