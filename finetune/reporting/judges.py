@@ -1,0 +1,289 @@
+"""Judges that hear what a listener hears, beside MCD-DTW: is it still the target's voice, and does it say the
+words right. Each scores one synthesised clip against what it should be; `bench/bench_judges.py` validates
+them on known degradations and checkpoint ladders, and only a judge whose rankings held there votes
+(VOTES below, with the figures that decided; docs/training.md, "Judges").
+
+    speaker     Resemblyzer's speaker encoder (GE2E, 256-d, 16 kHz; its 17 MB weights ship in the package):
+                cosine similarity of the clip's embedding to the centroid of the voice's own held-out
+                recordings (SECS, as YourTTS and seed-tts-eval report it); higher is nearer. Language-free.
+    phonetic    hama's CTC phoneme recogniser (4.7 MB, IPA posteriors on 16 kHz waveforms; weights in the
+                package, numpy and its own engine only): DTW over the two clips' phoneme posteriorgrams,
+                blank frames left out, each frame pair's cost -log of the probability both frames say the
+                same phone; lower is nearer. What is said, whoever says it and at whatever tempo: a
+                recognizer's posteriors carry little of the voice.
+    phone_errors  the same recogniser's greedy phone strings, edit distance over the recording's length
+                (a phone error rate); lower is nearer.
+    asr         --asr_model (a transformers CTC model: hub id or folder, e.g. MMS's all-languages model with
+                its Kurmanji adapter): character error rate of its transcript against the clip's text.
+
+All are optional extras (requirements-judges.txt; pip installs Resemblyzer with --no-deps, since its
+webrtcvad dependency does not build on new setuptools: webrtcvad-wheels stands in). Without them evaluation
+runs as before and says once which judges are off. Input everywhere: a float waveform [samples] in [-1, 1].
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+
+LOG = logging.getLogger(__name__)
+
+JUDGE_RATE = 16_000
+INSTALL_HINT = "pip install --no-deps -r requirements-judges.txt"
+KINDS = ("speaker", "phonetic", "asr", "naturalness", "spectral")
+
+# Which judges vote, by bench/bench_judges.py's validation (each ladder's Kendall tau >= TAU_TO_VOTE, and its
+# test-retest noise measured): bench/RESULTS.md has the figures. The others are reported only.
+TAU_TO_VOTE = 0.8
+VOTES = {"speaker": False, "phonetic": False, "phone_errors": False, "asr": False}
+
+
+def to_judge_rate(waveform: np.ndarray, sample_rate: int) -> np.ndarray:
+    audio = np.nan_to_num(np.asarray(waveform, dtype=np.float32))
+    if sample_rate != JUDGE_RATE:
+        import soxr
+
+        audio = soxr.resample(audio, sample_rate, JUDGE_RATE)
+    return np.clip(audio, -1.0, 1.0)
+
+
+def available(name: str) -> bool:
+    """Whether the package a judge needs is importable."""
+    module = {"speaker": "resemblyzer", "phonetic": "hama", "phone_errors": "hama", "asr": "transformers"}[name]
+    try:
+        __import__(module)
+    except ImportError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------- speaker identity
+
+
+class SpeakerJudge:
+    """Similarity to the voice: cosine of Resemblyzer embeddings, against the centroid of its recordings."""
+
+    name, kind, higher_is_better = "speaker", "speaker", True
+
+    def __init__(self):
+        from resemblyzer import VoiceEncoder
+
+        self.encoder = VoiceEncoder("cpu", verbose=False)
+        self.centroid: np.ndarray | None = None
+        self.embeddings: dict[str, np.ndarray] = {}
+
+    def embed(self, waveform: np.ndarray, sample_rate: int) -> np.ndarray:
+        """[256] unit vector; a clip shorter than the encoder's 1.6 s window is tiled to fill one."""
+        audio = to_judge_rate(waveform, sample_rate)
+        peak = float(np.abs(audio).max()) if audio.size else 0.0
+        audio = audio / peak * 0.95 if peak > 0 else audio  # the encoder was trained on normalised speech
+        window = int(1.6 * JUDGE_RATE)
+        if len(audio) < window:
+            audio = np.tile(audio, -(-window // max(1, len(audio)))) if len(audio) else np.zeros(window, np.float32)
+        return np.asarray(self.encoder.embed_utterance(audio), dtype=np.float64)
+
+    def set_voice(self, recordings: dict[str, tuple[np.ndarray, int]]) -> None:
+        """The voice's recordings (id -> (waveform, rate)): their embeddings and centroid."""
+        self.embeddings = {item: self.embed(wave, rate) for item, (wave, rate) in recordings.items()}
+        self.centroid = unit(np.mean(list(self.embeddings.values()), axis=0))
+
+    def centroid_without(self, item_id: str | None) -> np.ndarray:
+        """The centroid of the voice's recordings but `item_id`'s (a recording is not judged against itself)."""
+        others = [e for item, e in self.embeddings.items() if item != item_id]
+        return unit(np.mean(others, axis=0)) if others else self.centroid
+
+    def score(self, waveform: np.ndarray, sample_rate: int, item_id: str | None = None, **_) -> float:
+        if self.centroid is None:
+            raise ValueError("SpeakerJudge.set_voice first: the voice's recordings are its reference")
+        return float(self.embed(waveform, sample_rate) @ self.centroid_without(item_id))
+
+
+def unit(vector: np.ndarray) -> np.ndarray:
+    norm = float(np.linalg.norm(vector))
+    return vector / norm if norm > 0 else vector
+
+
+# ---------------------------------------------------------------- what is said
+
+
+class PhonemeRecogniser:
+    """hama's waveform CTC model: per-frame log posteriors over its phones, and the greedy phone string."""
+
+    def __init__(self):
+        from hama.asr import ASRModel
+
+        self.model = ASRModel()
+        self.blank = self.model.blank_id
+
+    def log_posteriors(self, waveform: np.ndarray, sample_rate: int) -> np.ndarray:
+        """[frames, phones] log probabilities (the model's own output, before any decoding)."""
+        audio = to_judge_rate(waveform, sample_rate)
+        if len(audio) < JUDGE_RATE // 10:  # shorter than its receptive field: nothing to hear
+            audio = np.concatenate([audio, np.zeros(JUDGE_RATE // 10 - len(audio), np.float32)])
+        model = self.model
+        log_probs, lengths = model.session.run(
+            [model._log_probs_output_name, model._out_lengths_output_name],
+            {
+                model._waveform_input_name: audio.reshape(1, -1),
+                model._waveform_lengths_input_name: np.array([len(audio)], dtype=np.int64),
+            },
+        )
+        return np.asarray(log_probs[0][: int(np.asarray(lengths).reshape(-1)[0])], dtype=np.float64)
+
+    def phones(self, log_posteriors: np.ndarray) -> list[int]:
+        """Greedy CTC decoding: the frames' best phones, repeats collapsed, blanks dropped."""
+        best = np.argmax(log_posteriors, axis=1)
+        keep = np.concatenate([[True], best[1:] != best[:-1]]) & (best != self.blank)
+        return best[keep].tolist()
+
+
+@dataclass
+class PhoneticJudge:
+    """DTW over phoneme posteriorgrams (blank frames out): what is said, independent of who says it."""
+
+    recogniser: PhonemeRecogniser = field(default_factory=PhonemeRecogniser)
+    references: dict = field(default_factory=dict)  # item id -> the recording's speech frames' posteriors
+    name: str = "phonetic"
+    kind: str = "phonetic"
+    higher_is_better: bool = False
+
+    def speech_frames(self, waveform: np.ndarray, sample_rate: int) -> np.ndarray:
+        """[frames, phones] posteriors of the frames whose best guess is a phone, renormalised without the
+        blank (a CTC model's blank fills most frames, and would match any silence with any other)."""
+        log_p = self.recogniser.log_posteriors(waveform, sample_rate)
+        p = np.exp(log_p)
+        speech = p[np.argmax(log_p, axis=1) != self.recogniser.blank]
+        if len(speech) == 0:  # nothing recognised as speech: the least likely frame for blank stands in
+            speech = p[[int(np.argmin(p[:, self.recogniser.blank]))]]
+        speech = np.delete(speech, self.recogniser.blank, axis=1)
+        return speech / np.maximum(speech.sum(axis=1, keepdims=True), 1e-12)
+
+    def reference(self, item_id: str, waveform: np.ndarray, sample_rate: int) -> np.ndarray:
+        if item_id not in self.references:
+            self.references[item_id] = self.speech_frames(waveform, sample_rate)
+        return self.references[item_id]
+
+    def score(self, waveform: np.ndarray, sample_rate: int, reference: tuple, item_id: str = "", **_) -> float:
+        """`reference` (waveform, rate) of what the clip should say; its posteriors kept by `item_id`."""
+        return posteriorgram_distance(
+            self.speech_frames(waveform, sample_rate), self.reference(item_id or str(id(reference)), *reference)
+        )
+
+
+def posteriorgram_distance(a: np.ndarray, b: np.ndarray) -> float:
+    """Mean DTW cost between posteriorgrams a [frames_a, phones] and b [frames_b, phones], per frame of b: each
+    pair's -log(a . b), the probability that both frames are the same phone (floored at 1e-4: 9.2 nats)."""
+    import librosa
+
+    cost = -np.log(np.clip(a @ b.T, 1e-4, None))
+    _, path = librosa.sequence.dtw(C=cost)
+    per_b = np.zeros(len(b))
+    pairs = np.zeros(len(b))
+    np.add.at(per_b, path[:, 1], cost[path[:, 0], path[:, 1]])
+    np.add.at(pairs, path[:, 1], 1.0)
+    return float((per_b / np.maximum(pairs, 1)).mean())
+
+
+@dataclass
+class PhoneErrorJudge:
+    """Edit distance between the two clips' greedy phone strings, over the recording's: a phone error rate."""
+
+    recogniser: PhonemeRecogniser = field(default_factory=PhonemeRecogniser)
+    references: dict = field(default_factory=dict)
+    name: str = "phone_errors"
+    kind: str = "phonetic"
+    higher_is_better: bool = False
+
+    def score(self, waveform: np.ndarray, sample_rate: int, reference: tuple, item_id: str = "", **_) -> float:
+        key = item_id or str(id(reference))
+        if key not in self.references:
+            self.references[key] = self.recogniser.phones(self.recogniser.log_posteriors(*reference))
+        said = self.recogniser.phones(self.recogniser.log_posteriors(waveform, sample_rate))
+        wanted = self.references[key]
+        return edit_distance(said, wanted) / max(1, len(wanted))
+
+
+def edit_distance(a: list, b: list) -> int:
+    """Levenshtein distance (insertions, deletions, substitutions each 1)."""
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        previous, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (x != y))
+    return row[-1]
+
+
+class AsrJudge:
+    """A transformers CTC model (--asr_model: hub id or folder): character error rate against the text."""
+
+    kind, higher_is_better = "asr", False
+
+    def __init__(self, model_name: str):
+        from transformers import AutoModelForCTC, AutoProcessor
+
+        self.name = "asr"
+        self.processor = AutoProcessor.from_pretrained(model_name)
+        self.model = AutoModelForCTC.from_pretrained(model_name).eval()
+
+    def transcribe(self, waveform: np.ndarray, sample_rate: int) -> str:
+        import torch
+
+        audio = to_judge_rate(waveform, sample_rate)
+        inputs = self.processor(audio, sampling_rate=JUDGE_RATE, return_tensors="pt")
+        with torch.no_grad():
+            logits = self.model(**inputs).logits
+        return self.processor.batch_decode(torch.argmax(logits, dim=-1))[0]
+
+    def score(self, waveform: np.ndarray, sample_rate: int, text: str = "", **_) -> float:
+        wanted = " ".join(text.lower().split())
+        said = " ".join(self.transcribe(waveform, sample_rate).lower().split())
+        return edit_distance(list(said), list(wanted)) / max(1, len(wanted))
+
+
+def load_judges(names: list[str], asr_model: str | None = None) -> dict:
+    """The judges asked for that can run here (name -> judge); one line for each that cannot, with the fix."""
+    made, recogniser = {}, None
+    for name in names:
+        if name == "asr" and not asr_model:
+            continue
+        if not available(name):
+            LOG.info(f"judge {name} not measured: its optional extra is not installed ({INSTALL_HINT})")
+            continue
+        if name == "speaker":
+            made[name] = SpeakerJudge()
+        elif name in ("phonetic", "phone_errors"):
+            recogniser = recogniser or PhonemeRecogniser()
+            made[name] = PhoneticJudge(recogniser) if name == "phonetic" else PhoneErrorJudge(recogniser)
+        elif name == "asr":
+            made[name] = AsrJudge(asr_model)
+    return made
+
+
+# ---------------------------------------------------------------- validation (bench/bench_judges.py)
+
+
+def kendall_tau(order: list[float]) -> float:
+    """Kendall's tau-b between the rungs' intended order (0 worst, 1, 2, ...) and `order`, the judge's scores
+    of those rungs made "higher is better": 1 when the judge ranks every rung as intended, -1 reversed."""
+    concordant = discordant = ties = 0
+    n = len(order)
+    for i in range(n):
+        for j in range(i + 1, n):
+            difference = order[j] - order[i]
+            if difference > 0:
+                concordant += 1
+            elif difference < 0:
+                discordant += 1
+            else:
+                ties += 1
+    pairs = n * (n - 1) / 2
+    denominator = np.sqrt(pairs * (pairs - ties)) if pairs else 0.0
+    return float((concordant - discordant) / denominator) if denominator else float("nan")
+
+
+def votes(ladders: dict[str, dict], retest_known: bool, tau: float = TAU_TO_VOTE) -> bool:
+    """Whether a judge may decide: each of its ladders ranked with Kendall tau >= `tau`, and its noise measured."""
+    taus = [ladder["kendall_tau"] for ladder in ladders.values()]
+    return bool(taus) and retest_known and all(np.isfinite(t) and t >= tau for t in taus)
