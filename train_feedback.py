@@ -55,6 +55,16 @@ class FeedbackConfig(TrainingFlags):
     data_dir: str = flag("training", "the original prepared corpus: replay clips and held-out clips come from it")
     output_dir: str = flag("training/voices", "versions folder: current/, v000/, v001/ ..., history.json, rounds/")
     replay_ratio: float = flag(2.0, "original clips replayed per correction (0: none, which risks forgetting)")
+    timbre_first: float = flag(
+        0.0,
+        "--acoustics embeddings or letters: for this share of the round's planned steps only the corrections' own "
+        "speaker conditioning learns (their readers' timbre and tempo), then the letters too",
+    )
+    holdout_share: float = flag(
+        0.34,
+        "share of the corrections (at least 3, and 3 left to train on) held out of the round's training: the round "
+        "is accepted only when the voice says those better, sentences it did not learn (0: decide on the trained ones)",
+    )
     corrections_voice: str = flag(
         "own",
         "own: the corrections train under a speaker id of their own (recorded by "
@@ -111,6 +121,10 @@ class FeedbackConfig(TrainingFlags):
         problems = super().problems()
         if self.target_hours <= 0 and self.target_minutes <= 0:
             problems.append("--target_minutes (or --target_hours) must be positive")
+        if not 0 <= self.timbre_first < 1:
+            problems.append(f"--timbre_first {self.timbre_first}: give a share from 0 up to (not including) 1")
+        if not 0 <= self.holdout_share < 1:
+            problems.append(f"--holdout_share {self.holdout_share}: give a share from 0 up to (not including) 1")
         for name in ("replay_ratio", "max_regression", "target_hours"):
             if getattr(self, name) < 0:
                 problems.append(f"--{name} {getattr(self, name)}: must be 0 or more")

@@ -874,8 +874,12 @@ def main() -> None:
         flush=True,
     )
     examples = judge_examples(data, base)
+    panel = judges_panel(examples)
     results = {
-        "start": {**judge(str(base), examples, args.judge_seeds), **({"tempo_fit_held": held} if held else {})},
+        "start": {
+            **judge(str(base), examples, args.judge_seeds, panel),
+            **({"tempo_fit_held": held} if held else {}),
+        },
         "runs": {},
         "budget_s": args.budget_s,
         "machine": describe(),
@@ -929,7 +933,7 @@ def main() -> None:
                 outcome = run_ours(args, base, data, folder, seed, extra)
             judging = time.monotonic()
             outcome["judge"] = (
-                judge(outcome["final_model"], examples, args.judge_seeds) if outcome["final_model"] else None
+                judge(outcome["final_model"], examples, args.judge_seeds, panel) if outcome["final_model"] else None
             )
             outcome["curve"] = {
                 t: {"model": path, **{k: v for k, v in judge(path, examples, args.judge_seeds).items() if k != "clips"}}
@@ -960,6 +964,20 @@ def main() -> None:
     (work / "results.json").write_text(json.dumps(results, indent=2))  # with the tables' figures
 
 
+def judges_panel(examples: list):
+    """The speaker and phonetic judges (finetune/reporting/judges.py) with the judge's clips as the voice, for
+    every system's final model alike; None without their extra (the MCD judge alone, as before)."""
+    from finetune.reporting import judges as judging
+
+    made = judging.load_judges(list(judging.DEFAULT))
+    if not made:
+        print(f"judges beside MCD not measured: {judging.INSTALL_HINT}", flush=True)
+        return None
+    panel = judging.Panel(made)
+    panel.set_voice({e.item_id: (e.audio / 32768.0, 16000) for e in examples})
+    return panel
+
+
 def judged_alike(other: dict, start: dict) -> bool:
     """Whether another call's results.json judged the same start on the same clips (each clip's score equal):
     only then do its runs go beside this call's."""
@@ -988,7 +1006,11 @@ def peer_runs_from(path: Path, start: dict) -> dict[str, list[dict]]:
 
 def summary(runs: list[dict]) -> dict:
     judged = [r["judge"] for r in runs if r["judge"]]
+    names = sorted({name for j in judged for name in j.get("judges", {})})
     return {
+        "judges": {
+            name: float(np.mean([j["judges"][name] for j in judged if name in j.get("judges", {})])) for name in names
+        },
         "mcd_db": float(np.mean([j["mcd_db"] for j in judged])) if judged else math.nan,
         "length_ratio": float(np.mean([j["length_ratio"] for j in judged])) if judged else math.nan,
         "steps": float(np.mean([r["steps"] for r in runs])),
@@ -1074,16 +1096,24 @@ def ours_beside(runs: dict[str, list[dict]], peers) -> list[tuple[str, str, list
 
 def print_tables(results: dict) -> None:
     start = results["start"]["mcd_db"]
+    table = {name: summary(runs) for name, runs in results["runs"].items()}
+    judged = sorted({name for s in table.values() for name in s["judges"]})
+    heads = "".join(f" {name} judge |" for name in judged)
     print(
         f"\n| system | seeds | optimizer steps | judge MCD (dB) | change from the start ({start:.2f}) | length vs "
-        "recordings | wall s |"
+        f"recordings |{heads} wall s |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    table = {name: summary(runs) for name, runs in results["runs"].items()}
+    print("| --- | ---: | ---: | ---: | ---: | ---: |" + " ---: |" * len(judged) + " ---: |")
     for name, s in table.items():
+        cells = "".join(f" {s['judges'].get(j, math.nan):.3f} |" for j in judged)
         print(
             f"| {name} | {s['seeds']} | {s['steps']:.0f} | {s['mcd_db']:.3f} | {100 * (s['mcd_db'] / start - 1):+.1f}% | "
-            f"{s['length_ratio']:.3f} | {s['wall_s']:.0f} |"
+            f"{s['length_ratio']:.3f} |{cells} {s['wall_s']:.0f} |"
+        )
+    if judged:
+        start_cells = ", ".join(f"{j} {results['start'].get('judges', {}).get(j, math.nan):.3f}" for j in judged)
+        print(
+            f"(the start: {start_cells}; speaker: higher is nearer the voice, phonetic: lower is nearer what is said)"
         )
     results["table"] = table
     if results["start"].get("tempo_fit_held"):

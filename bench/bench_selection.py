@@ -205,10 +205,11 @@ def held_out_rows(data: Path, target: str) -> list[tuple[str, str]]:
     ]
 
 
-def judge_model(model_dir: Path, examples: list, seeds: int) -> dict:
-    """Stock transformers, one draw a sentence: each clip's MCD (mean over seeds) and every draw's length.
-    The draws run on the GPU where there is one (nine tenths of the judge's time on a CPU), so a figure is
-    compared only with figures judged on the same machine."""
+def judge_model(model_dir: Path, examples: list, seeds: int, panel=None) -> dict:
+    """Stock transformers, one draw a sentence: each clip's MCD (mean over seeds) and every draw's length, and
+    with `panel` (finetune/reporting/judges.py Panel, its voice set) each judge's mean over the clips. The draws
+    run on the GPU where there is one (nine tenths of the judge's time on a CPU), so a figure is compared only
+    with figures judged on the same machine."""
     import torch
     from transformers import VitsModel
     from transformers.utils import logging as transformers_logging
@@ -220,7 +221,7 @@ def judge_model(model_dir: Path, examples: list, seeds: int) -> dict:
     device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
     model = VitsModel.from_pretrained(str(model_dir)).eval().to(device)
     features = Features(FeatureConfig())
-    mcd, ratios = {}, []
+    mcd, ratios, judged = {}, [], {}
     for index, example in enumerate(examples):
         real = features.mel(torch.from_numpy(example.audio / 32768.0).float().unsqueeze(0))[0].numpy()
         scores = []
@@ -231,8 +232,17 @@ def judge_model(model_dir: Path, examples: list, seeds: int) -> dict:
             wave = out.waveform[0, : int(out.sequence_lengths[0])].float().cpu()
             scores.append(mcd_dtw(features.mel(wave.unsqueeze(0))[0].numpy(), real))
             ratios.append(int(out.sequence_lengths[0]) / len(example.audio))
+            for name, value in (
+                panel.score(wave.numpy(), 16000, example.item_id, example.audio / 32768.0) if panel else {}
+            ).items():
+                judged.setdefault(name, []).append(value)
         mcd[example.item_id] = float(np.mean(scores))
-    return {"clips": mcd, "mcd_db": float(np.mean(list(mcd.values()))), "length_ratio": float(np.median(ratios))}
+    return {
+        "clips": mcd,
+        "mcd_db": float(np.mean(list(mcd.values()))),
+        "length_ratio": float(np.median(ratios)),
+        **({"judges": {name: float(np.mean(values)) for name, values in judged.items()}} if judged else {}),
+    }
 
 
 def judge_run(run_dir: Path, data: Path, target: str, args) -> dict[int, dict]:

@@ -203,7 +203,7 @@ def main() -> None:
         )
     mismatches = (
         check_mismatches(work, work / "conditioned" / "final_model", args.swapped, args.seed)
-        if "conditioned" in args.modes
+        if "conditioned" in args.modes and args.swapped > 0
         else None
     )
     (work / "results.json").write_text(

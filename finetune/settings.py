@@ -124,6 +124,20 @@ class TrainingFlags:
         "the learning rate at each step, in place of AdamW's decay toward zero (L2-SP; "
         "0: off). Keeps what the start already knew while a few things change",
     )
+    judges: list[str] = flag(
+        ["auto"],
+        "judges scoring each evaluated clip beside MCD (finetune/reporting/judges.py): speaker (is it the voice), "
+        "phonetic and phone_errors (does it say the words), asr (with --asr_model), none; auto: speaker and "
+        "phonetic where requirements-judges.txt is installed, on a GPU for training runs (on a CPU they double a "
+        "small voice's evaluation) and always for a feedback round (they decide it). Which judges vote: bench/RESULTS.md",
+        on_resume="may_change",
+    )
+    asr_model: str | None = flag(
+        None,
+        "a transformers CTC model (hub id or folder, e.g. an MMS ASR with its language adapter) for the asr judge: "
+        "its character error rate on each evaluated clip's text",
+        on_resume="may_change",
+    )
     log_every_seconds: float = flag(30.0, "seconds between progress lines", on_resume="may_change")
     profile: bool = flag(
         False, "exact step profile: synchronise the GPU at each section (slower steps)", on_resume="may_change"
@@ -177,6 +191,11 @@ class TrainingFlags:
             problems.append(f"--lr_floor_ratio {self.lr_floor_ratio}: use a value from 0 to 1")
         if not 0 < self.lr_decay_share <= 1:
             problems.append(f"--lr_decay_share {self.lr_decay_share}: use a value above 0, at most 1")
+        known = ("auto", "none", "speaker", "phonetic", "phone_errors", "asr")
+        if any(name not in known for name in self.judges):
+            problems.append(f"--judges {' '.join(self.judges)}: choose from {', '.join(known)}")
+        if "asr" in self.judges and not self.asr_model:
+            problems.append("--judges asr needs --asr_model (a transformers CTC model: hub id or folder)")
         if self.fp16 and self.bf16:
             problems.append("--fp16 and --bf16 exclude each other: pick one")
         from finetune.vits.generator import FREEZABLE_PARTS  # after parsing: torch is not needed for --help

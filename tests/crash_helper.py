@@ -59,7 +59,7 @@ def inject(fault: str, n: int) -> None:
     import torch
 
     from finetune.system import atomic
-    from finetune.training import checkpoint, feedback
+    from finetune.training import checkpoint, feedback, versions
     from finetune.vits import model_folder
 
     if fault == "checkpoint-write":
@@ -107,13 +107,13 @@ def inject(fault: str, n: int) -> None:
 
         checkpoint.write_text_atomic = pointer_then_die
     elif fault == "accept-version":
-        real_copy = feedback.Versions._copy_model
+        real_copy = versions.Versions._copy_model
 
         def copy_then_die(self, source, target):
             real_copy(self, source, target)
             die()
 
-        feedback.Versions._copy_model = on_nth(n, real_copy, copy_then_die)
+        versions.Versions._copy_model = on_nth(n, real_copy, copy_then_die)
     elif fault == "improving-scores":
         from finetune.reporting import evaluation
 

@@ -14,8 +14,10 @@ import torch
 import train_feedback
 import train_vits
 from finetune.data.corrections import FeedbackError, replay_sample
+from finetune.reporting import evaluation
 from finetune.reporting.evaluation import ClipScore, EvalResult
-from finetune.training.feedback import Versions, decide
+from finetune.training.feedback import decide
+from finetune.training.versions import Versions
 from tests.conftest import DEMO_CORPUS, built_once, clock_for, demo_texts
 
 CORRECTION_IDS = ["kmr_demo_0101", "kmr_demo_0102", "kmr_demo_0103", "kmr_demo_0104"]
@@ -119,6 +121,8 @@ def feedback_args(prepared_demo, base_run, tmp_path, feedback, *extra, relaxed_t
         "60",
         "--target_minutes",
         "60",
+        "--judges",
+        "none",  # the judges have tests of their own (test_judges.py, and one round below with them)
         *(["--max_length_ratio", "100"] if relaxed_timing else []),
         *extra,
     ]
@@ -168,12 +172,12 @@ def test_a_round_whose_corrections_improve_is_accepted_as_a_version(
         }
     )
     assert "as another speaker's recordings" in report["decided_by"] and "noise bound" in report["improvement"]
-    assert report["counts"] == {"corrections": 4, "originals": 4, "replay": 8}
+    assert report["counts"] == {"corrections": 4, "held_out": 0, "originals": 4, "replay": 8}
     versions = Versions(tmp_path / "voices")
     assert versions.versions() == ["v000", "v001"] and versions.history()["current"] == "v001"
     assert folder_digest(versions.current) == folder_digest(tmp_path / "voices" / "v001")
     text = (round_dir / "feedback_report.txt").read_text()
-    assert "ACCEPTED as v001" in text and "Corrections, as the voice says them (4 clips)" in text
+    assert "ACCEPTED as v001" in text and "Corrections it trained on, as the voice says them (4 clips)" in text
     assert "The voice's held-out originals (4 clips)" in text and "Decided by the voice's MCD" in text
     assert f"Undo: python train_feedback.py --output_dir {tmp_path / 'voices'} --rollback previous" in text
     for item_id in CORRECTION_IDS:
@@ -617,3 +621,68 @@ def test_a_letters_round_trains_only_the_letters_it_names_and_judges_on_them(
     rows = (before["text_encoder.embed_tokens.weight"] != after["text_encoder.embed_tokens.weight"]).any(dim=1)
     letters = re.findall(r"'([^']*)'", named[0].split("but for the embeddings of", 1)[1].split(" and ", 1)[0])
     assert 0 < int(rows.sum()) <= len(letters), (int(rows.sum()), letters)  # every other row held
+
+
+MORE_CORRECTIONS = [*CORRECTION_IDS, "kmr_demo_0106", "kmr_demo_0107", "kmr_demo_0109"]
+
+
+def held_out_stays(monkeypatch) -> None:
+    """Every evaluation better than the one before (tests/test_reliability.py improving_scores), but for the
+    corrections held out of the training, which score the same at every evaluation: a fix that does not carry."""
+    from tests.test_reliability import improving_scores
+
+    improving_scores(monkeypatch)
+    improving = evaluation.Evaluator.score_clips
+
+    def scores(self, model, stop=None, limit=None):
+        per_clip, losses, cut = improving(self, model, stop, limit)
+        if self.across_speakers and self.samples_dir is None:  # the held-out corrections' evaluator
+            per_clip = {name: ClipScore(5.0 + 0.1 * i, 1.0, 0.0, False) for i, name in enumerate(per_clip)}
+        return per_clip, losses, cut
+
+    monkeypatch.setattr(evaluation.Evaluator, "score_clips", scores)
+
+
+@pytest.mark.parametrize("carries", [True, False])
+def test_a_round_decides_on_corrections_it_did_not_train_on(
+    prepared_demo, base_run, tmp_path, timed_work, monkeypatch, carries
+):
+    """Seven corrections: three are held out of the training and decide. Forced both ways: every part improves
+    (accepted), or everything but the held-out ones does (the corrections it learnt are said better, the others
+    not: rejected, named as such)."""
+    from tests.test_reliability import improving_scores
+
+    improving_scores(monkeypatch) if carries else held_out_stays(monkeypatch)
+    fake, _ = timed_work
+    feedback = make_feedback(tmp_path / "feedback", ids=MORE_CORRECTIONS)
+    argv = feedback_args(prepared_demo, base_run, tmp_path, feedback, "--max_epochs", "1", "--val_every", "3")
+    assert train_feedback.main(argv, clock=clock_for(fake)) == 0
+    round_dir = tmp_path / "voices" / "rounds" / "round_001"
+    report = json.loads((round_dir / "feedback_report.json").read_text())
+    assert report["counts"]["held_out"] == 3 and report["counts"]["corrections"] == 7
+    assert "held out of the round's training" in report["decided_by"]
+    log = (round_dir / "train.log").read_text()
+    assert "training data: 4 corrections + 8 replayed original clips; 3 corrections held out" in log
+    text = (round_dir / "feedback_report.txt").read_text()
+    assert "Corrections held out of the training, as the voice says them (3 clips)" in text
+    assert "3 corrections held out to decide on" in text
+    if carries:
+        assert report["accepted"], report["reason"]
+        assert report["after"]["held_out_mcd_db"] < report["before"]["held_out_mcd_db"]
+    else:
+        assert not report["accepted"]
+        assert "the held-out corrections did not improve beyond the noise" in report["reason"]
+        assert report["after"]["corrections_mcd_db"] < report["before"]["corrections_mcd_db"]  # learnt, not carried
+        assert Versions(tmp_path / "voices").versions() == ["v000"]
+
+
+def test_too_few_corrections_to_hold_some_out_decide_on_the_trained_ones_and_say_so():
+    from finetune.data.corrections import hold_out
+
+    assert hold_out(list(range(5)), 0.34, 0) == ([], [0, 1, 2, 3, 4])
+    held, trained = hold_out(list(range(7)), 0.34, 0)
+    assert len(held) == 3 and len(trained) == 4 and sorted(held + trained) == list(range(7))
+    assert hold_out(list(range(7)), 0.34, 0) == (held, trained)  # seeded
+    held, trained = hold_out(list(range(30)), 0.34, 0)
+    assert len(held) == 10 and len(trained) == 20
+    assert hold_out(list(range(30)), 0.0, 0) == ([], list(range(30)))

@@ -111,6 +111,21 @@ def letters_in_focus(corrections: list, originals: list, ignore: set[int]) -> li
     return sorted(token for token, share in wanted.items() if share >= FOCUS_RATIO * usual.get(token, 0.0))
 
 
+MIN_HELD_OUT = 3  # corrections held out to decide on, and left to train on: fewer cannot tell their noise
+
+
+def hold_out(examples: list, share: float, seed: int) -> tuple[list, list]:
+    """(held out, trained): `share` of the corrections (at least MIN_HELD_OUT), drawn with `seed`, kept out of
+    the round's training so that it is judged on sentences it did not learn; as many at least left to train on.
+    None held out (`share` 0, or fewer than 2 * MIN_HELD_OUT corrections): the round then decides on those it
+    trained on, which says they were learnt, not that the fix carries."""
+    count = max(MIN_HELD_OUT, round(share * len(examples)))
+    if share <= 0 or len(examples) - count < MIN_HELD_OUT:
+        return [], list(examples)
+    chosen = set(np.random.default_rng(seed).choice(len(examples), size=count, replace=False).tolist())
+    return [e for i, e in enumerate(examples) if i in chosen], [e for i, e in enumerate(examples) if i not in chosen]
+
+
 def replay_sample(item_ids: list[str], corrections: int, ratio: float, seed: int) -> list[str]:
     """`ratio` original clips per correction (all of them when there are fewer), drawn with `seed`."""
     wanted = min(len(item_ids), int(round(ratio * corrections)))

@@ -37,3 +37,9 @@ def read_rows(path: Path) -> list[tuple[str, str, str]]:
 def read_metadata(path: Path) -> list[tuple[str, str]]:
     """(id, text) of each line of a metadata file (either layout: read_rows)."""
     return [(item_id, text) for item_id, _, text in read_rows(path)]
+
+
+def texts_of(data_dir: Path) -> dict[str, str]:
+    """Clip id -> text of a prepared folder's lists (training and held-out, those there are)."""
+    names = [name for name in ("metadata.csv", "metadata_val.csv") if (data_dir / name).is_file()]
+    return {item: text for name in names for item, text in read_metadata(data_dir / name)}

@@ -20,19 +20,21 @@ from transformers import VitsModel, VitsTokenizer
 from finetune.cli import config_to_dict
 from finetune.data import audio, corpus, corrections, sampler, speakers
 from finetune.data.features import Features
+from finetune.data.metadata import texts_of
 from finetune.recipes import shared
 from finetune.reporting import evaluation, logs, measures, model_card
 from finetune.system import atomic, model_source
 from finetune.training import budget as budgeting
 from finetune.training import context, distributed, feedback, loop, machinery, run_settings, session
+from finetune.training import versions as versions_folder
 from finetune.vits import generator, synthesis
 from finetune.vits import speakers as speaker_layers
 
 
-def open_versions(config) -> feedback.Versions:
+def open_versions(config) -> versions_folder.Versions:
     """The voices folder, with what a round killed while making a version left put right (by the main process);
     --rollback and --review refused under torchrun (they are one process's work)."""
-    versions = feedback.Versions(Path(config.output_dir))
+    versions = versions_folder.Versions(Path(config.output_dir))
     if (config.rollback or config.review) and distributed.launched_by_torchrun():
         raise corrections.FeedbackError("--rollback and --review run as one process: start them without torchrun")
     main_process = int(os.environ.get("RANK", "0")) == 0
@@ -83,7 +85,8 @@ class RoundData:
     model: VitsModel  # the generator, ready for training
     tokenizer: VitsTokenizer
     features: Features
-    corrections: corpus.Corpus
+    corrections: corpus.Corpus  # every usable correction (rendered before and after for listening)
+    held: list  # Examples: the corrections held out of the round's training, which decide (hold_out)
     originals: corpus.Corpus  # held-out clips of the original
     replay: list  # Examples of the original corpus
     prepare_report: dict
@@ -91,6 +94,7 @@ class RoundData:
     rate: int
     voice: str | None  # the speaker of a multi-speaker corpus whose clips are replayed and judged
     focus: list[int] | None  # --acoustics letters: the token ids the corrections are about (what trains and is judged)
+    letters_later: tuple | None = None  # --timbre_first: (the embeddings' gradient mask, the rows it lets learn later)
 
 
 def start_round(config, versions, base: Path, clock, stop, dist) -> shared.Run:
@@ -148,6 +152,7 @@ def load_round_data(config, round_: shared.Run, base: Path) -> RoundData:
     fixed = corpus.load_corpus(out, "metadata.csv", tokenizer, features, rate, 0, False, round_.device, round_.stop)
     for example in fixed.examples if config.corrections_voice == "own" else []:
         example.speaker = 1
+    held, trained = corrections.hold_out(fixed.examples, config.holdout_share, config.seed)
     corrections.held_out_originals(data_dir, voice)
     originals = corpus.load_corpus(
         data_dir,
@@ -162,15 +167,24 @@ def load_round_data(config, round_: shared.Run, base: Path) -> RoundData:
         speakers={voice: speakers.TARGET_SPEAKER} if voice else None,
     )
     replay = corrections.replay_clips(
-        data_dir, len(fixed.examples), config.replay_ratio, config.seed, tokenizer, hop, rate, round_.logger, voice
+        data_dir, len(trained), config.replay_ratio, config.seed, tokenizer, hop, rate, round_.logger, voice
     )
     round_.logger.info(
-        f"training data: {len(fixed.examples)} corrections + {len(replay)} replayed original "
-        f"clips; {len(originals.examples)} held-out originals scored"
+        f"training data: {len(trained)} corrections + {len(replay)} replayed original clips; "
+        + (
+            f"{len(held)} corrections held out of the training to decide on (--holdout_share {config.holdout_share:g})"
+            if held
+            else f"no correction held out ({len(fixed.examples)} came; {2 * corrections.MIN_HELD_OUT} are needed to "
+            "hold some out): the round decides on those it trains on, which says they were learnt, not that the fix "
+            "carries to other sentences"
+        )
+        + f"; {len(originals.examples)} held-out originals scored"
     )
     own_letters = config.corrections_voice == "own" and config.acoustics == "letters"
     focus = focus_letters(tokenizer, fixed.examples, replay) if own_letters else None
-    return RoundData(model, tokenizer, features, fixed, originals, replay, prepare_report, hop, rate, voice, focus)
+    return RoundData(
+        model, tokenizer, features, fixed, held, originals, replay, prepare_report, hop, rate, voice, focus
+    )
 
 
 def starting_point(config, round_: shared.Run, data: RoundData, base: Path) -> shared.StartingPoint:
@@ -185,14 +199,17 @@ def starting_point(config, round_: shared.Run, data: RoundData, base: Path) -> s
         generator.without_dropout(data.model)
     if learn_pronunciation:  # the corrections' own voice still learns, in its speaker conditioning alone
         speaker_layers.train_conditioning(data.model)
-        trained = ""
+        trained, rows = "", None
         if config.acoustics == "embeddings":  # what each letter is, not how the text encoder reads sentences
-            data.model.text_encoder.embed_tokens.requires_grad_(True)
             trained = "the token embeddings and "
         if config.acoustics == "letters":  # only the letters the corrections are about
-            generator.train_token_rows(data.model, data.focus)
+            rows = data.focus
             names = getattr(data.tokenizer, "decoder", {})  # VitsTokenizer's id -> character
             trained = f"the embeddings of {' '.join(repr(names.get(t, t)) for t in data.focus) or 'no letter'} and "
+        if config.acoustics in ("embeddings", "letters"):
+            later = config.timbre_first > 0  # the letters wait while the corrections' own voice takes their timbre
+            mask = generator.train_token_rows(data.model, [] if later else rows)
+            data.letters_later = (mask, rows) if later else None
         round_.logger.info(
             f"frozen: {', '.join(parts)}, but for "
             f"{trained}the speakers' "
@@ -239,11 +256,14 @@ def fit_round(config, round_: shared.Run, data: RoundData, start, base: Path, re
     """The training loop of train_vits.py on corrections + replay, judged on corrections and originals.
     A round is short and never resumed: no checkpoints, no early stopping, no worker processes;
     `reserve_after_s` is kept for what follows the loop (the "after" renders, the version's copies)."""
-    fixed = data.corrections.examples
+    held_ids = {e.item_id for e in data.held}
+    fixed = [e for e in data.corrections.examples if e.item_id not in held_ids]  # what the round trains on
     own = config.corrections_voice == "own"  # other people's recordings, under a speaker id of their own
     voice = speakers.TARGET_SPEAKER if speaker_layers.speaker_count(data.model) > 1 else None  # the corrections': 1
     rule = measures.TimingRule(config.max_length_ratio)
-    common = dict(seed=config.seed, batch_size=session.eval_batch_size(round_.device))
+    texts = {**texts_of(Path(config.data_dir)), **texts_of(round_.folder / "corrections")}
+    judges = shared.judges_panel(config, round_, data.originals.examples, texts, data.rate, deciding=True)
+    common = dict(seed=config.seed, batch_size=session.eval_batch_size(round_.device), judges=judges)
     said = evaluation.Evaluator(
         fixed,
         data.features,
@@ -258,15 +278,34 @@ def fit_round(config, round_: shared.Run, data: RoundData, start, base: Path, re
         focus_tokens=set(data.focus) if data.focus is not None else None,
         **common,
     )
+    held = (
+        evaluation.Evaluator(
+            data.held,
+            data.features,
+            round_.device,
+            data.rate,
+            None,
+            [],
+            speaker=voice,
+            rule=None if own else rule,
+            across_speakers=own,
+            focus_tokens=set(data.focus) if data.focus is not None else None,
+            **common,
+        )
+        if data.held
+        else None
+    )
     learnt = (
-        evaluation.Evaluator(fixed, data.features, round_.device, data.rate, None, [], speaker=1, rule=None, **common)
+        evaluation.Evaluator(
+            fixed, data.features, round_.device, data.rate, None, [], speaker=1, rule=None, **{**common, "judges": None}
+        )
         if own
         else None
     )
     originals = evaluation.Evaluator(
         data.originals.examples, data.features, round_.device, data.rate, None, [], speaker=voice, rule=rule, **common
     )
-    evaluator = feedback.FeedbackEvaluator(said, originals, config.max_regression, learnt)
+    evaluator = feedback.FeedbackEvaluator(said, originals, config.max_regression, learnt, held)
     examples = fixed + data.replay
     generator.train_mode(data.model, start.frozen_parts)
     paths = context.RunPaths(run_dir=round_.folder / "checkpoints", output_dir=round_.folder / "final_model")
@@ -298,10 +337,38 @@ def fit_round(config, round_: shared.Run, data: RoundData, start, base: Path, re
         config.length_pool_batches,
     )
     trainer = shared.build_loop(
-        config, round_, start, shared.TrainingData(examples, buckets), evaluator, choices, saves
+        config,
+        round_,
+        start,
+        shared.TrainingData(examples, buckets),
+        evaluator,
+        choices,
+        saves,
+        step_callback=letters_after_timbre(config, round_, data),
     )
     paths.run_dir.mkdir(parents=True, exist_ok=True)
     return trainer, evaluator, loop.run_with_signals(trainer)
+
+
+def letters_after_timbre(config, round_: shared.Run, data: RoundData):
+    """--timbre_first: the loop's callback that lets the letters learn once the corrections' own speaker
+    conditioning has had its share of the round's planned steps to take up their readers' timbre and tempo
+    (learnt together, the letters took some of it, and a fix that sounded right in the readers' voices did not
+    in the voice's: bench/RESULTS.md). None without it."""
+    if data.letters_later is None:
+        return None
+    mask, rows = data.letters_later
+
+    def callback(loop) -> None:
+        if mask.any() or loop.plan is None or loop.state.step < config.timbre_first * loop.plan.total_steps:
+            return
+        mask[list(range(mask.shape[0])) if rows is None else list(rows)] = 1.0
+        round_.logger.info(
+            f"step {loop.state.step}: the letters learn from now on (the first {config.timbre_first:.0%} of the "
+            "round's steps went to the corrections' own voice, --timbre_first)"
+        )
+
+    return callback
 
 
 def conclude_round(
@@ -312,7 +379,7 @@ def conclude_round(
     best = (
         json.loads((best_dir / "eval.json").read_text(encoding="utf-8")) if (best_dir / "eval.json").is_file() else None
     )
-    decision = feedback.decide(evaluator.baseline, best, result.last_eval, config.max_regression, evaluator.measure)
+    decision = feedback.decide(evaluator.baseline, best, result.last_eval, config.max_regression, evaluator)
     candidate = best_dir if best and best["step"] > 0 else trainer.context.paths.last_dir
     if not (candidate / "config.json").is_file():
         raise corrections.FeedbackError(
@@ -323,6 +390,7 @@ def conclude_round(
     synthesis.speak_to_folder(synthesis.load_voice(candidate, round_.device), lines, listen, suffix="_2_after")
     counts = {
         "corrections": len(data.corrections.examples),
+        "held_out": len(data.held),
         "originals": len(data.originals.examples),
         "replay": len(data.replay),
     }

@@ -14,6 +14,7 @@ from transformers import VitsModel, VitsTokenizer
 from finetune.cli import ConfigError
 from finetune.data.features import FeatureConfig, Features
 from finetune.data.sampler import BucketSampler
+from finetune.reporting import judges as judging
 from finetune.reporting.logs import Metrics
 from finetune.reporting.model_card import licence_sentence
 from finetune.reporting.run_log import RunLog
@@ -142,6 +143,36 @@ def run_log(
         sample_rate=sample_rate,
         best_dir=best_dir,
     )
+
+
+def judges_panel(
+    flags: TrainingFlags, run: Run, clips: list, texts: dict[str, str], sample_rate: int, deciding: bool = False
+):
+    """The judges each evaluation asks (finetune/reporting/judges.py), with `clips` (Examples: the voice's own
+    recordings) as the speaker judge's reference; None when off. --judges auto: speaker and phonetic where their
+    extra is installed, on a GPU, or anywhere when they decide (`deciding`: a feedback round's verdict). On the
+    main process only, the one that evaluates."""
+    names = [name for name in flags.judges if name not in ("auto", "none")]
+    if "auto" in flags.judges and (deciding or run.device.type == "cuda"):
+        names += [name for name in judging.DEFAULT if name not in names]
+    if flags.asr_model and "asr" not in names and "none" not in flags.judges:
+        names.append("asr")
+    if not names or not run.dist.is_main:
+        return None
+    made = judging.load_judges(names, flags.asr_model)
+    missing = [name for name in names if name not in made]
+    if missing:
+        run.logger.info(f"judges not measured: {', '.join(missing)} ({judging.INSTALL_HINT} to have them)")
+    if not made:
+        return None
+    panel = judging.Panel(made, texts)
+    panel.set_voice({e.item_id: (e.audio / 32768.0, sample_rate) for e in clips})  # int16 audio at the model's rate
+    run.logger.info(
+        "judges: "
+        + ", ".join(f"{name}{' (votes)' if judging.VOTES.get(name) else ' (reported)'}" for name in made)
+        + f"; the voice's {len(clips)} held-out recordings are the speaker judge's reference"
+    )
+    return panel
 
 
 @dataclass

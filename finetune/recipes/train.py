@@ -15,7 +15,7 @@ import torch
 from finetune.cli import config_to_dict, resume_rules
 from finetune.data import corpus, sampler, speakers
 from finetune.data.features import Features
-from finetune.data.metadata import read_metadata, read_rows
+from finetune.data.metadata import read_metadata, read_rows, texts_of
 from finetune.recipes import shared
 from finetune.reporting import evaluation, logs, measures, model_card, naturalness, tracking
 from finetune.system import atomic, hub_upload
@@ -267,8 +267,9 @@ def build_loop(config, run: shared.Run, model: Model, data: Data, step_callback)
         config.discriminator_warmup_steps,
     )
     run.logger.info(choice.description)
+    clips = session.evaluation_clips(data.val, data.train, config.val_samples, run.logger)
     evaluator = evaluation.Evaluator(
-        session.evaluation_clips(data.val, data.train, config.val_samples, run.logger),
+        clips,
         features,
         run.device,
         features.config.sample_rate,
@@ -280,6 +281,7 @@ def build_loop(config, run: shared.Run, model: Model, data: Data, step_callback)
         naturalness=naturalness_for(config.naturalness, run.device, run.logger) if run.dist.is_main else None,
         speaker=speakers.TARGET_SPEAKER if model.speakers and model.speakers.conditioned else None,
         others=other_speakers(config, run, model),
+        judges=shared.judges_panel(config, run, clips, texts_of(Path(config.data_dir)), features.config.sample_rate),
     )
     held = len(data.val.examples) if data.val else 0
     warning = measures.few_held_out(

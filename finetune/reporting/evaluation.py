@@ -49,6 +49,7 @@ import torch
 from finetune.data.audio import write_pcm16
 from finetune.data.examples import Example, collate
 from finetune.data.features import Features
+from finetune.reporting.judges import VOTES
 from finetune.reporting.measures import (
     TimingRule,
     duration_error,
@@ -93,6 +94,7 @@ class ClipScore:
     length_draws: tuple[float, ...] = ()  # the length ratio of each duration draw (not written per clip)
     draw_spread: float = 1.0  # geometric standard deviation of those draws (1: all alike)
     says_nothing: bool = False  # the synthesised clip holds no speech: silence, one level, full scale (says_nothing())
+    judged: dict = field(default_factory=dict)  # each judge's score of the clip (finetune/reporting/judges.py)
 
 
 def says_nothing(waveform: np.ndarray) -> bool:
@@ -134,6 +136,7 @@ class EvalResult:
     choice_scores: dict[str, float] = field(
         default_factory=dict
     )  # each clip's MCD behind `mcd_db`, paired by the choice
+    judged: dict[str, float] = field(default_factory=dict)  # each judge's mean over the clips (judges.py)
 
     @property
     def clips_scored(self) -> int:
@@ -157,6 +160,7 @@ class EvalResult:
             "length_ratio": round(self.length_ratio, 4),
             "draw_spread": round(self.draw_spread, 4),
             **({"naturalness": round(self.naturalness, 4)} if self.naturalness is not None else {}),
+            **({"judges": {name: round(value, 4) for name, value in self.judged.items()}} if self.judged else {}),
             "duration_error": round(self.duration_error, 4),
             "eligible": self.eligible,
             **({"ineligible_reason": self.ineligible_reason} if not self.eligible else {}),
@@ -173,14 +177,23 @@ class EvalResult:
         }
 
     def per_clip_dict(self) -> dict[str, dict]:
+        def plain(value):
+            if isinstance(value, float):
+                return round(value, 4)
+            return {k: round(v, 4) for k, v in value.items()} if isinstance(value, dict) else value
+
         return {
             name: {
-                k: (round(v, 4) if isinstance(v, float) else v)
+                k: plain(v)
                 for k, v in asdict(score).items()
-                if k != "length_draws" and v is not None
+                if k != "length_draws" and v is not None and not (k == "judged" and not v)
             }
             for name, score in self.per_clip.items()
         }
+
+    def judged_clips(self, name: str) -> dict[str, float]:
+        """Clip id -> judge `name`'s score of it (the clips it judged)."""
+        return {item: score.judged[name] for item, score in self.per_clip.items() if name in score.judged}
 
 
 def judge(
@@ -199,6 +212,10 @@ def judge(
     ratio = typical_length_ratio(scores)
     error = float(np.mean([s.duration_error for s in scores.values()])) if scores else float("nan")
     natural = [s.naturalness for s in scores.values() if s.naturalness is not None]
+    judged = {name for s in scores.values() for name in s.judged}
+    judged_means = {
+        name: float(np.mean([s.judged[name] for s in scores.values() if name in s.judged])) for name in judged
+    }
     reason = ""
     if not np.isfinite(mcd):
         reason = "the synthesised speech is not finite"
@@ -226,6 +243,7 @@ def judge(
         clips_planned=planned,
         mcd_se_db=standard_error([s.mcd_db for s in scores.values()]),
         choice_scores={name: s.mcd_db for name, s in scores.items()},
+        judged=dict(sorted(judged_means.items())),
     )
 
 
@@ -258,6 +276,15 @@ def describe_cut(result: EvalResult) -> str:
     )
 
 
+def describe_judges(result: EvalResult) -> str:
+    """`, judges: speaker 0.812*, phonetic 2.310` (a star: the judge votes; judges.py)."""
+    if not result.judged:
+        return ""
+    return ", judges: " + ", ".join(
+        f"{name} {value:.3f}{'*' if VOTES.get(name) else ''}" for name, value in result.judged.items()
+    )
+
+
 def describe_timing(result: EvalResult) -> str:
     verdict = "" if result.eligible else f" (not eligible as best: {result.ineligible_reason})"
     spread = f" (x{result.draw_spread:.2f} a draw)" if result.draw_spread > 1.0 else ""
@@ -276,7 +303,10 @@ class Evaluator:
             f"; {name}: MCD {o['mcd_db']:.2f}, length x{o['length_ratio']:.2f}" for name, o in result.others.items()
         )
         noise = f" ±{result.mcd_se_db:.3f}" if np.isfinite(result.mcd_se_db) else ""  # one standard error
-        return f"MCD {result.mcd_db:.3f}{noise} dB{natural}, {describe_timing(result)}{describe_cut(result)}{others}"
+        return (
+            f"MCD {result.mcd_db:.3f}{noise} dB{natural}{describe_judges(result)}, {describe_timing(result)}"
+            f"{describe_cut(result)}{others}"
+        )
 
     def __init__(
         self,
@@ -296,8 +326,10 @@ class Evaluator:
         others: dict[str, "Evaluator"] | None = None,
         across_speakers: bool = False,
         focus_tokens: set[int] | None = None,
+        judges=None,
     ):
         self.examples, self.features, self.device = examples, features, device
+        self.judges = judges  # a finetune.reporting.judges.Panel scoring each clip, or None (off)
         self.speaker = speaker  # whose voice a speaker-conditioned model speaks in (None: a plain model)
         # The recordings are other people's (corrections): the MCD compares them as another speaker's
         # (finetune/reporting/measures.py, mcd_across_speakers); their normalised, warped cepstra are kept
@@ -522,6 +554,11 @@ class Evaluator:
                 naturalness=self.naturalness.overall(speech.waveforms[i], self.sample_rate)
                 if self.naturalness
                 else None,
+                judged=self.judges.score(
+                    speech.waveforms[i], self.sample_rate, example.item_id, example.audio / 32768.0
+                )
+                if self.judges
+                else {},
             )
         return scores
 

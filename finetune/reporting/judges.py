@@ -49,11 +49,20 @@ def to_judge_rate(waveform: np.ndarray, sample_rate: int) -> np.ndarray:
     return np.clip(audio, -1.0, 1.0)
 
 
+REQUIRES = {
+    "speaker": "resemblyzer",
+    "phonetic": "hama",
+    "phone_errors": "hama",
+    "asr": "transformers",
+    "mcd": "librosa",
+    "naturalness": "speechmos",
+}
+
+
 def available(name: str) -> bool:
     """Whether the package a judge needs is importable."""
-    module = {"speaker": "resemblyzer", "phonetic": "hama", "phone_errors": "hama", "asr": "transformers"}[name]
     try:
-        __import__(module)
+        __import__(REQUIRES[name])
     except ImportError:
         return False
     return True
@@ -242,6 +251,90 @@ class AsrJudge:
         return edit_distance(list(said), list(wanted)) / max(1, len(wanted))
 
 
+class SpectralJudge:
+    """MCD-DTW (finetune/reporting/measures.py), the measure every decision rested on before the others: here so
+    that the validation ranks it on the same ladders."""
+
+    name, kind, higher_is_better = "mcd", "spectral", False
+
+    def __init__(self):
+        from finetune.data.features import FeatureConfig, Features
+
+        self.features = Features(FeatureConfig(sample_rate=JUDGE_RATE))
+        self.references: dict = {}
+
+    def log_mel(self, waveform: np.ndarray, sample_rate: int) -> np.ndarray:
+        import torch
+
+        audio = torch.from_numpy(to_judge_rate(waveform, sample_rate)).unsqueeze(0)
+        return self.features.mel(audio)[0].numpy()
+
+    def score(self, waveform: np.ndarray, sample_rate: int, reference: tuple, item_id: str = "", **_) -> float:
+        from finetune.reporting.measures import mcd_dtw
+
+        key = item_id or str(id(reference))
+        if key not in self.references:
+            self.references[key] = self.log_mel(*reference)
+        return mcd_dtw(self.log_mel(waveform, sample_rate), self.references[key])
+
+
+class NaturalnessJudge:
+    """DNSMOS OVRL (finetune/reporting/naturalness.py): no reference; higher is more natural."""
+
+    name, kind, higher_is_better = "naturalness", "naturalness", True
+
+    def __init__(self):
+        from finetune.reporting.naturalness import Naturalness
+
+        self.predictor = Naturalness()
+
+    def score(self, waveform: np.ndarray, sample_rate: int, **_) -> float:
+        return self.predictor.overall(waveform, sample_rate)
+
+
+@dataclass
+class Panel:
+    """The judges an evaluation asks about each clip (name -> judge), the voice they judge identity against,
+    and the clips' texts (for the asr judge). evaluation.py scores every clip with each; those in VOTES
+    take part in decisions (selection.py, a feedback round's verdict)."""
+
+    judges: dict
+    texts: dict = field(default_factory=dict)  # clip id -> its text
+
+    def set_voice(self, recordings: dict[str, tuple[np.ndarray, int]]) -> None:
+        """The voice's own recordings (id -> (waveform, rate)): the speaker judge's reference."""
+        for judge in self.judges.values():
+            if hasattr(judge, "set_voice"):
+                judge.set_voice(recordings)
+
+    def score(self, waveform: np.ndarray, sample_rate: int, item_id: str, recording: np.ndarray) -> dict[str, float]:
+        """Each judge's score of one synthesised clip against its recording (float waveform, `sample_rate`)."""
+        return {
+            name: judge.score(
+                waveform,
+                sample_rate,
+                item_id=item_id,
+                reference=(recording, sample_rate),
+                text=self.texts.get(item_id, ""),
+            )
+            for name, judge in self.judges.items()
+        }
+
+    @property
+    def voting(self) -> list[str]:
+        return [name for name in self.judges if VOTES.get(name)]
+
+    def higher_is_better(self, name: str) -> bool:
+        return self.judges[name].higher_is_better
+
+    def describe(self, means: dict[str, float]) -> str:
+        """`; speaker 0.812*, phonetic 2.310` (a star: the judge votes)."""
+        return "".join(f", {name} {value:.3f}{'*' if VOTES.get(name) else ''}" for name, value in means.items())
+
+
+DEFAULT = ("speaker", "phonetic")  # what a run asks for when the extra is installed (asr: with --asr_model)
+
+
 def load_judges(names: list[str], asr_model: str | None = None) -> dict:
     """The judges asked for that can run here (name -> judge); one line for each that cannot, with the fix."""
     made, recogniser = {}, None
@@ -249,7 +342,8 @@ def load_judges(names: list[str], asr_model: str | None = None) -> dict:
         if name == "asr" and not asr_model:
             continue
         if not available(name):
-            LOG.info(f"judge {name} not measured: its optional extra is not installed ({INSTALL_HINT})")
+            hint = "pip install -r requirements-naturalness.txt" if name == "naturalness" else INSTALL_HINT
+            LOG.info(f"judge {name} not measured: its optional extra is not installed ({hint})")
             continue
         if name == "speaker":
             made[name] = SpeakerJudge()
@@ -258,6 +352,10 @@ def load_judges(names: list[str], asr_model: str | None = None) -> dict:
             made[name] = PhoneticJudge(recogniser) if name == "phonetic" else PhoneErrorJudge(recogniser)
         elif name == "asr":
             made[name] = AsrJudge(asr_model)
+        elif name == "mcd":
+            made[name] = SpectralJudge()
+        elif name == "naturalness":
+            made[name] = NaturalnessJudge()
     return made
 
 

@@ -92,6 +92,14 @@ def licence_sentence(facts: CardFacts) -> str:
     return f"licence: {facts.licence} ({facts.licence_note}); the voice made in this run inherits it"
 
 
+JUDGE_MEANING = {  # finetune/reporting/judges.py; which vote: bench/RESULTS.md
+    "speaker": "similarity to the voice's own recordings, -1..1, higher is nearer",
+    "phonetic": "phoneme-posterior distance to the recording, lower says the words more as recorded",
+    "phone_errors": "phone error rate against the recording, lower is better",
+    "asr": "character error rate of an ASR model's transcript, lower is better",
+}
+
+
 def _figures(evaluation: dict | None) -> str:
     if not evaluation:
         return "Not evaluated on held-out clips."
@@ -109,6 +117,10 @@ def _figures(evaluation: dict | None) -> str:
         ),
         ("duration error (share of frames the predicted rhythm misplaces)", evaluation.get("duration_error")),
         ("naturalness, DNSMOS OVRL 1..5 (higher is better)", evaluation.get("naturalness")),
+        *(
+            (f"{name} judge ({JUDGE_MEANING.get(name, 'see finetune/reporting/judges.py')})", value)
+            for name, value in evaluation.get("judges", {}).items()
+        ),
         ("held-out clips these figures are over", partial_clips(evaluation) or evaluation.get("clips_scored")),
         ("within the timing rule", evaluation.get("eligible")),
     ]

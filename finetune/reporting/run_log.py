@@ -112,6 +112,7 @@ class RunLog:
         )
         numbers = {k: v for k, v in result.summary().items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         numbers.pop("step", None)
+        numbers.update({f"judge_{name}": value for name, value in result.judged.items()})
         self.tracker.scalars(result.step, numbers, prefix="eval/")
         self._samples(result)
         due = report and self._report_due()

@@ -94,6 +94,23 @@ def draw(run_dir: Path, records: list[dict], max_length_ratio: float) -> list[tu
                 {"DNSMOS OVRL": _series(records, "eval", "naturalness")},
             )
             made.append(("naturalness.png", "Naturalness per evaluation"))
+        judged = sorted({name for r in evals for name in r.get("judges", {})})
+        if judged:
+            curves(
+                folder / "judges.png",
+                "Held-out judges (speaker: higher is nearer the voice; phonetic, phone errors, asr: lower is nearer "
+                "what is said)",
+                "optimizer step",
+                "score",
+                {
+                    name: (
+                        [r["step"] for r in evals if name in r.get("judges", {})],
+                        [r["judges"][name] for r in evals if name in r.get("judges", {})],
+                    )
+                    for name in judged
+                },
+            )
+            made.append(("judges.png", "Judges per evaluation (a star in the log: the judge votes)"))
     made += _budget(folder, records)
     end = next((r for r in reversed(records) if r.get("kind") == "end"), None)
     if end and end.get("profile_shares"):
@@ -164,11 +181,15 @@ def _clip_table(best_dir: Path) -> str:
         return "<p>No best model yet.</p>"
     best = json.loads(path.read_text(encoding="utf-8"))
     why = f" Kept as {best['chosen_as']}." if best.get("chosen_as") else ""
+    judged = sorted({name for s in best.get("per_clip", {}).values() for name in s.get("judged", {})})
     rows = "".join(
         f"<tr><td>{html.escape(name)}</td><td>{s['mcd_db']:.2f}</td><td>{s['length_ratio']:.2f}</td>"
-        f"<td>{s['duration_error']:.2f}</td></tr>"
+        f"<td>{s['duration_error']:.2f}</td>"
+        + "".join(f"<td>{s.get('judged', {}).get(j, float('nan')):.3f}</td>" for j in judged)
+        + "</tr>"
         for name, s in best.get("per_clip", {}).items()
     )
+    judge_heads = "".join(f"<th>{html.escape(j)} judge</th>" for j in judged)
     noise = f" ±{best['mcd_se_db']:.3f}" if best.get("mcd_se_db") is not None else ""
     spread = f" (x{best['draw_spread']:.2f} between requests)" if best.get("draw_spread") is not None else ""
     because = f" Decided: {best['chosen_because']}." if best.get("chosen_because") else ""
@@ -177,8 +198,8 @@ def _clip_table(best_dir: Path) -> str:
         f"<p>Best model: step {best['step']}, MCD {best['mcd_db']:.3f}{noise} dB (± one standard error over "
         f"{html.escape(clips)}), length x{best['length_ratio']:.2f}{spread}"
         f"{_naturalness_text(best)}.{html.escape(why + because)}</p>{_tempo_fit(best)}"
-        "<table><tr><th>held-out clip</th><th>MCD dB</th><th>length ratio</th><th>duration error</th></tr>"
-        f"{rows}</table>"
+        "<table><tr><th>held-out clip</th><th>MCD dB</th><th>length ratio</th><th>duration error</th>"
+        f"{judge_heads}</tr>{rows}</table>"
     )
 
 
@@ -222,7 +243,9 @@ def _tempo_fit(best: dict) -> str:
 
 
 def _naturalness_text(best: dict) -> str:
-    return f", naturalness (DNSMOS) {best['naturalness']:.2f}" if best.get("naturalness") is not None else ""
+    natural = f", naturalness (DNSMOS) {best['naturalness']:.2f}" if best.get("naturalness") is not None else ""
+    judged = "".join(f", {name} judge {value:.3f}" for name, value in best.get("judges", {}).items())
+    return natural + judged
 
 
 def _figure(value) -> str:

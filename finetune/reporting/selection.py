@@ -11,7 +11,10 @@ The rule, in order (docs/training.md, "Which model is kept"):
        MCD decides only beyond the evaluations' own noise: the later model, which trained longer,
        replaces the kept one unless the kept one is better beyond that noise. So the model kept at the
        end is better, beyond the noise, than every model evaluated after it.
-A model whose speech is not finite is never kept.
+A model whose speech is not finite is never kept. And a model the MCD would let in is kept out when a judge
+that votes (finetune/reporting/judges.py: validated by bench/bench_judges.py) finds the kept one better beyond
+its own noise, clip by clip (judges_veto): a voice nearer its recordings' spectra that sounds less like the
+speaker, or says the words worse, does not replace one that sounds right.
 
 An evaluation cut short by the deadline (scored on fewer clips than planned; judge_cut_short) takes part
 only where it can be compared clip by clip: eligible (within the timing rule, on the clips it scored), on
@@ -210,6 +213,31 @@ def judge_cut_short(candidate: Standing | None, kept: Standing, confidence: floa
                 False, f"cut short, and not better beyond the noise than step {kept.step}: {against.describe()}"
             )
     return verdict
+
+
+def judges_veto(
+    kept: dict[str, dict[str, float]],
+    candidate: dict[str, dict[str, float]],
+    higher_is_better: dict[str, bool],
+    kept_step: int,
+    confidence: float = NOISE_CONFIDENCE,
+) -> str:
+    """Why the candidate may not replace the kept model although the MCD let it ("" when nothing says so): a
+    voting judge (finetune/reporting/judges.py; name -> clip id -> score, for each model) that finds the kept
+    model better beyond its noise, paired clip by clip on the clips both scored."""
+    for name in sorted(kept):
+        if name not in candidate:
+            continue
+        sign = -1.0 if higher_is_better.get(name, False) else 1.0  # lower is better, as `paired` compares
+        worse = paired(
+            {k: sign * v for k, v in candidate[name].items()}, {k: sign * v for k, v in kept[name].items()}, confidence
+        )
+        if worse.beyond_noise:
+            return (
+                f"the {name} judge finds step {kept_step} better beyond its noise "
+                f"({worse.describe().replace(' dB', '')})"
+            )
+    return ""
 
 
 def better(candidate: Standing | None, incumbent: Standing, confidence: float = NOISE_CONFIDENCE) -> bool:

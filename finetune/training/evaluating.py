@@ -14,6 +14,7 @@ from finetune.reporting.selection import (
     compare,
     judge_candidate,
     judge_cut_short,
+    judges_veto,
     standing,
 )
 from finetune.training.context import LoopContext
@@ -150,6 +151,11 @@ class Evaluations:
             )
         else:
             verdict = judge_candidate(candidate, kept)
+        voting = self.voting_scores(result)
+        if verdict.replace and kept.step >= 0 and candidate is not None and candidate.rank() == kept.rank():
+            veto = judges_veto(self.state.best.judged, voting, self.higher_is_better(), kept.step)
+            if veto:
+                verdict = Verdict(False, veto)
         improved = verdict.replace
         if improved:
             result.chosen_as = chosen_as(candidate, result.length_ratio, result.ineligible_reason)
@@ -167,10 +173,19 @@ class Evaluations:
         # Early stopping counts evaluations without a lower MCD (or a better timing): a tie kept for its
         # training is no progress. Lower on the clips both scored (one of them may have been cut short).
         progress = kept.step < 0 or candidate.rank() != kept.rank() or compare(candidate, kept).advantage_db > 0
-        best.score, best.step, best.clips = result.mcd_db, step, dict(candidate.clips)
+        best.score, best.step, best.clips, best.judged = result.mcd_db, step, dict(candidate.clips), voting
         best.eligible, best.timing_error = candidate.eligible, candidate.timing_error
         best.evals_since = 0 if progress else best.evals_since + 1
         return True, verdict.why, self.costs.export_s
+
+    def voting_scores(self, result: EvalResult) -> dict[str, dict[str, float]]:
+        """Each voting judge's score of each clip of `result` (none without an evaluator's judges)."""
+        panel = getattr(self.evaluator, "judges", None)
+        return {name: result.judged_clips(name) for name in panel.voting} if panel else {}
+
+    def higher_is_better(self) -> dict[str, bool]:
+        panel = getattr(self.evaluator, "judges", None)
+        return {name: panel.higher_is_better(name) for name in panel.judges} if panel else {}
 
     def best_note(self, improved: bool, why: str = "") -> str:
         """What the evaluation line says about best_model, and what decided."""

@@ -1,74 +1,97 @@
-"""Feedback rounds: learn from corrected recordings without forgetting, keep only what helps, in versions.
-
-A round trains on the corrections mixed with a replay sample of the original corpus, scores both the
-corrections and held-out original clips, and keeps the result only when the corrections got better and
-the originals got no worse than a tolerance. Accepted rounds become numbered versions:
-
-    VOICES/current/          the voice in use: the default starting model of the next round
-    VOICES/v000/             the model the first round started from (copied once)
-    VOICES/v001/, v002/ ...  one per accepted round
-    VOICES/history.json      every round (accepted or not) and every rollback, with scores
-    VOICES/rounds/round_NNN/ a round's run folder: checkpoints, logs, listen/, feedback_report.*
-
-Rolling back copies a version into current/ file by file, so current/ is then byte for byte that version.
+"""A feedback round's verdict: what it is judged on at each evaluation (FeedbackEvaluator), whether its model
+is kept (decide), and the readable report (summary_text). The versions it makes: finetune/training/versions.py.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import shutil
-import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from finetune.data.corrections import FeedbackError
 from finetune.reporting.evaluation import EvalResult, Evaluator, describe_cut
 from finetune.reporting.selection import NOISE_CONFIDENCE, paired
-from finetune.system.atomic import recover, replace_dir, staging_dir, write_text_atomic
-
-HISTORY = "history.json"
-
-
-def listing(folder: Path) -> list[tuple[str, int, int]]:
-    """(relative path, size, modification time) of every file: copies made with copytree keep the last two."""
-    if not folder.is_dir():
-        return []
-    return sorted(
-        (p.relative_to(folder).as_posix(), p.stat().st_size, p.stat().st_mtime_ns)
-        for p in folder.rglob("*")
-        if p.is_file()
-    )
 
 
 def change_pct(before: float, after: float) -> float:
     return 100.0 * (after - before) / before if before else 0.0
 
 
+@dataclass(frozen=True)
+class Deciding:
+    """What decides a round: the clips of `part` ("held": corrections held out of its training; "said": the
+    corrections it trained on, when too few came to hold some out) by `measure` ("mcd": MCD across speakers;
+    else a voting judge of what is said, finetune/reporting/judges.py)."""
+
+    part: str
+    measure: str
+    higher_is_better: bool = False
+
+    def describe(self, focus: bool = False) -> str:
+        clips = (
+            "the corrections held out of the round's training"
+            if self.part == "held"
+            else "the corrections it trained on (too few to hold some out: this says they were learnt, not that the "
+            "fix carries)"
+        )
+        if self.measure == "mcd":
+            where = "the frames of the letters the corrections are about" if focus else "the corrected sentences"
+            return (
+                f"the voice's MCD on {where}, {clips}, compared as another speaker's recordings (normalised cepstra "
+                "at the best frequency warp; their tempo not judged)"
+            )
+        return f"the {self.measure} judge (what is said, whoever says it) on {clips}"
+
+
+PREFIX = {"said": "correction/", "held": "held/", "originals": "original/", "learnt": "learnt/"}
+
+
+def clip_values(per_clip: dict, part: str, measure: str = "mcd") -> dict[str, float]:
+    """Clip id -> one part's per-clip figure (ClipScores or their dicts): its MCD, or a judge's score."""
+    values = {}
+    for name, score in per_clip.items():
+        if not name.startswith(PREFIX[part]):
+            continue
+        as_dict = score if isinstance(score, dict) else {"mcd_db": score.mcd_db, "judged": score.judged}
+        value = as_dict["mcd_db"] if measure == "mcd" else as_dict.get("judged", {}).get(measure)
+        if value is not None:
+            values[name] = value
+    return values
+
+
+def oriented(values: dict[str, float], higher_is_better: bool) -> dict[str, float]:
+    """Lower is better, as `paired` compares."""
+    return {k: -v for k, v in values.items()} if higher_is_better else dict(values)
+
+
 class FeedbackEvaluator:
     """Scores a round's model on what a correction is for, and on the voice it must not move:
 
-        said       the voice speaking each corrected sentence, against its recording. The corrections of
-                   --corrections_voice own are other people's recordings, at their own tempo and timbre:
-                   they are compared as another speaker's (MCD across speakers, finetune/reporting/measures.py:
-                   normalised cepstra at the best frequency warp, which a voice sounding more like the
-                   corrector does not improve), and their length is reported, never judged. Recordings that
-                   are the voice's own (--corrections_voice voice) are compared plainly, timing included.
-                   The round's best model is the one that says them best (beyond the noise: selection.py).
+        held       (when enough corrections came) the corrections held out of the round's training, the voice
+                   speaking each against its recording: what decides. A round is for saying the corrected words
+                   right everywhere, so it is judged on sentences it did not learn; judged by the phonetic judge
+                   where one votes (what is said, whoever says it), else by MCD across speakers (below).
+        said       the voice speaking each corrected sentence it trained on, against its recording. The
+                   corrections of --corrections_voice own are other people's recordings, at their own tempo and
+                   timbre: they are compared as another speaker's (MCD across speakers, finetune/reporting/
+                   measures.py: normalised cepstra at the best frequency warp, which a voice sounding more like
+                   the corrector does not improve), and their length is reported, never judged. Recordings that
+                   are the voice's own (--corrections_voice voice) are compared plainly, timing included. What
+                   decides when none could be held out; reported otherwise.
         learnt     (own ids only) the corrections' own speaker id speaking them, plain MCD and length: how
                    well they were learnt in their own voice and tempo; reported.
         originals  the voice on its own held-out clips: its MCD may rise at most `max_regression_pct` over
-                   the starting model's, and its length must pass the timing rule (the voice's tempo is the
-                   one that is judged).
+                   the starting model's, its length must pass the timing rule (the voice's tempo is the one
+                   that is judged), and, where the speaker judge votes, it must not sound less like the voice
+                   beyond that judge's noise.
 
-    The first evaluation (step 0, the starting model) is the baseline."""
+    The first evaluation (step 0, the starting model) is the baseline. The round's best evaluation is the one
+    that does best on what decides (beyond the noise: selection.py)."""
 
     # The round's verdict compares its parts' means (decide), so one cut short never takes part in the choice.
     compares_cut_short = False
 
-    @staticmethod
-    def describe(result: EvalResult) -> str:
+    def describe(self, result: EvalResult) -> str:
         x = result.extra
         eligible = "" if result.eligible else f"; not eligible: {result.ineligible_reason}"
         learnt = (
@@ -77,33 +100,43 @@ class FeedbackEvaluator:
             if "corrections_learnt_mcd_db" in x
             else ""
         )
+        held = (
+            f"held-out corrections {x['held_out_mcd_db']:.3f} dB{judged(x, 'held_out')}; "
+            if "held_out_mcd_db" in x
+            else ""
+        )
         return (
-            f"corrections as the voice says them {x['corrections_mcd_db']:.3f} dB{learnt}; held-out originals "
-            f"{x['originals_mcd_db']:.3f} dB ({x['originals_change_pct']:+.1f}%, length "
-            f"x{x['originals_length_ratio']:.2f}){eligible}{describe_cut(result)}"
+            f"{held}corrections as the voice says them {x['corrections_mcd_db']:.3f} dB{judged(x, 'corrections')}{learnt}; "
+            f"held-out originals {x['originals_mcd_db']:.3f} dB{judged(x, 'originals')} ({x['originals_change_pct']:+.1f}%, "
+            f"length x{x['originals_length_ratio']:.2f}){eligible}{describe_cut(result)}"
         )
 
     def __init__(
-        self, said: Evaluator, originals: Evaluator, max_regression_pct: float, learnt: Evaluator | None = None
+        self,
+        said: Evaluator,
+        originals: Evaluator,
+        max_regression_pct: float,
+        learnt: Evaluator | None = None,
+        held: Evaluator | None = None,
     ):
-        self.said, self.originals, self.learnt, self.max_regression_pct = said, originals, learnt, max_regression_pct
+        self.said, self.originals, self.learnt, self.held = said, originals, learnt, held
+        self.max_regression_pct = max_regression_pct
         self.rule = originals.rule  # the voice's timing, on its own clips
         self.baseline: EvalResult | None = None
+        deciding = held or said
+        panel = deciding.judges
+        what = [n for n in (panel.voting if panel else []) if panel.judges[n].kind in ("phonetic", "asr")]
+        self.deciding = Deciding(
+            "held" if held else "said", what[0] if what else "mcd", panel.higher_is_better(what[0]) if what else False
+        )
+        voice = originals.judges
+        self.identity = "speaker" if voice and "speaker" in voice.voting else ""  # the voice's identity judge
 
     @property
     def measure(self) -> str:
         """What decides, in words (the report says it)."""
-        if self.said.across_speakers and self.said.focus_tokens:
-            return (
-                "the voice's MCD on the frames of the letters the corrections are about, compared as another "
-                "speaker's recordings (normalised cepstra at the best frequency warp; their tempo not judged)"
-            )
-        return (
-            "the voice's MCD on the corrected sentences, compared as another speaker's recordings (normalised "
-            "cepstra at the best frequency warp; their tempo not judged)"
-            if self.said.across_speakers
-            else "the voice's MCD on the corrected sentences (its own recordings)"
-        )
+        part = self.held or self.said
+        return self.deciding.describe(focus=bool(part.across_speakers and part.focus_tokens))
 
     @property
     def example_mels(self):
@@ -113,70 +146,114 @@ class FeedbackEvaluator:
         """The voice's tempo is fitted on its own held-out clips, not on the corrections (other voices)."""
         return self.originals.fit_tempo(model)
 
+    def parts(self) -> list[tuple[str, Evaluator]]:
+        found = [("held", self.held), ("said", self.said), ("learnt", self.learnt), ("originals", self.originals)]
+        return [(name, part) for name, part in found if part is not None]
+
     def pay_once(self, stop=None) -> None:
         """What each part's first evaluation would pay once (finetune/reporting/evaluation.py), paid now."""
-        for part in (self.said, self.learnt, self.originals):
-            if part is not None:
-                part.pay_once(stop)
+        for _, part in self.parts():
+            part.pay_once(stop)
 
     def evaluate(self, model, step: int, stop=None, limit=None) -> EvalResult:
-        """Said, (learnt), then originals, inside one time limit; cut short if any was."""
-        said = self.said.evaluate(model, step, stop, limit)
-        learnt = self.learnt.evaluate(model, step, stop, limit) if self.learnt is not None else None
-        originals = self.originals.evaluate(model, step, stop, limit)
-        parts = [("corrections", said), ("originals", originals), *([("learnt", learnt)] if learnt else [])]
+        """Each part inside one time limit; cut short if any was."""
+        scored = {name: part.evaluate(model, step, stop, limit) for name, part in self.parts()}
+        said, originals = scored["said"], scored["originals"]
         extra = {
             "corrections_mcd_db": said.mcd_db,
             "corrections_length_ratio": said.length_ratio,
             "originals_mcd_db": originals.mcd_db,
             "originals_length_ratio": originals.length_ratio,
         }
-        if learnt is not None:
+        for name, label in (("held", "held_out"), ("said", "corrections"), ("originals", "originals")):
+            if name in scored:
+                extra.update({f"{label}_{judge}": value for judge, value in scored[name].judged.items()})
+        if "held" in scored:
+            extra["held_out_mcd_db"] = scored["held"].mcd_db
+        if "learnt" in scored:
+            learnt = scored["learnt"]
             extra.update(corrections_learnt_mcd_db=learnt.mcd_db, corrections_learnt_length_ratio=learnt.length_ratio)
         baseline = self.baseline.extra["originals_mcd_db"] if self.baseline else originals.mcd_db
         extra["originals_change_pct"] = change_pct(baseline, originals.mcd_db)
-        # A round's verdict compares its parts' means (the originals' change against the start's), so a part
-        # cut short is never eligible here, unlike in a plain run's choice (clip by clip: selection.py).
-        reasons = []
-        for name, part in parts[:2]:
-            if part.clips_scored < part.clips_planned:
-                reasons.append(
-                    f"{name}: cut short by the deadline after {part.clips_scored} of {part.clips_planned} clips "
-                    "(a partial score is not compared)"
-                )
-            elif not part.eligible:
-                reasons.append(f"{name}: {part.ineligible_reason}")
-        if extra["originals_change_pct"] > self.max_regression_pct:
-            reasons.append(
-                f"originals {extra['originals_change_pct']:+.1f}%, past the {self.max_regression_pct}% tolerance"
-            )
-        per_clip = {
-            **{f"correction/{k}": v for k, v in said.per_clip.items()},
-            **{f"original/{k}": v for k, v in originals.per_clip.items()},
-            **({f"learnt/{k}": v for k, v in learnt.per_clip.items()} if learnt else {}),
-        }
+        per_clip = {f"{PREFIX[name]}{k}": v for name, part in scored.items() for k, v in part.per_clip.items()}
+        deciding = oriented(
+            clip_values(per_clip, self.deciding.part, self.deciding.measure), self.deciding.higher_is_better
+        )
         result = EvalResult(
             step=step,
-            mcd_db=said.mcd_db,
+            mcd_db=sum(deciding.values()) / len(deciding) if deciding else math.nan,  # what decides, lower is better
             per_clip=per_clip,
             val_losses=originals.val_losses,
-            seconds=sum(part.seconds for _, part in parts),
+            seconds=sum(part.seconds for part in scored.values()),
             length_ratio=originals.length_ratio,
             draw_spread=originals.draw_spread,
             duration_error=originals.duration_error,
-            eligible=not reasons,
-            ineligible_reason="; ".join(reasons),
             samples=said.samples,
             extra=extra,
-            clips_planned=sum(part.clips_planned for _, part in parts),
-            cut_short=next((part.cut_short for _, part in parts if part.cut_short), ""),
+            clips_planned=sum(part.clips_planned for part in scored.values()),
+            cut_short=next((part.cut_short for part in scored.values() if part.cut_short), ""),
             sentences_planned=said.sentences_planned,
-            mcd_se_db=said.mcd_se_db,
-            choice_scores={f"correction/{k}": v for k, v in said.choice_scores.items()},
+            mcd_se_db=scored[self.deciding.part].mcd_se_db if self.deciding.measure == "mcd" else math.nan,
+            choice_scores=deciding,
         )
+        reasons = self.ineligible(scored, result)
+        result.eligible, result.ineligible_reason = not reasons, "; ".join(reasons)
         if self.baseline is None:
             self.baseline = result
         return result
+
+    def ineligible(self, scored: dict, result: EvalResult) -> list[str]:
+        """Why this evaluation's model may not be the round's best: a part cut short (its mean is not comparable:
+        the verdict compares means), a part outside its rule, the voice moved (its MCD past the tolerance, or
+        further from its own recordings by the speaker judge, beyond its noise)."""
+        reasons = []
+        for name in ("held", "said", "originals"):
+            part = scored.get(name)
+            if part is None:
+                continue
+            label = {"held": "held-out corrections", "said": "corrections", "originals": "originals"}[name]
+            if part.clips_scored < part.clips_planned:
+                reasons.append(
+                    f"{label}: cut short by the deadline after {part.clips_scored} of {part.clips_planned} clips "
+                    "(a partial score is not compared)"
+                )
+            elif not part.eligible:
+                reasons.append(f"{label}: {part.ineligible_reason}")
+        if result.extra["originals_change_pct"] > self.max_regression_pct:
+            reasons.append(
+                f"originals {result.extra['originals_change_pct']:+.1f}%, past the {self.max_regression_pct}% tolerance"
+            )
+        moved = identity_moved(self.baseline, result, self.identity) if self.baseline is not None else ""
+        if moved:
+            reasons.append(moved)
+        return reasons
+
+
+def judged(extra: dict, label: str) -> str:
+    values = {
+        k[len(label) + 1 :]: v
+        for k, v in extra.items()
+        if k.startswith(f"{label}_") and not k.endswith(("_db", "_ratio", "_pct"))
+    }
+    return "".join(f", {name} {value:.3f}" for name, value in values.items())
+
+
+def identity_moved(baseline: EvalResult, result: EvalResult | dict, judge: str) -> str:
+    """Why the voice no longer sounds like itself ("" when it does, or when no speaker judge votes): the speaker
+    judge's similarity of its held-out clips to its recordings lower than at the start beyond that judge's noise,
+    paired clip by clip."""
+    if not judge:
+        return ""
+    per_clip = result["per_clip"] if isinstance(result, dict) else result.per_clip
+    before = oriented(clip_values(baseline.per_clip, "originals", judge), True)
+    after = oriented(clip_values(per_clip, "originals", judge), True)
+    worse = paired(after, before)  # how much lower (better) the start is than the candidate
+    if not worse.beyond_noise:
+        return ""
+    return (
+        f"the voice moved: the {judge} judge finds its held-out clips further from its own recordings than at the "
+        f"start ({worse.describe().replace(' dB', '')})"
+    )
 
 
 @dataclass
@@ -191,21 +268,6 @@ class Decision:
 
 
 SCORES = ("corrections_mcd_db", "originals_mcd_db")
-LEARNT = (
-    "corrections_learnt_mcd_db",
-    "corrections_learnt_length_ratio",
-    "corrections_length_ratio",
-    "originals_length_ratio",
-)
-
-
-def clip_scores(per_clip: dict, prefix: str = "correction/") -> dict[str, float]:
-    """Clip id -> MCD of one part of an evaluation's per-clip figures (ClipScores or their dicts)."""
-    return {
-        name: (score["mcd_db"] if isinstance(score, dict) else score.mcd_db)
-        for name, score in per_clip.items()
-        if name.startswith(prefix)
-    }
 
 
 def decide(
@@ -213,24 +275,25 @@ def decide(
     best: dict | None,
     last: EvalResult,
     max_regression_pct: float,
-    measure: str = "the corrections' MCD",
+    evaluator: FeedbackEvaluator | None = None,
     confidence: float = NOISE_CONFIDENCE,
 ) -> Decision:
-    """Accept the round's best model when the voice says the corrected sentences better than the starting
-    model beyond the noise (paired clip by clip, selection.py), its own held-out clips within the
-    tolerance and the timing rule. Without a best model beyond the start, the last evaluation is the
-    candidate, so the report always shows what the round produced."""
-    before = {k: baseline.extra[k] for k in (*SCORES, *LEARNT) if k in baseline.extra}
+    """Accept the round's best model when the voice says the held-out corrections (or, too few to hold out, the
+    corrected sentences) better than the starting model beyond the noise, by what decides (FeedbackEvaluator:
+    the phonetic judge where it votes, else MCD across speakers), paired clip by clip, its own held-out clips
+    within the tolerance, the timing rule and, where the speaker judge votes, still its voice. Without a best
+    model beyond the start, the last evaluation is the candidate, so the report always shows what the round
+    produced."""
+    deciding = evaluator.deciding if evaluator is not None else Deciding("said", "mcd")
+    measure = evaluator.measure if evaluator is not None else "the corrections' MCD"
+    keep = (*SCORES, "held_out_mcd_db", "corrections_learnt_mcd_db")
+    before = {k: v for k, v in baseline.extra.items() if k in keep or k.endswith(("_ratio",)) or is_judged(k)}
     if best is not None and best["step"] > 0:  # the round's best_model: eligible, or the nearest (a fallback)
-        after, step, after_clips = (
-            {k: best[k] for k in before if k in best},
-            int(best["step"]),
-            clip_scores(best["per_clip"]),
-        )
-        timing_problem = best.get("ineligible_reason", "not eligible") if not best.get("eligible", True) else ""
+        after, step, after_clips = {k: best[k] for k in before if k in best}, int(best["step"]), best["per_clip"]
+        problem = best.get("ineligible_reason", "not eligible") if not best.get("eligible", True) else ""
     else:
-        after, step, after_clips = {k: last.extra[k] for k in before}, last.step, clip_scores(last.per_clip)
-        timing_problem = last.ineligible_reason if not last.eligible else ""
+        after, step, after_clips = {k: last.extra[k] for k in before if k in last.extra}, last.step, last.per_clip
+        problem = last.ineligible_reason if not last.eligible else ""
         if last.cut_short and step > 0:  # its means are over fewer clips than the start's: nothing to compare
             return Decision(
                 False,
@@ -243,138 +306,64 @@ def decide(
                 measure,
                 "not compared",
             )
-    improvement = paired(clip_scores(baseline.per_clip), after_clips, confidence)
+    values = lambda clips: oriented(clip_values(clips, deciding.part, deciding.measure), deciding.higher_is_better)  # noqa: E731
+    improvement = paired(values(baseline.per_clip), values(after_clips), confidence)
     decision = partial(
-        Decision, before=before, after=after, candidate_step=step, measure=measure, improvement=improvement.describe()
+        Decision,
+        before=before,
+        after=after,
+        candidate_step=step,
+        measure=measure,
+        improvement=describe(improvement, deciding),
     )
-    if not all(math.isfinite(after[k]) and math.isfinite(before[k]) for k in SCORES):
+    if not all(math.isfinite(after.get(k, math.nan)) and math.isfinite(before[k]) for k in SCORES):
         return decision(False, "a score is not a finite number (the model produced no usable speech)")
     regression = change_pct(before["originals_mcd_db"], after["originals_mcd_db"])
     if regression > max_regression_pct:
         return decision(
             False, f"the voice moved: its held-out clips got {regression:.1f}% worse (tolerance {max_regression_pct}%)"
         )
-    if timing_problem:
-        return decision(False, f"the voice's timing drifted ({timing_problem})")
+    moved = identity_moved(baseline, {"per_clip": after_clips}, evaluator.identity if evaluator else "")
+    if moved:
+        return decision(False, moved)
+    if problem:
+        timing = [p for p in problem.split("; ") if "length ratio" in p]
+        return decision(
+            False, f"the voice's timing drifted ({'; '.join(timing)})" if timing else f"not eligible ({problem})"
+        )
+    what = "held-out corrections" if deciding.part == "held" else "corrections"
     if step == 0 or not improvement.beyond_noise:
-        return decision(False, f"the corrections did not improve beyond the noise ({improvement.describe()})")
+        return decision(False, f"the {what} did not improve beyond the noise ({describe(improvement, deciding)})")
     return decision(
         True,
-        f"the corrections improved beyond the noise ({improvement.describe()}), the voice's own "
-        "held-out clips within tolerance",
+        f"the {what} improved beyond the noise ({describe(improvement, deciding)}), the voice's own held-out clips "
+        "within tolerance"
+        + (", still its voice by the speaker judge" if evaluator is not None and evaluator.identity else ""),
     )
 
 
-class Versions:
-    """The versions folder: numbered model versions, the current voice, the history, round folders."""
+def is_judged(key: str) -> bool:
+    return any(
+        key.startswith(f"{label}_") and not key.endswith(("_db", "_ratio", "_pct"))
+        for label in ("held_out", "corrections", "originals")
+    )
 
-    def __init__(self, root: Path):
-        self.root = Path(root)
 
-    @property
-    def current(self) -> Path:
-        return self.root / "current"
+def describe(comparison, deciding: Deciding) -> str:
+    """The comparison in the measure's own unit (dB for MCD; the judge's otherwise)."""
+    text = comparison.describe()
+    return text if deciding.measure == "mcd" else text.replace(" dB", "")
 
-    def history(self) -> dict:
-        path = self.root / HISTORY
-        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"current": None, "events": []}
 
-    def versions(self) -> list[str]:
-        return sorted(p.name for p in self.root.glob("v[0-9][0-9][0-9]") if p.is_dir())
-
-    def _record(self, event: dict, current: str | None = None) -> None:
-        history = self.history()
-        history["events"].append({"time": time.strftime("%Y-%m-%d %H:%M:%S"), **event})
-        if current is not None:
-            history["current"] = current
-        self.root.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(self.root / HISTORY, json.dumps(history, indent=2, ensure_ascii=False) + "\n")
-
-    def repair(self) -> list[str]:
-        """Undo what a round killed while making a version left (run before anything else): an unfinished
-        folder swap is rolled back, a version folder the history never recorded is removed, and current/
-        is made the version the history names again. Returns what was done."""
-        if not self.root.is_dir():
-            return []
-        notes = recover(self.root)
-        history = self.history()
-        recorded = {e.get("version") for e in history["events"] if e.get("event") in ("base", "accepted")}
-        for name in self.versions():
-            if name not in recorded:
-                shutil.rmtree(self.root / name)
-                notes.append(f"removed {name}, a version whose round did not finish making it")
-        named = history.get("current")
-        if named in self.versions() and listing(self.current) != listing(self.root / named):
-            self._copy_model(self.root / named, self.current)
-            notes.append(f"current/ restored to {named}, the version the history names")
-        return notes
-
-    def new_round_dir(self) -> Path:
-        rounds = self.root / "rounds"
-        rounds.mkdir(parents=True, exist_ok=True)
-        number = 1 + max([int(p.name.split("_")[1]) for p in rounds.glob("round_[0-9]*")] or [0])
-        folder = rounds / f"round_{number:03d}"
-        folder.mkdir()
-        return folder
-
-    def _copy_model(self, source: Path, target: Path) -> None:
-        staging = staging_dir(target)
-        shutil.rmtree(staging)
-        shutil.copytree(source, staging)
-        replace_dir(staging, target)
-
-    def ensure_base(self, base_dir: Path) -> None:
-        """Before the first round: the starting model becomes v000 and current/."""
-        if not self.versions():
-            self._copy_model(base_dir, self.root / "v000")
-            self._copy_model(base_dir, self.current)
-            self._record({"event": "base", "version": "v000", "from": str(base_dir)}, current="v000")
-
-    def accept(self, model_dir: Path, round_name: str, report: dict) -> str:
-        name = f"v{len(self.versions()):03d}"
-        self._copy_model(model_dir, self.root / name)
-        self._copy_model(self.root / name, self.current)
-        self._record(
-            {
-                "event": "accepted",
-                "round": round_name,
-                "version": name,
-                "base_version": self.history().get("current"),
-                **report,
-            },
-            current=name,
-        )
-        return name
-
-    def parent(self, version: str) -> str | None:
-        """The version the round that made `version` started from (v000 has none)."""
-        for event in reversed(self.history()["events"]):
-            if event.get("event") == "accepted" and event.get("version") == version and event.get("base_version"):
-                return event["base_version"]
-        versions = self.versions()  # histories written before base_version was recorded: number order
-        return versions[versions.index(version) - 1] if version in versions and versions.index(version) > 0 else None
-
-    def reject(self, round_name: str, report: dict) -> None:
-        self._record({"event": "rejected", "round": round_name, **report})
-
-    def rollback(self, target: str) -> tuple[str, str]:
-        """Make `target` current: a version name, or "previous": the version the current one was trained
-        from (so repeated "previous" walks back along the accepted rounds). Returns (from, to)."""
-        history, versions = self.history(), self.versions()
-        current = history.get("current")
-        if target == "previous":
-            parent = self.parent(current) if current in versions else None
-            if parent is None:
-                raise FeedbackError(
-                    f"no version before {current or 'nothing'} to roll back to; versions: "
-                    f"{', '.join(versions) or 'none'}"
-                )
-            target = parent
-        if target not in versions:
-            raise FeedbackError(f"--rollback {target}: no such version; versions: {', '.join(versions) or 'none'}")
-        self._copy_model(self.root / target, self.current)
-        self._record({"event": "rollback", "from": current, "to": target}, current=target)
-        return str(current), target
+def judged_change(decision: Decision, label: str) -> str:
+    """`; judges: speaker 0.812 -> 0.809, phonetic 2.31 -> 1.95` for one part of the round's figures."""
+    names = [k[len(label) + 1 :] for k in decision.before if k.startswith(f"{label}_") and is_judged(k)]
+    pairs = [
+        f"{name} {decision.before[f'{label}_{name}']:.3f} -> {decision.after[f'{label}_{name}']:.3f}"
+        for name in names
+        if f"{label}_{name}" in decision.after
+    ]
+    return f"; judges: {', '.join(pairs)}" if pairs else ""
 
 
 def summary_text(
@@ -403,7 +392,16 @@ def summary_text(
             f"({change_pct(before, after):+.1f}%{tolerance})"
         )
 
-    lines.append(row("Corrections, as the voice says them", "corrections_mcd_db", counts["corrections"]))
+    if "held_out_mcd_db" in decision.before and "held_out_mcd_db" in decision.after:
+        lines.append(
+            row("Corrections held out of the training, as the voice says them", "held_out_mcd_db", counts["held_out"])
+            + judged_change(decision, "held_out")
+        )
+    trained = counts["corrections"] - counts.get("held_out", 0)
+    lines.append(
+        row("Corrections it trained on, as the voice says them", "corrections_mcd_db", trained)
+        + judged_change(decision, "corrections")
+    )
     if "corrections_learnt_mcd_db" in decision.before and "corrections_learnt_mcd_db" in decision.after:
         lines.append(
             row(
@@ -417,12 +415,14 @@ def summary_text(
             "The voice's held-out originals", "originals_mcd_db", counts["originals"], f", tolerance +{max_regression}%"
         )
         + f"; length x{decision.after.get('originals_length_ratio', float('nan')):.2f} of the recordings"
+        + judged_change(decision, "originals")
     )
     if decision.measure:
         lines.append(f"Decided by {decision.measure}: {decision.improvement}.")
     lines.append(
-        f"Candidate: the model at step {decision.candidate_step}. Trained on {counts['corrections']} corrections "
-        f"+ {counts['replay']} replayed original clips."
+        f"Candidate: the model at step {decision.candidate_step}. Trained on {trained} corrections "
+        f"+ {counts['replay']} replayed original clips"
+        + (f"; {counts['held_out']} corrections held out to decide on." if counts.get("held_out") else ".")
     )
     if dropped:
         lines.append(

@@ -21,6 +21,7 @@ class Best:
     timing_error: float = 0.0  # its distance from the rule's band
     evals_since: int = 0  # evaluations since it was found (early stopping)
     clips: dict = field(default_factory=dict)  # its MCD on each held-out clip (the noise, compared clip by clip)
+    judged: dict = field(default_factory=dict)  # each voting judge's score of each clip (name -> clip id -> score)
 
 
 @dataclass

@@ -264,15 +264,17 @@ def freeze(model: VitsModel, parts: list[str]) -> list[str]:
     return list(parts)
 
 
-def train_token_rows(model: VitsModel, token_ids: list[int]) -> None:
-    """The token embeddings learn, but only the rows of `token_ids`: the others' gradients are zeroed (a
-    hook), so Adam's steps never move them (AdamW's decay toward zero, 0.01 x lr a step, still shrinks them
-    a little; --anchor_weight holds them exactly)."""
+def train_token_rows(model: VitsModel, token_ids: list[int] | None) -> torch.Tensor:
+    """The token embeddings learn, but only the rows of `token_ids` (None: every row): the others' gradients
+    are zeroed (a hook), so Adam's steps never move them (AdamW's decay toward zero, 0.01 x lr a step, still
+    shrinks them a little; --anchor_weight holds them exactly). Returns the mask [tokens, 1] the hook applies:
+    setting its rows to 1 later lets them learn from then on (a round's --timbre_first)."""
     embedding = model.text_encoder.embed_tokens.weight
     keep = torch.zeros(embedding.shape[0], 1, dtype=embedding.dtype, device=embedding.device)
-    keep[list(token_ids)] = 1.0
+    keep[list(range(embedding.shape[0])) if token_ids is None else list(token_ids)] = 1.0
     embedding.requires_grad_(True)
     embedding.register_hook(lambda grad: grad * keep.to(grad.device, grad.dtype))
+    return keep
 
 
 def train_mode(model: VitsModel, frozen_parts: list[str]) -> None:

@@ -1,0 +1,538 @@
+#!/usr/bin/env python3
+"""Which judges hear what a listener hears? Each judge of finetune/reporting/judges.py scores ladders whose order
+is known, and may vote (decide which model is kept, whether a round of corrections is accepted) only where it
+ranks every ladder of its kind right: Kendall tau >= 0.8 on each, its test-retest noise measured.
+
+    .venv/bin/python bench/bench_judges.py --model demo/work/checkpoints/best_model --data_dir demo/work/data \\
+        --work_dir W                   # about 15 minutes on 2 CPU cores
+    .venv/bin/python bench/bench_judges.py --smoke --work_dir W    # the pipeline on an untrained voice, 2 clips
+
+The ladders, each worst rung first (for two voices: the model's own and, when --model has a multi_speaker/
+folder, the crowd's speaker with the most held-out clips):
+    checkpoints/V   new weights < early (--early, else a run of --early_seconds from new weights) < the kept
+                    model (--model) < the recordings (the last only for judges that do not compare a clip
+                    with its own recording: a recording against itself is no test)
+    noise           the voice's recordings with white noise at 0, 10, 20, 30 dB SNR < clean
+    lowpass         low-passed at 1, 2, 4 kHz < the whole band
+    pitch           (speaker) shifted up 6, 4, 2 semitones < as recorded
+    other_speaker   (speaker) another speaker's recordings < the voice's own (against the voice's centroid)
+    text_swaps      (what is said) the kept model saying the text with 40, 20, 10 % of its letters swapped < 0 %
+    words_dropped   (what is said) with 50, 25 % of its words dropped < all of them
+Each judge is ranked on its kind's ladders: speaker on checkpoints, noise, lowpass, pitch, other_speaker;
+phonetic, phone_errors, asr and spectral (MCD) on checkpoints, noise, lowpass, text_swaps, words_dropped;
+naturalness on checkpoints, noise, lowpass. Tempo 0.7 and 1.4 (time-stretched recordings) is reported beside,
+as how far each judge moves against a 20 dB noise step (a judge of who or what should barely move).
+Test-retest: the kept model's two draws of each clip (seeds), scored twice; the noise is the standard deviation
+of the per-clip difference. Written: W/results.json as
+    {"judges": {NAME: {"kind": ..., "votes": bool, "ladders": {LADDER: {"kendall_tau": float, "clips": int,
+      "means": [...]}}, "retest_sd": float, "tempo": {...}}}, "machine": ..., "voices": [...]}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bench.machine import describe
+
+REPO = Path(__file__).resolve().parent.parent
+LADDERS_OF = {
+    "speaker": ("checkpoints", "noise", "lowpass", "pitch", "other_speaker"),
+    "phonetic": ("checkpoints", "noise", "lowpass", "text_swaps", "words_dropped"),
+    "asr": ("checkpoints", "noise", "lowpass", "text_swaps", "words_dropped"),
+    "spectral": ("checkpoints", "noise", "lowpass", "text_swaps", "words_dropped"),
+    "naturalness": ("checkpoints", "noise", "lowpass"),
+}
+PAIRWISE = ("phonetic", "spectral")  # kinds that compare a clip with its own recording
+JUDGES = ("speaker", "phonetic", "phone_errors", "asr", "mcd", "naturalness")
+
+
+@dataclass
+class Clip:
+    """One rung's rendering of one held-out clip: the audio to judge, and what it should be."""
+
+    item_id: str
+    wave: np.ndarray
+    rate: int
+    reference: tuple  # (waveform, rate) of the clip's recording
+    text: str
+
+
+@dataclass
+class Rung:
+    label: str
+    clips: list
+    is_recording: bool = False  # the recordings themselves: no test for a judge comparing a clip with its own
+
+
+@dataclass
+class Ladder:
+    name: str
+    kind_of: str  # which LADDERS_OF entry it belongs to ("checkpoints" for checkpoints/V)
+    voice: str  # whose centroid the speaker judge measures against
+    rungs: list  # worst first
+
+
+# ---------------------------------------------------------------- the voices and their clips
+
+
+def held_out(data_dir: Path, speaker: str | None, count: int) -> list[tuple[str, str, np.ndarray, int]]:
+    """(id, text, recording, rate) of `count` held-out clips of `speaker` (all speakers' when None)."""
+    import soundfile as sf
+
+    from finetune.data.metadata import read_rows
+
+    rows = [r for r in read_rows(data_dir / "metadata_val.csv") if speaker is None or r[1] == speaker][:count]
+    return [(item, text, *sf.read(data_dir / "wavs" / f"{item}.wav", dtype="float32")) for item, _, text in rows]
+
+
+def pick_voices(model: Path, data_dir: Path) -> list[tuple[str, str | None]]:
+    """(name, speaker to load from the multi-speaker folder or None) of the model's own voice and, in a crowd's
+    model, the other speaker with the most held-out clips."""
+    from collections import Counter
+
+    from finetune.data.metadata import read_rows
+    from finetune.vits.speakers import MULTI_SPEAKER_DIR
+
+    config = json.loads((model / "config.json").read_text(encoding="utf-8"))
+    own = config.get("speaker")
+    voices = [(own or "voice", None)]
+    listing = model / MULTI_SPEAKER_DIR / "speakers.json"
+    if listing.is_file():
+        names = set(json.loads(listing.read_text(encoding="utf-8"))["speakers"])
+        counts = Counter(who for _, who, _ in read_rows(data_dir / "metadata_val.csv") if who in names and who != own)
+        if counts:
+            voices.append((counts.most_common(1)[0][0], counts.most_common(1)[0][0]))
+    return voices
+
+
+def new_weights(model: Path, out: Path, seed: int) -> Path:
+    """The model's architecture (its multi-speaker one, when it has one) with new weights, as a folder."""
+    import torch
+    from transformers import VitsConfig, VitsModel, VitsTokenizer
+
+    from finetune.vits.speakers import MULTI_SPEAKER_DIR
+
+    source = model / MULTI_SPEAKER_DIR if (model / MULTI_SPEAKER_DIR).is_dir() else model
+    shutil.rmtree(out, ignore_errors=True)
+    torch.manual_seed(seed)
+    VitsModel(VitsConfig.from_pretrained(str(source))).save_pretrained(str(out))
+    VitsTokenizer.from_pretrained(str(source)).save_pretrained(str(out))
+    if (source / "speakers.json").is_file():
+        (out / MULTI_SPEAKER_DIR).mkdir()
+        for name in (
+            "config.json",
+            "model.safetensors",
+            "vocab.json",
+            "tokenizer_config.json",
+            "special_tokens_map.json",
+        ):
+            if (out / name).is_file():
+                shutil.copy(out / name, out / MULTI_SPEAKER_DIR / name)
+        shutil.copy(source / "speakers.json", out / MULTI_SPEAKER_DIR / "speakers.json")
+    return out
+
+
+def train_early(start: Path, data_dir: Path, work: Path, voice: str, seconds: float, smoke: bool) -> Path:
+    """An early model: `start` (new weights) trained for `seconds` on the corpus, the recipe's way."""
+    run = work / "early"
+    shutil.rmtree(run, ignore_errors=True)
+    argv = [
+        sys.executable,
+        str(REPO / "train_vits.py"),
+        "--data_dir",
+        str(data_dir),
+        "--checkpoint_dir",
+        str(run / "checkpoints"),
+        "--output_dir",
+        str(run / "final_model"),
+        "--model_name",
+        str(start),
+        "--target_hours",
+        str(seconds / 3600),
+        "--discriminator_width",
+        "0.0625",
+        "--learning_rate",
+        "2e-3",
+        "--gradient_accumulation_steps",
+        "1",
+        "--dropout",
+        "on",
+        "--discriminator_warmup_steps",
+        "0",
+        "--report_to",
+        "none",
+        "--log_every_seconds",
+        "60",
+        *(
+            ["--max_epochs", "1", "--max_samples", "8", "--val_samples", "2", "--benchmark_samples", "4"]
+            if smoke
+            else []
+        ),
+    ]
+    from finetune.data.metadata import read_rows
+
+    if voice != "voice" and len({who for _, who, _ in read_rows(data_dir / "metadata.csv")}) > 1:
+        argv += ["--speakers", "conditioned", "--target_speaker", voice]
+    with open(work / "early.log", "w") as log:
+        code = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+    if code != 0:
+        raise SystemExit(f"training the early model failed (exit {code}); see {work / 'early.log'}")
+    return run / "final_model"
+
+
+def voice_of(folder: Path, speaker: str | None):
+    import torch
+
+    from finetune.vits.synthesis import load_voice
+
+    return load_voice(folder, torch.device("cpu"), speaker=speaker)
+
+
+def render(voice, clips: list, texts: list[str] | None = None, seed: int = 0) -> list[Clip]:
+    """The voice saying each clip's text (or `texts`), one seeded request a clip."""
+    from finetune.vits.synthesis import numbered, prepare_lines, speak
+
+    said = []
+    for index, (item, text, audio, rate) in enumerate(clips):
+        line = prepare_lines(voice, numbered([texts[index] if texts else text]))[0]
+        wave = speak(voice, line.token_ids, seed + index) if line.token_ids is not None else np.zeros(1600, np.float32)
+        said.append(Clip(item, wave, voice.sample_rate, (audio, rate), text))
+    return said
+
+
+def as_recorded(clips: list, change=None) -> list[Clip]:
+    """The recordings themselves, each through `change(audio, rate)` when given."""
+    return [
+        Clip(item, change(audio, rate) if change else audio, rate, (audio, rate), text)
+        for item, text, audio, rate in clips
+    ]
+
+
+# ---------------------------------------------------------------- degradations
+
+
+def with_noise(snr_db: float, seed: int):
+    def change(audio, rate):
+        power = float(np.mean(audio**2)) or 1e-8
+        noise = np.random.default_rng(seed).standard_normal(len(audio)).astype(np.float32)
+        return np.clip(audio + noise * np.sqrt(power / 10 ** (snr_db / 10)), -1, 1).astype(np.float32)
+
+    return change
+
+
+def low_passed(cutoff_hz: float):
+    def change(audio, rate):
+        from scipy.signal import butter, sosfiltfilt
+
+        return sosfiltfilt(butter(8, cutoff_hz, fs=rate, output="sos"), audio).astype(np.float32)
+
+    return change
+
+
+def pitch_shifted(semitones: float):
+    def change(audio, rate):
+        import librosa
+
+        return librosa.effects.pitch_shift(audio, sr=rate, n_steps=semitones).astype(np.float32)
+
+    return change
+
+
+def tempo(length_factor: float):
+    def change(audio, rate):
+        import librosa
+
+        return librosa.effects.time_stretch(audio, rate=1.0 / length_factor).astype(np.float32)
+
+    return change
+
+
+def swap_letters(text: str, share: float, seed: int) -> str:
+    """`share` of the text's letters each replaced by another letter of the text."""
+    rng = np.random.default_rng(seed)
+    letters = sorted({c for c in text if c.isalpha()})
+    chars = list(text)
+    positions = [i for i, c in enumerate(chars) if c.isalpha()]
+    for i in rng.choice(positions, size=int(round(share * len(positions))), replace=False) if positions else []:
+        others = [c for c in letters if c != chars[i]] or letters
+        chars[i] = others[rng.integers(len(others))]
+    return "".join(chars)
+
+
+def drop_words(text: str, share: float, seed: int) -> str:
+    words = text.split()
+    drop = set(np.random.default_rng(seed).choice(len(words), size=int(share * len(words)), replace=False))
+    kept = [w for i, w in enumerate(words) if i not in drop]
+    return " ".join(kept or words[:1])
+
+
+# ---------------------------------------------------------------- the ladders
+
+
+def build_ladders(kept: Path, early: Path, fresh: Path, voices, data_dir: Path, count: int, seed: int) -> list:
+    ladders = []
+    for name, speaker in voices:
+        clips = held_out(data_dir, None if name == "voice" else name, count)
+        rungs = [
+            Rung("new weights", render(voice_of(fresh, speaker), clips, seed=seed)),
+            Rung("early", render(voice_of(early, speaker), clips, seed=seed)),
+            Rung("kept", render(voice_of(kept, speaker), clips, seed=seed)),
+            Rung("recordings", as_recorded(clips), is_recording=True),
+        ]
+        ladders.append(Ladder(f"checkpoints/{name}", "checkpoints", name, rungs))
+    name, speaker = voices[0]
+    clips = held_out(data_dir, None if name == "voice" else name, count)
+    kept_voice = voice_of(kept, speaker)
+
+    def degraded(label, changes):
+        return [Rung(f"{label} {c}", as_recorded(clips, f)) for c, f in changes] + [
+            Rung("as recorded", as_recorded(clips))
+        ]
+
+    ladders.append(
+        Ladder("noise", "noise", name, degraded("SNR dB", [(s, with_noise(s, seed)) for s in (0, 10, 20, 30)]))
+    )
+    ladders.append(Ladder("lowpass", "lowpass", name, degraded("Hz", [(c, low_passed(c)) for c in (1000, 2000, 4000)])))
+    ladders.append(Ladder("pitch", "pitch", name, degraded("+semitones", [(s, pitch_shifted(s)) for s in (6, 4, 2)])))
+    if len(voices) > 1:
+        other = held_out(data_dir, voices[1][0], count)
+        ladders.append(
+            Ladder(
+                "other_speaker",
+                "other_speaker",
+                name,
+                [Rung(voices[1][0], as_recorded(other)), Rung(name, as_recorded(clips))],
+            )
+        )
+    texts = [text for _, text, _, _ in clips]
+    ladders.append(
+        Ladder(
+            "text_swaps",
+            "text_swaps",
+            name,
+            [
+                Rung(
+                    f"{int(100 * s)}% swapped",
+                    render(kept_voice, clips, [swap_letters(t, s, seed + i) for i, t in enumerate(texts)], seed),
+                )
+                for s in (0.4, 0.2, 0.1, 0.0)
+            ],
+        )
+    )
+    ladders.append(
+        Ladder(
+            "words_dropped",
+            "words_dropped",
+            name,
+            [
+                Rung(
+                    f"{int(100 * s)}% dropped",
+                    render(kept_voice, clips, [drop_words(t, s, seed + i) for i, t in enumerate(texts)], seed),
+                )
+                for s in (0.5, 0.25, 0.0)
+            ],
+        )
+    )
+    return ladders
+
+
+def set_voice(judge, data_dir: Path, voice: str, count: int) -> None:
+    """The speaker judge's reference: the voice's held-out recordings."""
+    if hasattr(judge, "set_voice"):
+        judge.set_voice(
+            {
+                item: (audio, rate)
+                for item, _, audio, rate in held_out(data_dir, voice if voice != "voice" else None, count)
+            }
+        )
+
+
+def score_rung(judge, rung: Rung) -> list[float]:
+    return [judge.score(c.wave, c.rate, item_id=c.item_id, reference=c.reference, text=c.text) for c in rung.clips]
+
+
+def rank_ladder(judge, ladder: Ladder) -> dict:
+    """The judge's mean on each rung (those it can be tested on) and its Kendall tau against the rungs' order."""
+    from finetune.reporting.judges import kendall_tau
+
+    rungs = [r for r in ladder.rungs if not (r.is_recording and judge.kind in PAIRWISE)]
+    means = [float(np.mean(score_rung(judge, r))) for r in rungs]
+    oriented = means if judge.higher_is_better else [-m for m in means]
+    return {
+        "kendall_tau": kendall_tau(oriented),
+        "clips": len(rungs[0].clips) if rungs else 0,
+        "rungs": [r.label for r in rungs],
+        "means": [round(m, 4) for m in means],
+    }
+
+
+def validate(judge, ladders: list, data_dir: Path, count: int) -> dict:
+    """Every ladder of the judge's kind ranked; whether it may vote (finetune/reporting/judges.py votes)."""
+    results = {}
+    for ladder in ladders:
+        if ladder.kind_of not in LADDERS_OF[judge.kind]:
+            continue
+        set_voice(judge, data_dir, ladder.voice, count)
+        results[ladder.name] = rank_ladder(judge, ladder)
+    return results
+
+
+def retest(judge, kept: Path, voice, data_dir: Path, count: int, seed: int) -> float:
+    """The standard deviation of the per-clip difference between two seeded draws of the kept model."""
+    name, speaker = voice
+    clips = held_out(data_dir, name if name != "voice" else None, count)
+    set_voice(judge, data_dir, name, count)
+    first = score_rung(judge, Rung("a", render(voice_of(kept, speaker), clips, seed=seed + 1000)))
+    second = score_rung(judge, Rung("b", render(voice_of(kept, speaker), clips, seed=seed + 2000)))
+    differences = np.array(first) - np.array(second)
+    return float(np.std(differences, ddof=1)) if len(differences) > 1 else float("nan")
+
+
+def tempo_effect(judge, data_dir: Path, voice: str, count: int) -> dict:
+    """The judge's mean on recordings stretched to 0.7x and 1.4x their length, and on them as recorded and at
+    20 dB SNR (the step a judge of who or what should move more than for a tempo)."""
+    clips = held_out(data_dir, voice if voice != "voice" else None, count)
+    set_voice(judge, data_dir, voice, count)
+    rows = {
+        "as recorded": as_recorded(clips),
+        "x0.7": as_recorded(clips, tempo(0.7)),
+        "x1.4": as_recorded(clips, tempo(1.4)),
+        "20 dB SNR": as_recorded(clips, with_noise(20, 0)),
+    }
+    return {label: round(float(np.mean(score_rung(judge, Rung(label, c)))), 4) for label, c in rows.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--model", help="the kept model: a folder train_vits.py wrote (its multi_speaker/ gives a second voice)"
+    )
+    parser.add_argument("--data_dir", help="its prepared corpus (held-out clips in metadata_val.csv)")
+    parser.add_argument(
+        "--work_dir", default=None, help="results.json and the early model here (default: a temporary folder)"
+    )
+    parser.add_argument(
+        "--early", default=None, help="an early model folder of the same voices (default: trained here)"
+    )
+    parser.add_argument("--early_seconds", type=float, default=90.0, help="the early model's budget, start-up included")
+    parser.add_argument("--clips", type=int, default=8, help="held-out clips of each voice on every rung")
+    parser.add_argument("--judges", nargs="+", default=list(JUDGES), choices=JUDGES)
+    parser.add_argument(
+        "--asr_model", default=None, help="a transformers CTC model (hub id or folder) for the asr judge"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--smoke", action="store_true", help="an untrained tiny voice on 2 demo clips (figures mean nothing)"
+    )
+    args = parser.parse_args()
+    print(f"machine: {describe()}", flush=True)
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_judges_"))
+    work.mkdir(parents=True, exist_ok=True)
+    if args.smoke:
+        args.model, args.data_dir, args.clips = smoke_voice(work), str(work / "smoke_data"), 2
+    if not args.model or not args.data_dir:
+        parser.error("--model and --data_dir are needed (or --smoke)")
+    from finetune.reporting import judges as judging
+
+    kept, data_dir = Path(args.model), Path(args.data_dir)
+    voices = pick_voices(kept, data_dir)
+    print(f"voices: {', '.join(name for name, _ in voices)}; {args.clips} held-out clips each", flush=True)
+    fresh = new_weights(kept, work / "new_weights", args.seed)
+    early = (
+        Path(args.early)
+        if args.early
+        else train_early(fresh, data_dir, work, voices[0][0], args.early_seconds, args.smoke)
+    )
+    ladders = build_ladders(kept, early, fresh, voices, data_dir, args.clips, args.seed)
+    made = judging.load_judges(args.judges, args.asr_model)
+    results = {}
+    for name, judge in made.items():
+        ranked = validate(judge, ladders, data_dir, args.clips)
+        noise = retest(judge, kept, voices[0], data_dir, args.clips, args.seed)
+        results[name] = {
+            "kind": judge.kind,
+            "higher_is_better": judge.higher_is_better,
+            "votes": judging.votes(ranked, math.isfinite(noise)),
+            "ladders": ranked,
+            "retest_sd": round(noise, 4),
+            "tempo": tempo_effect(judge, data_dir, voices[0][0], args.clips),
+        }
+        print_judge(name, results[name])
+    missing = [n for n in args.judges if n not in made]
+    record = {
+        "machine": describe(),
+        "voices": [n for n, _ in voices],
+        "clips": args.clips,
+        "judges": results,
+        "not_run": missing,
+    }
+    (work / "results.json").write_text(json.dumps(record, indent=2, ensure_ascii=False), encoding="utf-8")
+    print(
+        f"\nvoting: {', '.join(n for n, r in results.items() if r['votes']) or 'none'}; not run here: {', '.join(missing) or 'none'}"
+    )
+    print(f"results: {work / 'results.json'}")
+
+
+def print_judge(name: str, result: dict) -> None:
+    print(
+        f"\n{name} ({result['kind']}, {'higher' if result['higher_is_better'] else 'lower'} is nearer): "
+        f"votes {result['votes']}; test-retest SD {result['retest_sd']}"
+    )
+    for ladder, r in result["ladders"].items():
+        rungs = ", ".join(f"{label} {mean}" for label, mean in zip(r["rungs"], r["means"]))
+        print(f"  {ladder}: tau {r['kendall_tau']:+.2f} ({r['clips']} clips): {rungs}")
+    print(f"  tempo: {result['tempo']}", flush=True)
+
+
+def smoke_voice(work: Path) -> str:
+    """An untrained tiny voice and its held-out clips, from the demo corpus as one voice."""
+    import torch
+
+    from finetune.vits.generator import scratch_generator
+
+    data = work / "smoke_data"
+    shutil.rmtree(data, ignore_errors=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "prepare_data.py"),
+            "--input_dir",
+            str(REPO / "demo" / "corpus"),
+            "--data_dir",
+            str(data),
+            "--model_name",
+            "scratch:tiny",
+            "--max_samples",
+            "60",
+            "--val_fraction",
+            "0.3",
+            "--num_workers",
+            "1",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    from finetune.data.metadata import read_rows
+
+    texts = [t for name in ("metadata.csv", "metadata_val.csv") for _, _, t in read_rows(data / name)]
+    torch.manual_seed(0)
+    loaded = scratch_generator("tiny", sorted(set("".join(texts))), 16000)
+    folder = work / "smoke_voice"
+    shutil.rmtree(folder, ignore_errors=True)
+    loaded.model.save_pretrained(str(folder))
+    loaded.tokenizer.save_pretrained(str(folder))
+    return str(folder)
+
+
+if __name__ == "__main__":
+    main()

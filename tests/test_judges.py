@@ -1,0 +1,131 @@
+"""The judges (finetune/reporting/judges.py) on real recordings of the bundled demo crowd, and the rule that lets
+one vote: a judge that ranks a ladder wrongly is kept from voting. The speaker and phonetic judges run on the
+packaged weights of their optional extra (requirements-judges.txt, which `make test` installs); without it
+those tests are skipped, as evaluation goes on without the judges."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from finetune.reporting import judges
+from tests.conftest import DEMO_CORPUS
+
+
+def crowd_clips(speaker: str, count: int) -> list[tuple[str, np.ndarray, int]]:
+    """(id, audio, rate) of the first `count` demo clips `speaker` read (22.05 kHz MP3s)."""
+    with open(DEMO_CORPUS / "validated.tsv", encoding="utf-8") as listing:
+        rows = [row for row in csv.DictReader(listing, delimiter="\t") if row["client_id"] == speaker][:count]
+    return [(row["path"], *sf.read(DEMO_CORPUS / row["path"], dtype="float32")) for row in rows]
+
+
+def test_kendall_tau_and_the_voting_rule():
+    assert judges.kendall_tau([1.0, 2.0, 3.0, 4.0]) == 1.0
+    assert judges.kendall_tau([4.0, 3.0, 2.0, 1.0]) == -1.0
+    assert judges.kendall_tau([1.0, 3.0, 2.0, 4.0]) == pytest.approx(2 / 3)  # one swap of four: not enough to vote
+    ladders = {"a": {"kendall_tau": 1.0}, "b": {"kendall_tau": 0.8}}
+    assert judges.votes(ladders, retest_known=True)
+    assert not judges.votes(ladders, retest_known=False)  # its noise unknown: reported only
+    assert not judges.votes({**ladders, "c": {"kendall_tau": 2 / 3}}, retest_known=True)
+    assert not judges.votes({}, retest_known=True)  # no ladder ranked: no vote
+
+
+class LoudnessJudge:
+    """A planted judge that hears only loudness (higher RMS 'nearer'): added noise makes clips louder, so it
+    ranks the noise ladder backwards."""
+
+    name, kind, higher_is_better = "loudness", "naturalness", True
+
+    def score(self, waveform, sample_rate, **_):
+        return float(np.sqrt(np.mean(np.square(waveform))))
+
+
+class NoiseJudge(LoudnessJudge):
+    """A planted judge that ranks by how little the clip differs from its recording: right on that ladder."""
+
+    def score(self, waveform, sample_rate, reference=None, **_):
+        return -float(np.mean(np.square(waveform - reference[0])))
+
+
+def test_a_judge_that_ranks_a_ladder_wrongly_is_kept_from_voting(tmp_path):
+    from bench.bench_judges import Ladder, Rung, as_recorded, rank_ladder, with_noise
+
+    clips = [(item, "", audio, rate) for item, audio, rate in crowd_clips("ciya", 3)]
+    rungs = [Rung(f"SNR {snr}", as_recorded(clips, with_noise(snr, 0))) for snr in (0, 10, 20)]
+    ladder = Ladder("noise", "noise", "ciya", [*rungs, Rung("as recorded", as_recorded(clips))])
+    wrong, right = rank_ladder(LoudnessJudge(), ladder), rank_ladder(NoiseJudge(), ladder)
+    assert wrong["kendall_tau"] == -1.0 and right["kendall_tau"] == 1.0 and wrong["clips"] == 3
+    assert not judges.votes({"noise": wrong}, retest_known=True)
+    assert judges.votes({"noise": right}, retest_known=True)
+
+
+@pytest.mark.skipif(not judges.available("speaker"), reason=f"the speaker judge's extra: {judges.INSTALL_HINT}")
+def test_the_speaker_judge_hears_the_voice_and_not_another():
+    """Each of ciya's recordings is nearer the centroid of ciya's others than any of axin's is."""
+    judge = judges.SpeakerJudge()
+    own = crowd_clips("ciya", 4)
+    judge.set_voice({item: (audio, rate) for item, audio, rate in own})
+    mine = [judge.score(audio, rate, item_id=item) for item, audio, rate in own]
+    theirs = [judge.score(audio, rate) for _, audio, rate in crowd_clips("axin", 4)]
+    assert min(mine) > max(theirs), (mine, theirs)
+    assert all(-1.0 <= value <= 1.0 for value in mine + theirs)
+
+
+@pytest.mark.skipif(not judges.available("phonetic"), reason=f"the phonetic judge's extra: {judges.INSTALL_HINT}")
+def test_the_phonetic_judge_hears_what_is_said_whoever_says_it():
+    """A recording is nearest itself, then itself as a larger, slower speaker would say it (resampled 1.25x:
+    pitch, formants and tempo moved), and far from another sentence; the phone error rate agrees."""
+    import soxr
+
+    judge = judges.PhoneticJudge()
+    errors = judges.PhoneErrorJudge(judge.recogniser)
+    (item, audio, rate), (_, other, other_rate) = crowd_clips("ciya", 2)
+    slower = soxr.resample(audio, rate, rate * 1.25)  # played back at `rate`: 1.25x longer and lower
+    same = judge.score(audio, rate, reference=(audio, rate), item_id=item)
+    moved = judge.score(slower, rate, reference=(audio, rate), item_id=item)
+    different = judge.score(other, other_rate, reference=(audio, rate), item_id=item)
+    assert same < moved < different, (same, moved, different)
+    assert errors.score(audio, rate, reference=(audio, rate), item_id=item) == 0.0
+    assert errors.score(other, other_rate, reference=(audio, rate), item_id=item) > 0.5
+
+
+def test_the_asr_judge_runs_any_transformers_ctc_model_from_a_folder(tmp_path):
+    """--asr_model as a local folder (a tiny untrained Wav2Vec2 CTC model here; a user names MMS's): a character
+    error rate against the clip's text, 0 for a transcript that matches."""
+    from transformers import (
+        Wav2Vec2Config,
+        Wav2Vec2CTCTokenizer,
+        Wav2Vec2FeatureExtractor,
+        Wav2Vec2ForCTC,
+        Wav2Vec2Processor,
+    )
+
+    vocab = {"<pad>": 0, "|": 1, "<unk>": 2, **{c: i + 3 for i, c in enumerate("abcdefghijklmnopqrstuvwxyz")}}
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    tokenizer = Wav2Vec2CTCTokenizer(str(tmp_path / "vocab.json"), word_delimiter_token="|")
+    processor = Wav2Vec2Processor(Wav2Vec2FeatureExtractor(sampling_rate=16000), tokenizer)
+    config = Wav2Vec2Config(
+        vocab_size=len(vocab),
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        conv_dim=(16, 16),
+        conv_stride=(5, 4),
+        conv_kernel=(10, 8),
+        num_conv_pos_embeddings=8,
+        num_conv_pos_embedding_groups=2,
+        pad_token_id=0,
+    )
+    Wav2Vec2ForCTC(config).save_pretrained(str(tmp_path / "asr"))
+    processor.save_pretrained(str(tmp_path / "asr"))
+    judge = judges.load_judges(["asr"], str(tmp_path / "asr"))["asr"]
+    _, audio, rate = crowd_clips("ciya", 1)[0]
+    said = judge.transcribe(audio, rate)
+    assert judge.score(audio, rate, text=said) == 0.0
+    assert judge.score(audio, rate, text=said + " abc") > 0.0
+    assert judges.edit_distance(list("kitten"), list("sitting")) == 3
