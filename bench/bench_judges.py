@@ -116,29 +116,22 @@ def pick_voices(model: Path, data_dir: Path) -> list[tuple[str, str | None]]:
 
 
 def new_weights(model: Path, out: Path, seed: int) -> Path:
-    """The model's architecture (its multi-speaker one, when it has one) with new weights, as a folder."""
+    """The model's architecture with new weights, as a folder like it: its single voice at the top and, when it has
+    one, its multi-speaker model in multi_speaker/ (the same speakers.json)."""
     import torch
     from transformers import VitsConfig, VitsModel, VitsTokenizer
 
     from finetune.vits.speakers import MULTI_SPEAKER_DIR
 
-    source = model / MULTI_SPEAKER_DIR if (model / MULTI_SPEAKER_DIR).is_dir() else model
     shutil.rmtree(out, ignore_errors=True)
-    torch.manual_seed(seed)
-    VitsModel(VitsConfig.from_pretrained(str(source))).save_pretrained(str(out))
-    VitsTokenizer.from_pretrained(str(source)).save_pretrained(str(out))
-    if (source / "speakers.json").is_file():
-        (out / MULTI_SPEAKER_DIR).mkdir()
-        for name in (
-            "config.json",
-            "model.safetensors",
-            "vocab.json",
-            "tokenizer_config.json",
-            "special_tokens_map.json",
-        ):
-            if (out / name).is_file():
-                shutil.copy(out / name, out / MULTI_SPEAKER_DIR / name)
-        shutil.copy(source / "speakers.json", out / MULTI_SPEAKER_DIR / "speakers.json")
+    for source, target in ((model, out), (model / MULTI_SPEAKER_DIR, out / MULTI_SPEAKER_DIR)):
+        if not (source / "config.json").is_file():
+            continue
+        torch.manual_seed(seed)
+        VitsModel(VitsConfig.from_pretrained(str(source))).save_pretrained(str(target))
+        VitsTokenizer.from_pretrained(str(source)).save_pretrained(str(target))
+        if (source / "speakers.json").is_file():
+            shutil.copy(source / "speakers.json", target / "speakers.json")
     return out
 
 
@@ -279,7 +272,34 @@ def drop_words(text: str, share: float, seed: int) -> str:
 # ---------------------------------------------------------------- the ladders
 
 
-def build_ladders(kept: Path, early: Path, fresh: Path, voices, data_dir: Path, count: int, seed: int) -> list:
+def espeak_voice(spec: str):
+    """A render() stand-in for a good voice: espeak-ng with the settings of `espeak:VOICE:WPM:PITCH` (the demo
+    crowd's speakers are espeak-ng voices: demo/make_corpus.py's SPEAKERS)."""
+    import soundfile as sf
+
+    _, voice, speed_wpm, pitch = spec.split(":")
+
+    def say(clips: list, texts: list[str] | None = None, seed: int = 0) -> list[Clip]:
+        said = []
+        with tempfile.TemporaryDirectory() as folder:
+            for index, (item, text, audio, rate) in enumerate(clips):
+                path = Path(folder) / f"{index}.wav"
+                words = texts[index] if texts else text
+                subprocess.run(
+                    ["espeak-ng", "-v", voice, "-s", speed_wpm, "-p", pitch, "-w", str(path), words],
+                    check=True,
+                    capture_output=True,
+                )
+                wave, wave_rate = sf.read(path, dtype="float32")
+                said.append(Clip(item, wave, wave_rate, (audio, rate), text))
+        return said
+
+    return say
+
+
+def build_ladders(
+    kept: Path, early: Path, fresh: Path, voices, data_dir: Path, count: int, seed: int, good_voice: str | None = None
+) -> list:
     ladders = []
     for name, speaker in voices:
         clips = held_out(data_dir, None if name == "voice" else name, count)
@@ -293,6 +313,13 @@ def build_ladders(kept: Path, early: Path, fresh: Path, voices, data_dir: Path, 
     name, speaker = voices[0]
     clips = held_out(data_dir, None if name == "voice" else name, count)
     kept_voice = voice_of(kept, speaker)
+    # Who says the altered texts: a good voice (--good_voice: what a judge of what is said must hear in clear
+    # speech), else the kept model.
+    say = (
+        espeak_voice(good_voice)
+        if good_voice
+        else (lambda clips, texts=None, seed=0: render(kept_voice, clips, texts, seed))
+    )
 
     def degraded(label, changes):
         return [Rung(f"{label} {c}", as_recorded(clips, f)) for c, f in changes] + [
@@ -323,7 +350,7 @@ def build_ladders(kept: Path, early: Path, fresh: Path, voices, data_dir: Path, 
             [
                 Rung(
                     f"{int(100 * s)}% swapped",
-                    render(kept_voice, clips, [swap_letters(t, s, seed + i) for i, t in enumerate(texts)], seed),
+                    say(clips, [swap_letters(t, s, seed + i) for i, t in enumerate(texts)], seed),
                 )
                 for s in (0.4, 0.2, 0.1, 0.0)
             ],
@@ -337,7 +364,7 @@ def build_ladders(kept: Path, early: Path, fresh: Path, voices, data_dir: Path, 
             [
                 Rung(
                     f"{int(100 * s)}% dropped",
-                    render(kept_voice, clips, [drop_words(t, s, seed + i) for i, t in enumerate(texts)], seed),
+                    say(clips, [drop_words(t, s, seed + i) for i, t in enumerate(texts)], seed),
                 )
                 for s in (0.5, 0.25, 0.0)
             ],
@@ -430,6 +457,12 @@ def main() -> None:
     parser.add_argument(
         "--asr_model", default=None, help="a transformers CTC model (hub id or folder) for the asr judge"
     )
+    parser.add_argument(
+        "--good_voice",
+        default=None,
+        help="who says the text ladders' altered sentences: espeak:VOICE:WPM:PITCH (an espeak-ng voice; the demo "
+        "crowd's ciya is espeak:ku+f2:140:62), else the kept model",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--smoke", action="store_true", help="an untrained tiny voice on 2 demo clips (figures mean nothing)"
@@ -446,14 +479,15 @@ def main() -> None:
 
     kept, data_dir = Path(args.model), Path(args.data_dir)
     voices = pick_voices(kept, data_dir)
-    print(f"voices: {', '.join(name for name, _ in voices)}; {args.clips} held-out clips each", flush=True)
+    counts = [len(held_out(data_dir, None if name == "voice" else name, args.clips)) for name, _ in voices]
+    print("voices: " + ", ".join(f"{name} ({n} held-out clips)" for (name, _), n in zip(voices, counts)), flush=True)
     fresh = new_weights(kept, work / "new_weights", args.seed)
     early = (
         Path(args.early)
         if args.early
         else train_early(fresh, data_dir, work, voices[0][0], args.early_seconds, args.smoke)
     )
-    ladders = build_ladders(kept, early, fresh, voices, data_dir, args.clips, args.seed)
+    ladders = build_ladders(kept, early, fresh, voices, data_dir, args.clips, args.seed, args.good_voice)
     made = judging.load_judges(args.judges, args.asr_model)
     results = {}
     for name, judge in made.items():

@@ -686,3 +686,47 @@ def test_too_few_corrections_to_hold_some_out_decide_on_the_trained_ones_and_say
     held, trained = hold_out(list(range(30)), 0.34, 0)
     assert len(held) == 10 and len(trained) == 20
     assert hold_out(list(range(30)), 0.0, 0) == ([], list(range(30)))
+
+
+def judged_round(step: int, held: list[float], speaker: list[float], originals: float = 8.0) -> EvalResult:
+    """A round's evaluation whose held-out corrections carry a phonetic judge's scores and whose originals carry
+    the speaker judge's (what decides and what keeps the voice when both vote)."""
+    per_clip = {
+        **{f"held/h{i}": ClipScore(6.0, 1.0, 0.0, False, judged={"phonetic": v}) for i, v in enumerate(held)},
+        **{
+            f"original/o{i}": ClipScore(originals, 1.0, 0.0, False, judged={"speaker": v})
+            for i, v in enumerate(speaker)
+        },
+        **{f"correction/c{i}": ClipScore(7.0, 1.0, 0.0, False) for i in range(3)},
+    }
+    extra = {"corrections_mcd_db": 7.0, "originals_mcd_db": originals, "held_out_mcd_db": 6.0}
+    return EvalResult(step, float(np.mean(held)), per_clip, {}, 0.0, extra=extra)
+
+
+def test_a_voting_judge_of_what_is_said_decides_and_the_speaker_judge_keeps_the_voice():
+    """Where the phonetic judge votes it decides on the held-out corrections (MCD unmoved here), and where the
+    speaker judge votes a voice further from its own recordings beyond that judge's noise is rejected."""
+    from types import SimpleNamespace
+
+    from finetune.training.feedback import Deciding
+
+    evaluator = SimpleNamespace(deciding=Deciding("held", "phonetic"), measure="the phonetic judge", identity="speaker")
+    base = judged_round(0, [3.0, 3.2, 2.9, 3.1], [0.80, 0.82, 0.79, 0.81])
+    said_better = judged_round(6, [2.5, 2.8, 2.3, 2.6], [0.80, 0.82, 0.79, 0.81])
+    decision = decide(base, None, said_better, 2.0, evaluator)
+    assert decision.accepted and "held-out corrections improved beyond the noise" in decision.reason
+    assert "still its voice by the speaker judge" in decision.reason and " dB" not in decision.improvement
+    moved = judged_round(6, [2.5, 2.8, 2.3, 2.6], [0.70, 0.73, 0.68, 0.72])
+    reason = decide(base, None, moved, 2.0, evaluator).reason
+    assert reason.startswith("the voice moved: the speaker judge finds its held-out clips further")
+
+
+def test_a_voting_judge_keeps_out_a_model_the_mcd_would_let_in():
+    from finetune.reporting.selection import judges_veto
+
+    kept = {"speaker": {"a": 0.80, "b": 0.82, "c": 0.79, "d": 0.81}}
+    worse = {"speaker": {"a": 0.70, "b": 0.74, "c": 0.69, "d": 0.72}}  # further from the voice on every clip
+    alike = {"speaker": {"a": 0.81, "b": 0.80, "c": 0.80, "d": 0.80}}
+    assert "the speaker judge finds step 12 better beyond its noise" in judges_veto(kept, worse, {"speaker": True}, 12)
+    assert judges_veto(kept, alike, {"speaker": True}, 12) == ""
+    assert judges_veto({}, worse, {"speaker": True}, 12) == ""  # no voting judge scored the kept model

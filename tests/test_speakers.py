@@ -410,6 +410,8 @@ def test_a_feedback_round_keeps_the_corrections_apart_and_judges_the_target(crow
             "100",
             "--log_every_seconds",
             "60",
+            "--judges",
+            "none",  # tested on their own (test_judges.py), and in a round by tests/test_journey.py
         ],
         clock=clock_for(fake),
     )
@@ -418,7 +420,7 @@ def test_a_feedback_round_keeps_the_corrections_apart_and_judges_the_target(crow
     report = json.loads((round_dir / "feedback_report.json").read_text())
     assert report["voice"] == "bbb222" and report["corrections_voice"] == "own"
     held_out = [r for r in read_rows(crowd / "metadata_val.csv") if r[1] == "bbb222"]
-    assert report["counts"] == {"corrections": 3, "originals": min(2, len(held_out)), "replay": 6}
+    assert report["counts"] == {"corrections": 3, "held_out": 0, "originals": min(2, len(held_out)), "replay": 6}
     log = (round_dir / "train.log").read_text()
     assert "the corrections train under a speaker id of their own" in log
     last = round_dir / "checkpoints" / "last_model"
