@@ -87,11 +87,12 @@ demo: setup
 	@echo "makes a robotic voice at the corpus's tempo, not good speech: the point is the whole pipeline."
 
 # The feedback workflow on the demo model (after `make demo`; needs espeak-ng, which "records" the
-# corrections): review four sentences the corpus never spoke, correct them, a 3-minute round.
+# corrections): review eight sentences the corpus never spoke, correct them, a 3-minute round (three of the
+# corrections are held out of its training and decide it).
 demo-feedback: setup
 	@test -f $(DEMO_DIR)/checkpoints/best_model/config.json || (echo "run make demo first"; exit 1)
 	rm -rf $(DEMO_DIR)/review $(DEMO_DIR)/feedback $(DEMO_DIR)/voices
-	head -4 demo/corpus/unspoken.txt > $(DEMO_DIR)/review.txt
+	head -8 demo/corpus/unspoken.txt > $(DEMO_DIR)/review.txt
 	$(BIN)/python train_feedback.py --base_model $(DEMO_DIR)/checkpoints/best_model --review $(DEMO_DIR)/review.txt \
 		--review_dir $(DEMO_DIR)/review
 	$(BIN)/python demo/record_corrections.py --review_dir $(DEMO_DIR)/review --feedback_dir $(DEMO_DIR)/feedback

@@ -10,9 +10,9 @@
 
 The start: --base_model, a voice folder this tool wrote (config.json, weights, tokenizer, discriminator.pt),
 and --data_dir, a corpus prepared for it (prepare_data.py: wavs/, metadata.csv, metadata_val.csv). Or
---scenario tiny (or small, or mms): this script makes both (bench_finetune.py's scenario: a tiny voice A pretrained from
-scratch on the demo corpus, fine-tuned onto B, A's recordings played 1.25x slower and lower), with a
-discriminator finetune-hf-vits can hold too (the period discriminators alone, width 1/16). A start whose own
+--scenario NAME: this script makes both as bench/scenarios/NAME.json says (tiny, small, mms: voice A's scratch
+shape, pretraining hours and rate; B, A's recordings played 1.25x slower and lower; the budgets and rates the
+races ran at), with a discriminator finetune-hf-vits can hold too (the period discriminators alone, width 1/16). A start whose own
 tempo fit was held at a limit of speaking_rate (a short pretraining from new weights) is warned of: ours judges
 timing at the start's config.json settings, so its runs may keep the start (start_tempo_held).
 
@@ -160,7 +160,17 @@ LEVERS = {
 
 # Voice A's pretraining rate by size: scratch:small collapsed on a CPU at 2e-3 and 1e-3 (ninth session), not at
 # 5e-4 (tenth session, bench/RESULTS.md); scratch:mms (36M) is given the same, untried on a CPU.
-PRETRAIN_RATES = {"tiny": 2e-3, "small": 5e-4, "mms": 5e-4}
+SCENARIOS = REPO / "bench" / "scenarios"  # one JSON file a scenario: voice A's shape and pretraining, B, the race
+
+
+def load_scenario(name: str) -> dict:
+    """bench/scenarios/NAME.json: voice A (its scratch shape, pretraining hours and rate, discriminator), voice B
+    (how much slower and lower, the share held out) and the race's budgets and rates (what RESULTS.md reports)."""
+    path = SCENARIOS / f"{name}.json"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in SCENARIOS.glob("*.json")))
+        raise SystemExit(f"--scenario {name}: no {path}; the scenarios: {known}")
+    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def recipe(script: str, argv: list, log: Path, label: str) -> None:
@@ -174,14 +184,16 @@ def recipe(script: str, argv: list, log: Path, label: str) -> None:
 
 def scenario(
     work: Path,
-    size: str,
+    settings: dict,
     pretrain_hours: float,
     max_samples: int,
-    pretrain_rate: float = 2e-3,
+    pretrain_rate: float,
     pretrain_flags: tuple[str, ...] = (),
 ) -> tuple[Path, Path]:
-    """Voice A (scratch:`size`) pretrained from scratch on the demo corpus (a discriminator both tools can
-    hold), and B's data: A's recordings 1.25x slower and lower, prepared with A's vocabulary, 30% held out."""
+    """Voice A (the scenario's scratch shape) pretrained from scratch on the demo corpus (a discriminator both
+    tools can hold), and B's data: A's recordings played slower and lower (the scenario's stretch), prepared
+    with A's vocabulary, the scenario's share held out."""
+    voice, b = settings["voice_a"], settings["voice_b"]
     from bench.bench_finetune import make_voice_b
 
     voice_a = work / "voice_a" / "checkpoints" / "best_model"
@@ -194,7 +206,7 @@ def scenario(
                 "--data_dir",
                 work / "data_a",
                 "--model_name",
-                f"scratch:{size}",
+                voice["model_name"],
                 "--val_fraction",
                 "0.05",
                 "--num_workers",
@@ -216,13 +228,13 @@ def scenario(
                 "--output_dir",
                 work / "voice_a" / "final_model",
                 "--model_name",
-                f"scratch:{size}",
+                voice["model_name"],
                 "--target_hours",
                 pretrain_hours,
                 "--discriminator_width",
-                "0.0625",
+                voice["discriminator_width"],
                 "--discriminator_scales",
-                "0",
+                voice["discriminator_scales"],
                 "--learning_rate",
                 pretrain_rate,
                 "--gradient_accumulation_steps",
@@ -250,7 +262,7 @@ def scenario(
     data_b = work / "data_b"
     if not (data_b / "metadata.csv").is_file():
         shutil.rmtree(work / "corpus_b", ignore_errors=True)
-        make_voice_b(work / "data_a", work / "corpus_b", 1.25, 0.0)
+        make_voice_b(work / "data_a", work / "corpus_b", b["stretch"], b["semitones"])
         recipe(
             "prepare_data.py",
             [
@@ -261,7 +273,7 @@ def scenario(
                 "--model_name",
                 voice_a,
                 "--val_fraction",
-                "0.3",
+                b["val_fraction"],
                 "--num_workers",
                 "1",
             ],
@@ -752,17 +764,18 @@ def main() -> None:
     parser.add_argument("--data_dir", help="the clips: a corpus prepared for the base model")
     parser.add_argument(
         "--scenario",
-        choices=["tiny", "small", "mms"],
-        help="make the start and the clips here instead: voice A at this scratch size (tiny 0.7M, small 11M, "
-        "mms 36M: the MMS-TTS shape, for a GPU)",
+        help="make the start and the clips here instead, as bench/scenarios/NAME.json says: tiny (0.7M), small "
+        "(11M), mms (36M: the MMS-TTS shape, for a GPU)",
     )
-    parser.add_argument("--pretrain_hours", type=float, default=0.17, help="--scenario: voice A's pretraining")
+    parser.add_argument(
+        "--pretrain_hours", type=float, default=None, help="--scenario: voice A's pretraining (default: the scenario's)"
+    )
     parser.add_argument(
         "--pretrain_learning_rate",
         type=float,
         default=None,
-        help="--scenario: voice A's pretraining rate (default: tiny 2e-3; small 5e-4, since two scratch:small ones "
-        "collapsed at 2e-3 and 1e-3 on a CPU and one at 5e-4 did not, bench/RESULTS.md; mms 5e-4)",
+        help="--scenario: voice A's pretraining rate (default: the scenario's; small's is 5e-4, since two scratch:small "
+        "ones collapsed at 2e-3 and 1e-3 on a CPU and one at 5e-4 did not, bench/RESULTS.md)",
     )
     parser.add_argument(
         "--pretrain_flags",
@@ -846,18 +859,19 @@ def main() -> None:
         args.budget_s = max(args.budget_s, 600.0)  # room for any machine: the epoch ends the run
     peers = dict(p.split("=", 1) for p in args.peer_dir)
     if args.scenario:
+        settings = load_scenario(args.scenario)
         base, data_dir = scenario(
             work,
-            args.scenario,
-            0.1 if args.smoke else args.pretrain_hours,
+            settings,
+            0.1 if args.smoke else args.pretrain_hours or settings["voice_a"]["pretrain_hours"],
             24 if args.smoke else 0,
-            args.pretrain_learning_rate or PRETRAIN_RATES[args.scenario],
+            args.pretrain_learning_rate or settings["voice_a"]["pretrain_learning_rate"],
             tuple(shlex.split(args.pretrain_flags)),
         )
     elif args.base_model and args.data_dir:
         base, data_dir = Path(args.base_model).resolve(), Path(args.data_dir).resolve()
     else:
-        parser.error("give --base_model and --data_dir, or --scenario tiny|small|mms (or --smoke)")
+        parser.error("give --base_model and --data_dir, or --scenario NAME (bench/scenarios/NAME.json; or --smoke)")
     held = start_tempo_held(base)
     if held:
         print(

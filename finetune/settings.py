@@ -9,6 +9,7 @@ them field by field. Light on purpose: it is imported before the flags are parse
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from finetune.cli import ConfigError, flag
 
@@ -128,8 +129,16 @@ class TrainingFlags:
         ["auto"],
         "judges scoring each evaluated clip beside MCD (finetune/reporting/judges.py): speaker (is it the voice), "
         "phonetic and phone_errors (does it say the words), asr (with --asr_model), none; auto: speaker and "
-        "phonetic where requirements-judges.txt is installed, on a GPU for training runs (on a CPU they double a "
-        "small voice's evaluation) and always for a feedback round (they decide it). Which judges vote: bench/RESULTS.md",
+        "phonetic where requirements-judges.txt is installed, on a GPU, or on a CPU where one of them votes (on a "
+        "CPU they double a small voice's evaluation, which buys nothing while they only report). Which judges vote: "
+        "bench/RESULTS.md",
+        on_resume="may_change",
+    )
+    judges_validation: str | None = flag(
+        None,
+        "a results.json of bench/bench_judges.py run on your voice: the judges it found ranking every ladder right "
+        "vote in this run (decide what is kept, and a feedback round); without it, those finetune/reporting/judges.py "
+        "names (today none beside MCD)",
         on_resume="may_change",
     )
     asr_model: str | None = flag(
@@ -194,6 +203,10 @@ class TrainingFlags:
         known = ("auto", "none", "speaker", "phonetic", "phone_errors", "asr")
         if any(name not in known for name in self.judges):
             problems.append(f"--judges {' '.join(self.judges)}: choose from {', '.join(known)}")
+        if self.judges_validation and not Path(self.judges_validation).is_file():
+            problems.append(
+                f"--judges_validation {self.judges_validation}: no such file (bench/bench_judges.py writes it)"
+            )
         if "asr" in self.judges and not self.asr_model:
             problems.append("--judges asr needs --asr_model (a transformers CTC model: hub id or folder)")
         if self.fp16 and self.bf16:

@@ -174,7 +174,7 @@ def test_out_of_memory_before_training_refits_4_to_2_to_1_and_a_resume_keeps_it(
 
     def stop_at_4(loop):
         if loop.state.step == 4:
-            loop.stop.request("SIGINT")
+            loop.context.stop.request("SIGINT")
 
     fake.t = 0.0
     assert (

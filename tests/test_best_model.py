@@ -496,7 +496,7 @@ def test_a_resumed_run_checks_the_upload_its_checkpoint_asks_for(prepared_demo, 
 
     def stop_at_2(loop):
         if loop.state.step == 2:
-            loop.stop.request("SIGINT")
+            loop.context.stop.request("SIGINT")
 
     assert (
         train_vits.main(

@@ -129,3 +129,22 @@ def test_the_asr_judge_runs_any_transformers_ctc_model_from_a_folder(tmp_path):
     assert judge.score(audio, rate, text=said) == 0.0
     assert judge.score(audio, rate, text=said + " abc") > 0.0
     assert judges.edit_distance(list("kitten"), list("sitting")) == 3
+
+
+def test_judges_validated_on_the_users_voice_vote_in_their_runs(tmp_path):
+    """--judges_validation: bench_judges.py's results.json from the user's own voice says which judges vote."""
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"judges": {"speaker": {"votes": True}, "phonetic": {"votes": False}}}))
+    assert judges.validated_votes(str(results)) == {"speaker": True, "phonetic": False}
+    panel = judges.Panel(
+        {"speaker": LoudnessJudge(), "phonetic": NoiseJudge()}, votes=judges.validated_votes(str(results))
+    )
+    assert panel.voting == ["speaker"]
+    assert judges.Panel({"speaker": LoudnessJudge()}).voting == []  # the built-in VOTES: none beside MCD
+    from finetune.settings import TrainingFlags
+    from finetune.system.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--judges_validation .*: no such file"):
+        TrainingFlags(judges_validation=str(tmp_path / "missing.json"))
+    with pytest.raises(ConfigError, match="--judges asr needs --asr_model"):
+        TrainingFlags(judges=["asr"])

@@ -172,7 +172,7 @@ def test_a_resumed_process_measures_its_evaluations_before_the_final_one_and_end
 
     def stop_at_4(loop):
         if loop.state.step == 4:
-            loop.stop.request("SIGINT")
+            loop.context.stop.request("SIGINT")
 
     assert train_vits.main(common, clock=clock_for(fake), step_callback=stop_at_4) == 130
     per_clip["s"] = 8.0
@@ -326,7 +326,7 @@ def test_a_final_evaluation_with_no_time_for_one_clip_is_skipped_and_said(
     def stall_after_7(loop):
         if loop.state.step == 7:
             fake.t += loop.context.budget.left_s() - (
-                loop.costs.after_final_eval_s + loop.context.budget.safety_s + 0.2
+                loop.pacer.costs.after_final_eval_s + loop.context.budget.safety_s + 0.2
             )
 
     target_s = 200.0
@@ -791,7 +791,7 @@ def test_weights_that_are_not_finite_are_never_written(prepared_demo, tmp_path, 
     def poison_at_4(loop):
         if loop.state.step == 4 and not loop.state.setbacks.rollbacks:
             with torch.no_grad():
-                next(loop.model.decoder.parameters()).fill_(float("nan"))
+                next(loop.parts.step.model.decoder.parameters()).fill_(float("nan"))
 
     code = train_vits.main(
         args(

@@ -430,7 +430,7 @@ def test_a_resume_after_an_evaluation_ran_out_of_memory_starts_at_the_size_that_
 
     def stop_at_4(loop):
         if loop.state.step == 4:
-            loop.stop.request("SIGTERM")
+            loop.context.stop.request("SIGTERM")
 
     assert (
         train_vits.main(

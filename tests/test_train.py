@@ -291,12 +291,14 @@ def test_a_new_discriminator_warms_up_alone_before_a_pretrained_generator_trains
     real_warm_up = TrainingLoop.discriminator_warmup
 
     def watched(loop):
-        seen["before"] = {k: v.clone() for k, v in loop.model.state_dict().items()}
-        seen["discriminator"] = {k: v.clone() for k, v in loop.discriminator.state_dict().items()}
-        seen["dropout"] = {m.p for m in loop.model.modules() if isinstance(m, torch.nn.Dropout)}
+        seen["before"] = {k: v.clone() for k, v in loop.parts.step.model.state_dict().items()}
+        seen["discriminator"] = {k: v.clone() for k, v in loop.parts.step.discriminator.state_dict().items()}
+        seen["dropout"] = {m.p for m in loop.parts.step.model.modules() if isinstance(m, torch.nn.Dropout)}
         reason = real_warm_up(loop)
-        seen["after"] = {k: v.clone() for k, v in loop.model.state_dict().items()}  # training goes on in place
-        seen["discriminator_after"] = {k: v.clone() for k, v in loop.discriminator.state_dict().items()}
+        seen["after"] = {
+            k: v.clone() for k, v in loop.parts.step.model.state_dict().items()
+        }  # training goes on in place
+        seen["discriminator_after"] = {k: v.clone() for k, v in loop.parts.step.discriminator.state_dict().items()}
         return reason
 
     monkeypatch.setattr(TrainingLoop, "discriminator_warmup", watched)

@@ -219,12 +219,12 @@ def starting_point(config, round_: shared.Run, data: RoundData, base: Path) -> s
     saved = base / "discriminator.pt"
     choice = session.build_discriminator(
         str(saved) if saved.is_file() else None,
-        config.discriminator_width,
-        None,
-        1,
-        None,
-        True,
-        config.discriminator_warmup_steps,
+        width=config.discriminator_width,
+        periods=None,  # a new one (no discriminator.pt beside the base) has the standard VITS periods
+        scales=1,
+        payload=None,  # a round is never resumed
+        generator_pretrained=True,
+        warmup_steps=config.discriminator_warmup_steps,
     )
     round_.logger.info(choice.description)
     return shared.StartingPoint(data.model, data.tokenizer, frozen_parts, data.features, choice)
@@ -262,7 +262,7 @@ def fit_round(config, round_: shared.Run, data: RoundData, start, base: Path, re
     voice = speakers.TARGET_SPEAKER if speaker_layers.speaker_count(data.model) > 1 else None  # the corrections': 1
     rule = measures.TimingRule(config.max_length_ratio)
     texts = {**texts_of(Path(config.data_dir)), **texts_of(round_.folder / "corrections")}
-    judges = shared.judges_panel(config, round_, data.originals.examples, texts, data.rate, deciding=True)
+    judges = shared.judges_panel(config, round_, data.originals.examples, texts, data.rate)
     common = dict(seed=config.seed, batch_size=session.eval_batch_size(round_.device), judges=judges)
     said = evaluation.Evaluator(
         fixed,
@@ -284,8 +284,6 @@ def fit_round(config, round_: shared.Run, data: RoundData, start, base: Path, re
             data.features,
             round_.device,
             data.rate,
-            None,
-            [],
             speaker=voice,
             rule=None if own else rule,
             across_speakers=own,
@@ -297,13 +295,13 @@ def fit_round(config, round_: shared.Run, data: RoundData, start, base: Path, re
     )
     learnt = (
         evaluation.Evaluator(
-            fixed, data.features, round_.device, data.rate, None, [], speaker=1, rule=None, **{**common, "judges": None}
+            fixed, data.features, round_.device, data.rate, speaker=1, rule=None, **{**common, "judges": None}
         )
         if own
         else None
     )
     originals = evaluation.Evaluator(
-        data.originals.examples, data.features, round_.device, data.rate, None, [], speaker=voice, rule=rule, **common
+        data.originals.examples, data.features, round_.device, data.rate, speaker=voice, rule=rule, **common
     )
     evaluator = feedback.FeedbackEvaluator(said, originals, config.max_regression, learnt, held)
     examples = fixed + data.replay
@@ -360,7 +358,8 @@ def letters_after_timbre(config, round_: shared.Run, data: RoundData):
     mask, rows = data.letters_later
 
     def callback(loop) -> None:
-        if mask.any() or loop.plan is None or loop.state.step < config.timbre_first * loop.plan.total_steps:
+        plan = loop.pacer.plan
+        if mask.any() or plan is None or loop.state.step < config.timbre_first * plan.total_steps:
             return
         mask[list(range(mask.shape[0])) if rows is None else list(rows)] = 1.0
         round_.logger.info(

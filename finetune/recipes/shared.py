@@ -145,15 +145,15 @@ def run_log(
     )
 
 
-def judges_panel(
-    flags: TrainingFlags, run: Run, clips: list, texts: dict[str, str], sample_rate: int, deciding: bool = False
-):
+def judges_panel(flags: TrainingFlags, run: Run, clips: list, texts: dict[str, str], sample_rate: int):
     """The judges each evaluation asks (finetune/reporting/judges.py), with `clips` (Examples: the voice's own
     recordings) as the speaker judge's reference; None when off. --judges auto: speaker and phonetic where their
-    extra is installed, on a GPU, or anywhere when they decide (`deciding`: a feedback round's verdict). On the
-    main process only, the one that evaluates."""
+    extra is installed, on a GPU, or on a CPU where one of them votes (validated: judges.VOTES or
+    --judges_validation): on a CPU they double a small voice's evaluation (a 6-minute round's took 60 s), which
+    buys nothing while they only report. On the main process only, the one that evaluates."""
+    votes = {**judging.VOTES, **(judging.validated_votes(flags.judges_validation) if flags.judges_validation else {})}
     names = [name for name in flags.judges if name not in ("auto", "none")]
-    if "auto" in flags.judges and (deciding or run.device.type == "cuda"):
+    if "auto" in flags.judges and (run.device.type == "cuda" or any(votes.get(n) for n in judging.DEFAULT)):
         names += [name for name in judging.DEFAULT if name not in names]
     if flags.asr_model and "asr" not in names and "none" not in flags.judges:
         names.append("asr")
@@ -165,11 +165,11 @@ def judges_panel(
         run.logger.info(f"judges not measured: {', '.join(missing)} ({judging.INSTALL_HINT} to have them)")
     if not made:
         return None
-    panel = judging.Panel(made, texts)
+    panel = judging.Panel(made, texts, votes)
     panel.set_voice({e.item_id: (e.audio / 32768.0, sample_rate) for e in clips})  # int16 audio at the model's rate
     run.logger.info(
         "judges: "
-        + ", ".join(f"{name}{' (votes)' if judging.VOTES.get(name) else ' (reported)'}" for name in made)
+        + ", ".join(f"{name}{' (votes)' if name in panel.voting else ' (reported)'}" for name in made)
         + f"; the voice's {len(clips)} held-out recordings are the speaker judge's reference"
     )
     return panel

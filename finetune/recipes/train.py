@@ -243,8 +243,6 @@ def other_speakers(config, run: shared.Run, model: Model) -> dict:
                 features,
                 run.device,
                 features.config.sample_rate,
-                None,
-                [],
                 seed=config.seed,
                 batch_size=session.eval_batch_size(run.device),
                 rule=measures.TimingRule(config.max_length_ratio),
@@ -425,8 +423,8 @@ def report_end(config, run: shared.Run, trainer, result) -> int:
             if result.final_saved
             else ""
         )
-        run.logger.info(f"interrupted ({trainer.stop.signal_name}) at step {state.step}: {saved}{published}")
-        return trainer.stop.exit_status
+        run.logger.info(f"interrupted ({trainer.context.stop.signal_name}) at step {state.step}: {saved}{published}")
+        return trainer.context.stop.exit_status
     run.logger.info(
         f"done ({result.stop_reason}) after {state.step} steps, {state.epoch} epochs, "
         f"{run.budget.used_s():.1f}s of {run.budget.target_s:.0f}s; last learning rate {result.last_lr:.3e}; "

@@ -49,7 +49,6 @@ import torch
 from finetune.data.audio import write_pcm16
 from finetune.data.examples import Example, collate
 from finetune.data.features import Features
-from finetune.reporting.judges import VOTES
 from finetune.reporting.measures import (
     TimingRule,
     duration_error,
@@ -137,6 +136,7 @@ class EvalResult:
         default_factory=dict
     )  # each clip's MCD behind `mcd_db`, paired by the choice
     judged: dict[str, float] = field(default_factory=dict)  # each judge's mean over the clips (judges.py)
+    voting: tuple = ()  # the judges among them that vote (judges.py Panel.voting)
 
     @property
     def clips_scored(self) -> int:
@@ -281,7 +281,7 @@ def describe_judges(result: EvalResult) -> str:
     if not result.judged:
         return ""
     return ", judges: " + ", ".join(
-        f"{name} {value:.3f}{'*' if VOTES.get(name) else ''}" for name, value in result.judged.items()
+        f"{name} {value:.3f}{'*' if name in result.voting else ''}" for name, value in result.judged.items()
     )
 
 
@@ -314,8 +314,8 @@ class Evaluator:
         features: Features,
         device: torch.device,
         sample_rate: int,
-        samples_dir: Path | None,
-        test_sentences: list[tuple[str, np.ndarray]],
+        samples_dir: Path | None = None,
+        test_sentences: list[tuple[str, np.ndarray]] = (),
         seed: int = 0,
         batch_size: int = 8,
         segment_frames: int = 32,
@@ -368,6 +368,7 @@ class Evaluator:
                 torch.cuda.empty_cache()
                 LOG.warning(f"test sentences not written at step {step}: out of GPU memory (shorten --test_sentences)")
         result = judge(step, scores, losses, limit.now() - started, self.rule, planned=len(self.examples))
+        result.voting = tuple(self.judges.voting) if self.judges else ()
         result.samples = samples
         result.sentences_planned = len(self.test_sentences) if self.samples_dir is not None else 0
         result.cut_short = "the deadline" if cut or sentences_cut or (self.examples and not scores) else ""

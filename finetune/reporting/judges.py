@@ -300,6 +300,7 @@ class Panel:
 
     judges: dict
     texts: dict = field(default_factory=dict)  # clip id -> its text
+    votes: dict = field(default_factory=lambda: dict(VOTES))  # name -> whether it votes (validated_votes may add)
 
     def set_voice(self, recordings: dict[str, tuple[np.ndarray, int]]) -> None:
         """The voice's own recordings (id -> (waveform, rate)): the speaker judge's reference."""
@@ -322,14 +323,20 @@ class Panel:
 
     @property
     def voting(self) -> list[str]:
-        return [name for name in self.judges if VOTES.get(name)]
+        return [name for name in self.judges if self.votes.get(name)]
 
     def higher_is_better(self, name: str) -> bool:
         return self.judges[name].higher_is_better
 
-    def describe(self, means: dict[str, float]) -> str:
-        """`; speaker 0.812*, phonetic 2.310` (a star: the judge votes)."""
-        return "".join(f", {name} {value:.3f}{'*' if VOTES.get(name) else ''}" for name, value in means.items())
+
+def validated_votes(path: str) -> dict[str, bool]:
+    """Which judges bench/bench_judges.py found voting on a voice (its results.json; --judges_validation): a
+    judge validated on the user's own voice votes in their runs."""
+    import json
+    from pathlib import Path
+
+    results = json.loads(Path(path).read_text(encoding="utf-8"))
+    return {name: bool(entry.get("votes")) for name, entry in results.get("judges", {}).items()}
 
 
 DEFAULT = ("speaker", "phonetic")  # what a run asks for when the extra is installed (asr: with --asr_model)

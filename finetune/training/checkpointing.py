@@ -70,7 +70,7 @@ class Checkpoints:
             except DiskTooSmall as error:
                 refusal = str(error)
         if warning:
-            context.logger.warning(warning)
+            context.run_log.logger.warning(warning)
         refusal = context.dist.broadcast(refusal)
         if refusal:
             raise DiskTooSmall(refusal)

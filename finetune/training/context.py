@@ -42,10 +42,6 @@ class LoopContext:
     paths: RunPaths
     resumed_from: Path | None = None  # the checkpoint this process resumed, if any
 
-    @property
-    def logger(self):
-        return self.run_log.logger
-
     def now(self) -> float:
         return self.budget.clock.now()
 

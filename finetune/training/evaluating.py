@@ -44,10 +44,6 @@ class Evaluations:
         self.final_skipped = False  # the final evaluation had no time for a single clip
         self.restore_estimates()
 
-    @property
-    def costs(self):
-        return self.pacer.costs
-
     def restore_estimates(self) -> None:
         """A resumed run's evaluator starts from what its checkpoint's last evaluation cost, piece by piece
         (its first evaluation is then limited from its first clip on), at the group size that fit."""
@@ -70,7 +66,7 @@ class Evaluations:
         save only; one inside the run for the final save as well); every process then shares its verdicts
         (best model, early stopping, what it cost) and its stop, if one came during it."""
         result = self.context.on_main(lambda: self._evaluate(final))
-        costs, best = self.costs, self.state.best
+        costs, best = self.pacer.costs, self.state.best
         shared = self.context.dist.broadcast(
             {
                 "early_stop": self.early_stop,
@@ -115,12 +111,14 @@ class Evaluations:
         )
         redraw_s = context.now() - logged if redrawn else 0.0
         if redrawn:
-            self.costs.report_s = redraw_s  # what report.html costs to draw now (the closing one is counted by it)
+            self.pacer.costs.report_s = (
+                redraw_s  # what report.html costs to draw now (the closing one is counted by it)
+            )
         # What an evaluation costs the budget: scoring and logging; a best model's export and a redraw of
         # report.html apart (each counted on its own). One cut short cost less than a whole one will: the
         # estimate only grows from it.
         spent = context.now() - started - export_s - redraw_s
-        self.costs.eval_s = max(self.costs.eval_s, spent) if result.cut_short else spent
+        self.pacer.costs.eval_s = max(self.pacer.costs.eval_s, spent) if result.cut_short else spent
         context.run_log.eval_s += spent
         return result
 
@@ -176,7 +174,7 @@ class Evaluations:
         best.score, best.step, best.clips, best.judged = result.mcd_db, step, dict(candidate.clips), voting
         best.eligible, best.timing_error = candidate.eligible, candidate.timing_error
         best.evals_since = 0 if progress else best.evals_since + 1
-        return True, verdict.why, self.costs.export_s
+        return True, verdict.why, self.pacer.costs.export_s
 
     def voting_scores(self, result: EvalResult) -> dict[str, dict[str, float]]:
         """Each voting judge's score of each clip of `result` (none without an evaluator's judges)."""
@@ -211,7 +209,7 @@ class Evaluations:
         self.final_skipped = final
         kept = self.pacer.after_evaluation_s(final) + self.pacer.margin_s
         clip = getattr(self.evaluator, "group_s", None)
-        context.logger.warning(
+        context.run_log.logger.warning(
             f"warning: {which} skipped: {max(0.0, context.budget.left_s()):.1f}s were left, "
             f"{kept:.1f}s of them kept for what follows (the final save"
             f"{'' if final else ' with its evaluation'}, the safety margin)"
@@ -240,7 +238,7 @@ class Evaluations:
         self.evaluator.pay_once(context.stop)
         took = context.now() - started
         if took >= 1.0:
-            context.logger.info(
+            context.run_log.logger.info(
                 f"evaluation's one-time costs paid in {took:.1f}s before the baseline evaluation is timed "
                 "(librosa's DTW: compiled on a fresh environment's first run, loaded from its cache after; across "
                 "speakers, the recordings' references)"
@@ -252,7 +250,7 @@ class Evaluations:
         first evaluation, often the final one, is neither a surprise nor planned at an older, faster
         machine's cost (on the main process; the others learn the estimate)."""
         self.context.on_main(self._prime)
-        self.costs.eval_s = self.context.dist.broadcast(self.costs.eval_s)
+        self.pacer.costs.eval_s = self.context.dist.broadcast(self.pacer.costs.eval_s)
 
     def _prime(self) -> None:
         prime, context = getattr(self.evaluator, "prime", None), self.context
@@ -262,10 +260,12 @@ class Evaluations:
         prime(self.model, self.pacer.evaluation_limit(final=False))  # room kept for the final save after it
         train_mode(self.model, self.frozen_parts)
         # The last evaluation's cost with its clips and sentences re-priced at what they cost now.
-        self.costs.eval_s = max(self.costs.eval_s, self.costs.eval_s + self.evaluator.expected_s() - before)
-        context.logger.info(
+        self.pacer.costs.eval_s = max(
+            self.pacer.costs.eval_s, self.pacer.costs.eval_s + self.evaluator.expected_s() - before
+        )
+        context.run_log.logger.info(
             f"evaluation primed in {context.now() - started:.1f}s: a whole one is expected to "
-            f"take {self.costs.eval_s:.1f}s"
+            f"take {self.pacer.costs.eval_s:.1f}s"
         )
 
     def last_summary(self) -> dict | None:

@@ -18,11 +18,12 @@ skipping itself where a resumed run has done it already:
                     output folder, a checkpoint, the last weights' export: all inside the budget
 
 A step of the warm-up or of training is one window of micro-batches through the optimizer, top to
-bottom in TrainStep.optimizer_step (finetune/training/step.py), drawn through finetune/training/window.py. Ctrl-C or SIGTERM (finetune/system/interrupt.py) is honoured at the next
+bottom in TrainStep.optimizer_step (finetune/training/step.py), drawn from finetune/training/window.py. Ctrl-C or SIGTERM (finetune/system/interrupt.py) is honoured at the next
 safe point: the window under way is rewound, a checkpoint is written, and the loop returns
 "interrupted". Many non-finite steps in a row send the run back to its last good state at a lower
-learning rate (finetune/training/recovery.py); the first out-of-memory error in training refits the
-batch once.
+learning rate (finetune/training/recovery.py); out-of-memory errors in training refit the batch, bounded
+(finetune/training/batch_fit.py). One optimizer step reads top to bottom in `training_step` here (its window,
+learning rate, the step, its timing, its report) and TrainStep.optimizer_step in step.py.
 """
 
 from __future__ import annotations
@@ -31,24 +32,18 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-from transformers import VitsModel
 
-from finetune.data.feed import MicroBatchFeed
-from finetune.data.sampler import BucketSampler
 from finetune.system.errors import ToolError
 from finetune.system.interrupt import StopRequested
 from finetune.training.batch_fit import OOM_WINDOWS_PER_REFIT, OUT_OF_MEMORY_ADVICE
-from finetune.training.budget import Plan, StepTimer
+from finetune.training.budget import Plan
 from finetune.training.context import LoopContext
 from finetune.training.ending import LoopResult, RunFigures, summary
 from finetune.training.machinery import Machinery, TrainingParts
-from finetune.training.pacing import Costs
 from finetune.training.run_settings import LoopSettings
-from finetune.training.saving import Saver
 from finetune.training.state import TrainingState
-from finetune.training.step import StepResult, TrainStep
+from finetune.training.step import StepResult
 from finetune.training.warmup import BUDGET_END
-from finetune.vits.discriminator import Discriminator
 from finetune.vits.generator import train_mode
 
 
@@ -91,75 +86,33 @@ class TrainingLoop:
         self.divergence, self.last_good, self.warmup = machinery.divergence, machinery.last_good, machinery.warmup
         self.progress = Progress(resumed_with_plan=self.pacer.plan is not None)
 
-    # ------------------------------------------------------------ the parts, by name
-
-    @property
-    def step(self) -> TrainStep:
-        return self.parts.step
-
-    @property
-    def sampler(self) -> BucketSampler:
-        return self.parts.sampler
-
-    @property
-    def model(self) -> VitsModel:
-        return self.parts.step.model
-
-    @property
-    def discriminator(self) -> Discriminator:
-        return self.parts.step.discriminator
-
-    @property
-    def timer(self) -> StepTimer:
-        return self.pacer.timer
-
-    @property
-    def costs(self) -> Costs:
-        return self.pacer.costs
-
-    @property
-    def feed(self) -> MicroBatchFeed:
-        return self.windows.feed
-
-    @property
-    def saver(self) -> Saver:
-        return self.exports.saver
-
     # ------------------------------------------------------------ the phases
-
-    @property
-    def plan(self) -> Plan | None:
-        return self.pacer.plan
-
-    @property
-    def stop(self):
-        return self.context.stop
 
     def run(self) -> LoopResult:
         run_log = self.context.run_log
         run_log.open_display(
-            self.plan.total_steps if self.plan else 0, self.state.step, self.settings.log_every_seconds
+            self.pacer.plan.total_steps if self.pacer.plan else 0, self.state.step, self.settings.log_every_seconds
         )
         try:
             self.checkpoints.check_room()  # first: a disk that cannot hold one checkpoint stops before any work
             if not self.fitter.fit_before_training(self.state.step):  # a run that cannot fit one clip stops too
                 return self.result("out_of_memory")
             self.context.on_main(self.measure_report)
-            self.costs.report_s = self.context.dist.broadcast(self.costs.report_s)
+            self.pacer.costs.report_s = self.context.dist.broadcast(self.pacer.costs.report_s)
             self.baseline_evaluation()
             reason = self.discriminator_warmup() or self.benchmark() or self.train()
             return self.finish(reason)
         except StopRequested:
             return self.stop_cleanly()
         finally:
-            self.feed.close()  # the data loader's workers, if any, end here, inside the budget
+            self.windows.feed.close()  # the data loader's workers, if any, end here, inside the budget
             run_log.close()
 
     @property
     def fresh(self) -> bool:
         """Nothing done yet: no plan, no warm-up step, no training step."""
         warmup = self.state.warmup
-        return self.plan is None and self.state.step == 0 and warmup.done == 0 and not warmup.finished
+        return self.pacer.plan is None and self.state.step == 0 and warmup.done == 0 and not warmup.finished
 
     def baseline_evaluation(self) -> None:
         """A fresh run: evaluate the starting model, and measure what the final save will cost. A resumed
@@ -170,19 +123,19 @@ class TrainingLoop:
             return
         self.evaluations.pay_once()
         self.evaluations.evaluate()
-        if self.costs.export_s == 0.0:  # nothing was exported: the starting model is outside the timing rule
-            context.on_main(lambda: self.saver.measure_export(context.paths.run_dir))
-            self.costs.export_s = context.dist.broadcast(self.costs.export_s)
+        if self.pacer.costs.export_s == 0.0:  # nothing was exported: the starting model is outside the timing rule
+            context.on_main(lambda: self.exports.saver.measure_export(context.paths.run_dir))
+            self.pacer.costs.export_s = context.dist.broadcast(self.pacer.costs.export_s)
         if context.dist.any(not self.pacer.room_for(0.0)):
             budget = context.budget
             raise BudgetTooSmall(
                 f"the budget of {budget.target_s:.0f}s cannot hold training: {budget.used_s():.0f}s went to start-up, "
-                f"loading and the first evaluation ({self.costs.eval_s:.1f}s), and the final save alone needs about "
-                f"{self.costs.final_s:.0f}s (evaluation, export {self.costs.export_s:.1f}s, checkpoint) plus a "
+                f"loading and the first evaluation ({self.pacer.costs.eval_s:.1f}s), and the final save alone needs about "
+                f"{self.pacer.costs.final_s:.0f}s (evaluation, export {self.pacer.costs.export_s:.1f}s, checkpoint) plus a "
                 f"{budget.safety_s:.0f}s margin: raise --target_hours"
             )
         per_step = self.settings.batch.batch_size * self.settings.batch.accumulation
-        context.logger.info(
+        context.run_log.logger.info(
             f"benchmark: {self.benchmark_steps} training steps of {per_step} clips, timed after the "
             "first 2 micro-batches"
         )
@@ -190,21 +143,24 @@ class TrainingLoop:
     def discriminator_warmup(self) -> str | None:
         """A new discriminator trains alone; a stop reason if its steps failed for good, else None."""
         warmup, progress = self.warmup, self.state.warmup
-        if self.plan is not None or not warmup.needed():
+        if self.pacer.plan is not None or not warmup.needed():
             return None
         checkpoints = self.settings.checkpoints
-        pacer = warmup.start(self.costs, self.timer.accumulation, checkpoints.every_s, checkpoints.min_s)
+        pacer = warmup.start(self.pacer.costs, self.pacer.timer.accumulation, checkpoints.every_s, checkpoints.min_s)
         ended = f"the step limit (--discriminator_warmup_steps {self.settings.warmup.steps})"
         while progress.done < self.settings.warmup.steps:
-            stop, no_room = self.context.dist.any_of(self.stop.requested, warmup.out_of_room(pacer))
+            stop, no_room = self.context.dist.any_of(self.context.stop.requested, warmup.out_of_room(pacer))
             if stop:
-                raise StopRequested(self.stop.signal_name or "SIGTERM")
+                raise StopRequested(self.context.stop.signal_name or "SIGTERM")
             if no_room:
                 ended = BUDGET_END
                 break
             started = self.context.now()
-            self.step.set_learning_rates(0.0, self.settings.warmup.learning_rate * self.state.setbacks.lr_scale)
-            result = self.windows.run(self.context.dist.broadcast(pacer.next_window()), generator=False)
+            self.parts.step.set_learning_rates(0.0, self.settings.warmup.learning_rate * self.state.setbacks.lr_scale)
+            with self.windows.kept() as source:
+                result = self.parts.step.optimizer_step(
+                    source, self.context.dist.broadcast(pacer.next_window()), generator=False
+                )
             pacer.timer.record(result.micro_batch_s, result.update_s)
             self.count_samples(result.clips, result.epoch_ended)
             reached = warmup.record(result, self.context.now() - started)
@@ -228,13 +184,13 @@ class TrainingLoop:
     def benchmark(self) -> str | None:
         """The first steps, timed, then the plan; a stop reason if training ended during them. A resumed run
         that planned already skips this (its plan is re-estimated as training starts)."""
-        if self.plan is not None:
+        if self.pacer.plan is not None:
             return None
         if self.state.step < self.benchmark_steps:  # a run resumed after its benchmark plans at once
             reason = self.training_steps(until=self.benchmark_steps)
             if reason:
                 return reason
-            self.checkpoints.write(end_of_epoch=self.sampler.state.position == 0)  # the plan counts its cost
+            self.checkpoints.write(end_of_epoch=self.parts.sampler.state.position == 0)  # the plan counts its cost
         self.make_plan()
         return None
 
@@ -249,7 +205,7 @@ class TrainingLoop:
             decision = self.decide()
             if decision:
                 if decision == "deadline" and self.state.step == 0:
-                    self.context.logger.warning("warning: the budget left no room for a single training step")
+                    self.context.run_log.logger.warning("warning: the budget left no room for a single training step")
                 return decision
             result, last = self.training_step()
             if self.step_callback is not None:
@@ -258,7 +214,7 @@ class TrainingLoop:
             if failure:
                 return failure
             if last:
-                return "max_epochs" if self.plan and self.plan.limited_by == "max_epochs" else "deadline"
+                return "max_epochs" if self.pacer.plan and self.pacer.plan.limited_by == "max_epochs" else "deadline"
             if until is not None and self.state.step >= until:
                 return None  # the benchmark's end: its checkpoint and the plan follow
             self.after_step(result.epoch_ended)
@@ -269,7 +225,7 @@ class TrainingLoop:
         final save, a step later, when it would leave no room for another step (Pacer.room_for_due)."""
         due_s = self.due_after_s(self.state.step, epoch_ended)
         if due_s and self.context.dist.any(not self.pacer.room_for_due(due_s)):
-            self.context.logger.info(
+            self.context.run_log.logger.info(
                 f"step {self.state.step}: what fell due ({due_s:.1f}s: evaluation or checkpoint) "
                 "is left to the final save, one step later: it would leave no room for that step"
             )
@@ -289,7 +245,7 @@ class TrainingLoop:
         weights) is the one left out. A stop request meanwhile still publishes (stop_cleanly): the budget
         is spent, so no resume would."""
         if reason == "interrupted":
-            raise StopRequested(self.stop.signal_name or "SIGINT")
+            raise StopRequested(self.context.stop.signal_name or "SIGINT")
         if reason == "out_of_memory":
             self.publish_trained_best()  # nothing more fits on the card; what the run learnt still reaches the app
             return self.result(reason)
@@ -297,7 +253,7 @@ class TrainingLoop:
         if self.evaluations.last_step != self.state.step:
             self.evaluations.evaluate(final=True)
         self.progress.final_saved = self.context.dist.broadcast(self.context.on_main(self.save_final))
-        self.checkpoints.write(end_of_epoch=self.sampler.state.position == 0, final=True)
+        self.checkpoints.write(end_of_epoch=self.parts.sampler.state.position == 0, final=True)
         self.context.on_main(
             lambda: self.exports.export(
                 self.context.paths.last_dir,
@@ -313,7 +269,7 @@ class TrainingLoop:
         """After a stop request: back to the last completed step if it came mid-window, then a checkpoint
         (and, in the final evaluation, the output folder first)."""
         self.windows.rewind()
-        train_mode(self.model, self.parts.frozen_parts)
+        train_mode(self.parts.step.model, self.parts.frozen_parts)
         if self.progress.finishing and not self.progress.final_saved:
             self.progress.final_saved = self.context.dist.broadcast(self.context.on_main(self.save_final))
         path = self.checkpoints.write(end_of_epoch=False, final=True)
@@ -323,8 +279,8 @@ class TrainingLoop:
 
     def decide(self) -> str:
         """Why no further step should run ("" when one should), shared by all processes (one collective)."""
-        stop, no_room = self.context.dist.any_of(self.stop.requested, not self.pacer.may_start_step())
-        plan, max_epochs = self.plan, self.settings.max_epochs
+        stop, no_room = self.context.dist.any_of(self.context.stop.requested, not self.pacer.may_start_step())
+        plan, max_epochs = self.pacer.plan, self.settings.max_epochs
         if stop:
             return "interrupted"
         if self.evaluations.early_stop:
@@ -336,25 +292,53 @@ class TrainingLoop:
         return "deadline" if no_room else ""
 
     def training_step(self) -> tuple[StepResult, bool]:
-        """One optimizer step of generator and discriminator, and whether it is the run's last. Decided
-        before it starts (jointly: every process runs the main one's window): its window (the deadline may
-        shorten it, the last micro-batch cut to the clips that fit), whether it is the last, its learning
-        rate. Run again at a smaller micro-batch after the run's first out-of-memory error."""
+        """One optimizer step of generator and discriminator, and whether it is the run's last, in order:
+
+        1. its window, decided before it starts, jointly (every process runs the main one's): how many
+           micro-batches, the last cut to the clips that fit (the deadline's: finetune/training/pacing.py),
+           and whether it is the run's last
+        2. its learning rate: the plan's warmup and cosine, the floor on the last step, scaled down after
+           setbacks
+        3. the step itself, top to bottom in finetune/training/step.py (TrainStep.optimizer_step): each
+           micro-batch drawn (finetune/training/window.py, which keeps where the window started),
+           forward and backward, then the update
+        4. its timing, into the pacer's timer (what the next decisions are made with)
+        5. out of GPU memory: the micro-batch refitted and the window run again (batch_fit.py bounds it)
+        6. the counters and the progress line"""
         number, started = self.state.step + 1, self.context.now()
+        dist, pacer, step = self.context.dist, self.pacer, self.parts.step
         profile = self.context.run_log.profile.activate()
         try:
-            result, last, lr = self.planned_step(number)
-            if result.oom and self.refit(result.oom, number, rewind=True):
-                self.step.skips.oom -= 1  # not skipped after all: its clips run again, in smaller micro-batches
-                result, last, lr = self.planned_step(number)
-                if result.oom:  # even the smaller micro-batches: counted toward the next refit (or the stop)
+            for attempt in (1, 2):
+                window = dist.broadcast(pacer.next_window())  # 1
+                last = dist.any(pacer.step_is_last(number, window))
+                lr = pacer.learning_rate(number, last, self.steps_per_epoch)  # 2
+                if pacer.plan is None:  # foretold from each process's own timings: the main one's for all
+                    lr = dist.broadcast(lr)
+                lr *= self.state.setbacks.lr_scale
+                step.set_learning_rates(lr, lr * self.settings.schedule.discriminator_ratio)
+                with self.windows.kept() as source:  # 3
+                    result = step.optimizer_step(
+                        source,
+                        window,
+                        discriminator=step.discriminator_learns(number),
+                        duration=step.duration_learns(number),
+                    )
+                pacer.timer.record(result.micro_batch_s, result.update_s)  # 4
+                if not result.oom:
+                    break
+                if attempt == 2:  # even the smaller micro-batches: counted toward the next refit (or the stop)
                     self.fitter.after_out_of_memory()
+                elif self.refit(result.oom, number, rewind=True):  # 5
+                    step.skips.oom -= 1  # not skipped after all: its clips run again, in smaller micro-batches
+                    continue
+                break
             if result.cut_to:
-                self.context.logger.info(
+                self.context.run_log.logger.info(
                     f"step {number}: its last micro-batch cut to {result.cut_to} of "
                     f"{self.fitter.micro_batch} clips, the time the deadline leaves: the run's last step"
                 )
-            elapsed = self.context.now() - started
+            elapsed = self.context.now() - started  # 6
             self.progress.train_s += elapsed
             self.progress.last_lr, self.state.step = lr, number
             self.count_samples(result.clips, result.epoch_ended)
@@ -363,21 +347,6 @@ class TrainingLoop:
             return result, last
         finally:
             profile.deactivate()
-
-    def planned_step(self, number: int) -> tuple[StepResult, bool, float]:
-        """Step `number` over the window that fits, at its learning rate; timed into the pacer's timer."""
-        window = self.context.dist.broadcast(self.pacer.next_window())
-        last = self.context.dist.any(self.pacer.step_is_last(number, window))
-        lr = self.pacer.learning_rate(number, last, self.steps_per_epoch)
-        if self.plan is None:  # foretold from each process's own timings: the main one's, for every process
-            lr = self.context.dist.broadcast(lr)
-        lr *= self.state.setbacks.lr_scale
-        self.step.set_learning_rates(lr, lr * self.settings.schedule.discriminator_ratio)
-        result = self.windows.run(
-            window, discriminator=self.step.discriminator_learns(number), duration=self.step.duration_learns(number)
-        )
-        self.timer.record(result.micro_batch_s, result.update_s)
-        return result, last, lr
 
     def refit(self, what: str, number: int, rewind: bool = False) -> bool:
         """A smaller micro-batch after running out of memory in training, when the fitter's bound says so
@@ -388,7 +357,7 @@ class TrainingLoop:
         if rewind:
             self.windows.run_again()
         self.fitter.refit_in_training(what, number)
-        if self.plan is not None:
+        if self.pacer.plan is not None:
             self.write_plan()
         return True
 
@@ -400,20 +369,22 @@ class TrainingLoop:
 
     def due_after_s(self, step: int, epoch_ended: bool) -> float:
         """Seconds of what falls due after this step: an evaluation (and the best model's export), a checkpoint."""
-        evaluation = self.costs.eval_s + self.costs.export_s if self.pacer.eval_due(step) else 0.0
+        evaluation = self.pacer.costs.eval_s + self.pacer.costs.export_s if self.pacer.eval_due(step) else 0.0
         checkpoint = (
-            self.costs.checkpoint_s if self.pacer.checkpoint_due(epoch_ended, self.checkpoints.since_last_s()) else 0.0
+            self.pacer.costs.checkpoint_s
+            if self.pacer.checkpoint_due(epoch_ended, self.checkpoints.since_last_s())
+            else 0.0
         )
         return evaluation + checkpoint
 
     def report_step(self, result: StepResult, lr: float, samples_per_s: float) -> None:
-        state, sampler, dist, used = self.state, self.sampler, self.context.dist, result.used
+        state, sampler, dist, used = self.state, self.parts.sampler, self.context.dist, result.used
         if not result.applied:
-            self.context.logger.warning(f"step {state.step}: skipped ({result.reason}); losses {result.losses}")
-        total, epochs = (self.plan.total_steps, self.plan.epochs) if self.plan else (0, 0.0)
-        accumulation = self.timer.accumulation
+            self.context.run_log.logger.warning(f"step {state.step}: skipped ({result.reason}); losses {result.losses}")
+        total, epochs = (self.pacer.plan.total_steps, self.pacer.plan.epochs) if self.pacer.plan else (0, 0.0)
+        accumulation = self.pacer.timer.accumulation
         left_in_epoch = (sampler.batches_per_epoch - sampler.state.position) / accumulation
-        step_s = self.timer.step_s if self.timer.ready else 0.0
+        step_s = self.pacer.timer.step_s if self.pacer.timer.ready else 0.0
         samples_per_s = dist.sum(samples_per_s)
         fields = dict(
             step=state.step,
@@ -435,7 +406,7 @@ class TrainingLoop:
             "grad_norm_discriminator": result.grad_norm_discriminator,
             "time_used_s": self.context.budget.used_s(),
             "micro_batches": used,
-            **self.step.scaler_figures(),
+            **self.parts.step.scaler_figures(),
         }
         self.context.run_log.step(self.context.now(), fields, used, accumulation, losses, scalars)
 
@@ -444,7 +415,7 @@ class TrainingLoop:
     def after_failure(self, result: StepResult, at: str = "") -> str | None:
         """A stop reason when training cannot go on, else None (after going back to the last good state
         if the failures call for it). `at` names the step for the log (default: the training step)."""
-        at, setbacks, logger = at or f"step {self.state.step}", self.state.setbacks, self.context.logger
+        at, setbacks, logger = at or f"step {self.state.step}", self.state.setbacks, self.context.run_log.logger
         if result.update_failed and not result.first_update:
             self.refit(result.reason, self.state.step + 1)  # as the bound says; the torn update is rolled back below
         if (result.oom or result.update_failed) and self.fitter.exhausted:  # the same on every process: no collective
@@ -495,12 +466,12 @@ class TrainingLoop:
         itself run out of GPU memory (the card just did): then every process stops, said in one line."""
         restored, failed = None, ""
         try:
-            restored = self.last_good.restore(self.model, self.discriminator, self.step)
+            restored = self.last_good.restore(self.parts.step.model, self.parts.step.discriminator, self.parts.step)
         except torch.OutOfMemoryError as error:  # torch.cuda.OutOfMemoryError is this type
             failed = str(error).strip().splitlines()[0] if str(error).strip() else "out of memory"
         if self.context.dist.any(bool(failed)):
             where = failed or "on another process"
-            self.context.logger.error(
+            self.context.run_log.logger.error(
                 f"error: going back to {self.last_good.describe()} ran out of GPU memory "
                 f"({where}): stopped; best_model is what the run keeps. {OUT_OF_MEMORY_ADVICE}"
             )
@@ -514,17 +485,17 @@ class TrainingLoop:
             return
         path = self.checkpoints.write(end_of_epoch=False) if self.settings.checkpoints.enabled else None
         if path is None:
-            self.last_good.retake(self.model, self.discriminator)
+            self.last_good.retake(self.parts.step.model, self.parts.step.discriminator)
 
     # ------------------------------------------------------------ planning, saving, reporting
 
     @property
     def steps_per_epoch(self) -> int:
-        return -(-self.sampler.batches_per_epoch // self.timer.accumulation)
+        return -(-self.parts.sampler.batches_per_epoch // self.pacer.timer.accumulation)
 
     def replan(self) -> Plan:
         asked = self.settings.evaluation.every  # --val_every (0: planned, then kept at the first plan's)
-        eval_every = self.plan.eval_every if self.plan else asked
+        eval_every = self.pacer.plan.eval_every if self.pacer.plan else asked
         plan = self.context.dist.broadcast(
             self.pacer.replan(self.steps_per_epoch, self.state.step, eval_every, evaluations_planned=not asked)
         )
@@ -537,14 +508,14 @@ class TrainingLoop:
         self.write_plan()
 
     def write_plan(self) -> None:
-        plan, budget = self.plan, self.context.budget
+        plan, budget = self.pacer.plan, self.context.budget
         record = plan.to_dict()
         record.update(
             budget_target_s=budget.target_s,
             time_used_s=round(budget.used_s(), 2),
-            batches_per_epoch=self.sampler.batches_per_epoch,
-            micro_batch_s=round(self.timer.micro_batches.mean_s, 4),
-            update_s=round(self.timer.updates.mean_s, 4),
+            batches_per_epoch=self.parts.sampler.batches_per_epoch,
+            micro_batch_s=round(self.pacer.timer.micro_batches.mean_s, 4),
+            update_s=round(self.pacer.timer.updates.mean_s, 4),
         )
         record.update(self.fitter.summary())  # the micro-batch the run fitted to memory, and each refit
         self.context.run_log.plan(
@@ -561,7 +532,7 @@ class TrainingLoop:
         costs is known before the first evaluation is limited by it."""
         started = self.context.now()
         self.context.run_log.write_report()
-        self.costs.report_s = max(self.costs.report_s, self.context.now() - started)
+        self.pacer.costs.report_s = max(self.pacer.costs.report_s, self.context.now() - started)
 
     def last_evaluation_here(self) -> dict | None:
         """The last evaluation's figures when it saw the weights as they are now."""
@@ -597,11 +568,11 @@ class TrainingLoop:
         return summary(
             RunFigures(
                 self.state,
-                self.step,
+                self.parts.step,
                 self.progress.last_lr,
                 self.context.budget.used_s(),
                 self.context.budget.target_s,
-                self.saver.failures,
+                self.exports.saver.failures,
                 self.fitter.summary(),
                 self.evaluations.last_summary(),
                 self.evaluations.final_skipped,
@@ -614,13 +585,13 @@ class TrainingLoop:
         return LoopResult(
             stop_reason=reason,
             state=self.state,
-            plan=self.plan,
+            plan=self.pacer.plan,
             last_eval=self.evaluations.last,
             last_lr=self.progress.last_lr,
-            data_wait_s=self.feed.wait_s,
+            data_wait_s=self.windows.feed.wait_s,
             train_s=self.progress.train_s,
             checkpoint=self.checkpoints.last if checkpoint is ... else checkpoint,
-            save_failures=self.saver.failures,
+            save_failures=self.exports.saver.failures,
             final_saved=self.progress.final_saved,
         )
 
@@ -628,5 +599,5 @@ class TrainingLoop:
 def run_with_signals(loop: TrainingLoop) -> LoopResult:
     """Run the loop with Ctrl-C / SIGTERM turned into "save and stop at the next safe point" (scripts
     install the handlers from their start, so that loading is covered too; this keeps them installed)."""
-    with loop.stop.installed():
+    with loop.context.stop.installed():
         return loop.run()

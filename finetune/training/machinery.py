@@ -116,7 +116,9 @@ def build_machinery(
     )
     # On CPU, fewer torch threads while other processes take the cores (finetune/system/cpu_threads.py).
     cpu_threads = (
-        CpuThreads(context.logger, torch.get_num_threads, torch.set_num_threads) if step.device.type == "cpu" else None
+        CpuThreads(context.run_log.logger, torch.get_num_threads, torch.set_num_threads)
+        if step.device.type == "cpu"
+        else None
     )
     windows = WindowRunner(step, feed, parts.sampler, budget.clock, context.stop, cpu_threads)
     fitter = BatchFitter(settings.batch, state.batch, step, parts.sampler, feed, timer, context.run_log)
@@ -127,7 +129,7 @@ def build_machinery(
         step.discriminator,
         costs,
         budget.clock.now,
-        context.logger,
+        context.run_log.logger,
         settings.checkpoints.keep,
         context.dist.is_main,
     )

@@ -55,7 +55,7 @@ class DiscriminatorWarmup:
         if progress.allowed_s <= 0:
             progress.allowed_s = settings.share * self.context.budget.left_s()
         left_s = progress.allowed_s - progress.seconds
-        self.context.logger.info(
+        self.context.run_log.logger.info(
             f"discriminator warm-up: alone at learning rate {settings.learning_rate:g} until its real-minus-generated "
             f"margin reaches {settings.margin:g}, at most {settings.steps - progress.done} steps and "
             f"{format_duration(max(0.0, left_s))}; the generator is untouched"
@@ -77,7 +77,9 @@ class DiscriminatorWarmup:
         progress.done += 1
         progress.seconds += seconds
         if not result.applied:
-            self.context.logger.warning(f"discriminator warm-up step {progress.done}: skipped ({result.reason})")
+            self.context.run_log.logger.warning(
+                f"discriminator warm-up step {progress.done}: skipped ({result.reason})"
+            )
             return ""
         self.margins.append(losses["margin"])
         progress.margins = list(self.margins)
@@ -108,7 +110,7 @@ class DiscriminatorWarmup:
         first, last = progress.first, progress.last
         if not first or not last:
             return
-        level = context.logger.info if ended.startswith("separating") else context.logger.warning
+        level = context.run_log.logger.info if ended.startswith("separating") else context.run_log.logger.warning
         level(
             f"discriminator warm-up ended by {ended}: {progress.done} steps in "
             f"{format_duration(progress.seconds - self.started_s)}; loss {first['discriminator']:.3f} -> "

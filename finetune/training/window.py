@@ -9,6 +9,7 @@ an out-of-memory refit mid-window goes back to the last completed step exactly.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from finetune.data.examples import Batch
@@ -19,8 +20,7 @@ from finetune.system.interrupt import StopRequest, StopRequested
 from finetune.system.profile import section
 from finetune.training.budget import Clock
 from finetune.training.checkpoint import capture_rng, restore_rng
-from finetune.training.pacing import WindowShape
-from finetune.training.step import StepResult, TrainStep
+from finetune.training.step import TrainStep
 
 
 @dataclass
@@ -48,16 +48,14 @@ class WindowRunner:
         self.boundary: Boundary | None = None  # set while a window runs
         self.last_start: Boundary | None = None  # where the last window started (a refit runs it again)
 
-    def run(
-        self, window: WindowShape, generator: bool = True, discriminator: bool = True, duration: bool = True
-    ) -> StepResult:
-        """One optimizer step over `window` (generator False: the discriminator's alone; discriminator
-        False: the generator's alone; duration False: without the duration predictor); the boundary is kept
-        while it runs."""
+    @contextmanager
+    def kept(self):
+        """While one optimizer step runs (TrainStep.optimizer_step drawing from this source), where its window
+        started is kept: a stop mid-window goes back to it (rewind), and a refit runs its clips again from it
+        (run_again). A step that raises leaves it set, for the stop that follows."""
         self.boundary = Boundary(SamplerState(self.sampler.state.epoch, self.sampler.state.position), capture_rng())
-        result = self.step.optimizer_step(self, window, generator, discriminator, duration)
+        yield self
         self.last_start, self.boundary = self.boundary, None
-        return result
 
     def draw(self, index: int) -> tuple[Batch, bool]:
         """Micro-batch `index` of the window under way, and whether it ended an epoch; before it (after the
