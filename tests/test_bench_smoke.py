@@ -22,8 +22,10 @@ SMOKE = {
     # one core: the other runs a test; short audio (the figures are the benchmark's business, not the smoke's)
     "bench_export.py": ["--size", "tiny", "--repeats", "1", "--threads", "1", "--frames_per_token", "2"],
     "bench_finetune.py": ["--smoke"],
-    "bench_gpu.py": None,
-    "bench_judges.py": ["--smoke"],  # its --smoke setting runs in tests/test_bench_gpu.py (the same main(), in-process)
+    "bench_gpu.py": None,  # its --smoke setting runs in tests/test_bench_gpu.py (the same main(), in-process)
+    # one judge of each kind that can vote: DNSMOS (0.8 s a clip here) and the phone error rate (hama's posteriors
+    # again) add half a minute and no path of the script's own
+    "bench_judges.py": ["--smoke", "--judges", "speaker", "phonetic", "mcd"],
     "bench_measure.py": ["--data_dir", "{data}"],
     "bench_naturalness.py": ["--smoke"],
     "bench_peers.py": ["--smoke"],

@@ -730,3 +730,59 @@ def test_a_voting_judge_keeps_out_a_model_the_mcd_would_let_in():
     assert "the speaker judge finds step 12 better beyond its noise" in judges_veto(kept, worse, {"speaker": True}, 12)
     assert judges_veto(kept, alike, {"speaker": True}, 12) == ""
     assert judges_veto({}, worse, {"speaker": True}, 12) == ""  # no voting judge scored the kept model
+
+
+class TimedPart:
+    """One part of a round's evaluation (the interface FeedbackEvaluator uses of an Evaluator): `clips` clips
+    scored in order, each nearer than the start by `gain` dB from step 1 on, the deadline cutting it after `cut_at`
+    clips when given; the order the parts are asked in is written to `asked`."""
+
+    def __init__(self, name: str, clips: int, asked: list, cut_at: int | None = None, gain: float = 0.5):
+        self.name, self.clips, self.asked, self.cut_at, self.gain = name, clips, asked, cut_at, gain
+        self.judges, self.rule, self.across_speakers, self.focus_tokens = None, None, name != "originals", ()
+
+    def evaluate(self, model, step, stop=None, limit=None) -> EvalResult:
+        self.asked.append(self.name)
+        scored = self.clips if step == 0 or self.cut_at is None else self.cut_at
+        values = [7.0 + 0.1 * i + 0.05 * (i % 3) - (self.gain * (1 + 0.1 * i) if step else 0.0) for i in range(scored)]
+        result = EvalResult(
+            step,
+            float(np.mean(values)),
+            {f"{self.name}{i}": ClipScore(v, 1.0, 0.0, False) for i, v in enumerate(values)},
+            {},
+            0.1,
+            clips_planned=self.clips,
+            cut_short="the deadline" if scored < self.clips else "",
+        )
+        result.mcd_se_db = 0.05
+        return result
+
+
+def round_evaluator(asked: list, cut: str | None):
+    from finetune.training.feedback import FeedbackEvaluator
+
+    parts = {n: TimedPart(n, 5, asked, cut_at=2 if n == cut else None) for n in ("said", "originals", "learnt", "held")}
+    parts["originals"].gain = 0.0  # the voice's own clips unmoved
+    return FeedbackEvaluator(parts["said"], parts["originals"], 2.0, learnt=parts["learnt"], held=parts["held"])
+
+
+@pytest.mark.parametrize("cut", ["said", "learnt", "originals", "held"])
+def test_a_deadline_that_cuts_a_reported_part_leaves_the_round_decidable(cut):
+    """What decides is scored first (the held-out corrections, then the voice's own clips), what is only reported
+    after: a final evaluation the deadline cuts in a reported part (the corrections it trained on, or in their own
+    voice) is whole where it matters and decides the round, saying what went unscored; cut in a part that decides,
+    it is not compared, and the rejection says so."""
+    asked = []
+    evaluator = round_evaluator(asked, cut)
+    baseline = evaluator.evaluate(None, 0)
+    assert asked[:2] == ["held", "originals"] and sorted(asked[2:]) == ["learnt", "said"]
+    last = evaluator.evaluate(None, 40)
+    decision = decide(baseline, None, last, 2.0, evaluator)
+    if cut in ("said", "learnt"):
+        assert not last.cut_short and last.clips_scored == last.clips_planned and last.eligible
+        assert "cut short by the deadline (3 clips unscored; reported only)" in evaluator.describe(last)
+        assert decision.accepted, decision.reason
+    else:
+        assert last.cut_short and not last.eligible
+        assert not decision.accepted and "cut short by the deadline" in decision.reason
+        assert "--target_minutes" in decision.reason

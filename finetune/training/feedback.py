@@ -44,6 +44,7 @@ class Deciding:
 
 
 PREFIX = {"said": "correction/", "held": "held/", "originals": "original/", "learnt": "learnt/"}
+REPORTED = {"said": "the corrections it trained on", "learnt": "the corrections in their own voice"}
 
 
 def clip_values(per_clip: dict, part: str, measure: str = "mcd") -> dict[str, float]:
@@ -105,10 +106,15 @@ class FeedbackEvaluator:
             if "held_out_mcd_db" in x
             else ""
         )
+        reported_cut = "".join(
+            f"; {REPORTED[k.removeprefix('cut_short_')]} cut short by the deadline ({v:.0f} clips unscored; reported only)"
+            for k, v in x.items()
+            if k.startswith("cut_short_")
+        )
         return (
             f"{held}corrections as the voice says them {x['corrections_mcd_db']:.3f} dB{judged(x, 'corrections')}{learnt}; "
             f"held-out originals {x['originals_mcd_db']:.3f} dB{judged(x, 'originals')} ({x['originals_change_pct']:+.1f}%, "
-            f"length x{x['originals_length_ratio']:.2f}){eligible}{describe_cut(result)}"
+            f"length x{x['originals_length_ratio']:.2f}){eligible}{describe_cut(result)}{reported_cut}"
         )
 
     def __init__(
@@ -147,8 +153,16 @@ class FeedbackEvaluator:
         return self.originals.fit_tempo(model)
 
     def parts(self) -> list[tuple[str, Evaluator]]:
+        """What decides first (the held-out corrections, or the corrections when none are held out, then the
+        voice's own clips), what is reported after: a deadline that cuts an evaluation short cuts the reports."""
         found = [("held", self.held), ("said", self.said), ("learnt", self.learnt), ("originals", self.originals)]
+        found.sort(key=lambda item: item[0] not in self.decisive)
         return [(name, part) for name, part in found if part is not None]
+
+    @property
+    def decisive(self) -> tuple[str, ...]:
+        """The parts the round's choice and verdict compare by their means: a partial one cannot take part."""
+        return (self.deciding.part, "originals")
 
     def pay_once(self, stop=None) -> None:
         """What each part's first evaluation would pay once (finetune/reporting/evaluation.py), paid now."""
@@ -159,6 +173,9 @@ class FeedbackEvaluator:
         """Each part inside one time limit; cut short if any was."""
         scored = {name: part.evaluate(model, step, stop, limit) for name, part in self.parts()}
         said, originals = scored["said"], scored["originals"]
+        # A reported part cut short is said (in `extra` and the eval line) but leaves the evaluation whole: what
+        # it planned is what it scored.
+        reported_cut = {n: p for n, p in scored.items() if n not in self.decisive and p.clips_scored < p.clips_planned}
         extra = {
             "corrections_mcd_db": said.mcd_db,
             "corrections_length_ratio": said.length_ratio,
@@ -170,6 +187,8 @@ class FeedbackEvaluator:
                 extra.update({f"{label}_{judge}": value for judge, value in scored[name].judged.items()})
         if "held" in scored:
             extra["held_out_mcd_db"] = scored["held"].mcd_db
+        for name, part in reported_cut.items():
+            extra[f"cut_short_{name}"] = part.clips_planned - part.clips_scored  # clips it left unscored
         if "learnt" in scored:
             learnt = scored["learnt"]
             extra.update(corrections_learnt_mcd_db=learnt.mcd_db, corrections_learnt_length_ratio=learnt.length_ratio)
@@ -190,8 +209,12 @@ class FeedbackEvaluator:
             duration_error=originals.duration_error,
             samples=said.samples,
             extra=extra,
-            clips_planned=sum(part.clips_planned for part in scored.values()),
-            cut_short=next((part.cut_short for part in scored.values() if part.cut_short), ""),
+            clips_planned=sum(
+                part.clips_scored if name in reported_cut else part.clips_planned for name, part in scored.items()
+            ),
+            cut_short=next(
+                (part.cut_short for name, part in scored.items() if part.cut_short and name in self.decisive), ""
+            ),
             sentences_planned=said.sentences_planned,
             mcd_se_db=scored[self.deciding.part].mcd_se_db if self.deciding.measure == "mcd" else math.nan,
             choice_scores=deciding,
@@ -207,7 +230,7 @@ class FeedbackEvaluator:
         the verdict compares means), a part outside its rule, the voice moved (its MCD past the tolerance, or
         further from its own recordings by the speaker judge, beyond its noise)."""
         reasons = []
-        for name in ("held", "said", "originals"):
+        for name in self.decisive:
             part = scored.get(name)
             if part is None:
                 continue
@@ -294,7 +317,7 @@ def decide(
     else:
         after, step, after_clips = {k: last.extra[k] for k in before if k in last.extra}, last.step, last.per_clip
         problem = last.ineligible_reason if not last.eligible else ""
-        if last.cut_short and step > 0:  # its means are over fewer clips than the start's: nothing to compare
+        if last.clips_scored < last.clips_planned and step > 0:  # means over fewer clips than the start's
             return Decision(
                 False,
                 f"the round's last evaluation was cut short by {last.cut_short} ({last.clips_scored} of "
