@@ -151,7 +151,8 @@ def inject(fault: str, n: int) -> None:
         def run_then_save(self):
             result = real_run(self)
             torch.save(
-                self.parts.step.model.state_dict(), Path(os.environ["WEIGHTS_DIR"]) / f"rank_{os.environ.get('RANK', '0')}.pt"
+                self.parts.step.model.state_dict(),
+                Path(os.environ["WEIGHTS_DIR"]) / f"rank_{os.environ.get('RANK', '0')}.pt",
             )
             return result
 
