@@ -170,7 +170,7 @@ class FeedbackEvaluator:
             part.pay_once(stop)
 
     def evaluate(self, model, step: int, stop=None, limit=None) -> EvalResult:
-        """Each part inside one time limit; cut short if any was."""
+        """Each part inside one time limit, what decides first; cut short if a part that decides was."""
         scored = {name: part.evaluate(model, step, stop, limit) for name, part in self.parts()}
         said, originals = scored["said"], scored["originals"]
         # A reported part cut short is said (in `extra` and the eval line) but leaves the evaluation whole: what
@@ -329,6 +329,8 @@ def decide(
                 measure,
                 "not compared",
             )
+    source = best if best is not None and best["step"] > 0 else last.extra
+    after.update({k: v for k, v in source.items() if k.startswith("cut_short_")})  # reported parts cut short
     values = lambda clips: oriented(clip_values(clips, deciding.part, deciding.measure), deciding.higher_is_better)  # noqa: E731
     improvement = paired(values(baseline.per_clip), values(after_clips), confidence)
     decision = partial(
@@ -408,10 +410,12 @@ def summary_text(
     )
     lines = [head, ""]
 
-    def row(label: str, key: str, count: int, tolerance: str = "") -> str:
+    def row(label: str, key: str, count: int, tolerance: str = "", part: str = "") -> str:
         before, after = decision.before[key], decision.after[key]
+        unscored = int(decision.after.get(f"cut_short_{part}", 0))
+        cut = f"; after: {count - unscored} of them, the deadline cut the rest" if unscored else ""
         return (
-            f"{label} ({count} clips): MCD {before:.3f} -> {after:.3f} dB "
+            f"{label} ({count} clips{cut}): MCD {before:.3f} -> {after:.3f} dB "
             f"({change_pct(before, after):+.1f}%{tolerance})"
         )
 
@@ -422,7 +426,7 @@ def summary_text(
         )
     trained = counts["corrections"] - counts.get("held_out", 0)
     lines.append(
-        row("Corrections it trained on, as the voice says them", "corrections_mcd_db", trained)
+        row("Corrections it trained on, as the voice says them", "corrections_mcd_db", trained, part="said")
         + judged_change(decision, "corrections")
     )
     if "corrections_learnt_mcd_db" in decision.before and "corrections_learnt_mcd_db" in decision.after:
@@ -431,6 +435,7 @@ def summary_text(
                 "Corrections, in their own speaker id (how well they were learnt)",
                 "corrections_learnt_mcd_db",
                 counts["corrections"],
+                part="learnt",
             )
         )
     lines.append(
