@@ -140,7 +140,8 @@ def run_end(work: Path) -> dict:
         "stop": end["stop_reason"],
         "steps": end["steps"],
         "time_used_s": end["time_used_s"],
-        "step_s": plan.get("step_s", float("nan")),
+        # the plan's step time; a run that never left its benchmark has no plan: its steps' mean time
+        "step_s": plan.get("step_s", end.get("train_s", float("nan")) / max(1, end["steps"])),
         "last_step": cut.split(",")[0] if cut else "whole",
         "final_eval": (
             "skipped"
