@@ -414,29 +414,37 @@ def validate(judge, ladders: list, data_dir: Path, count: int) -> dict:
     return results
 
 
-def retest(judge, kept: Path, voice, data_dir: Path, count: int, seed: int) -> float:
-    """The standard deviation of the per-clip difference between two seeded draws of the kept model."""
+def retest_draws(kept: Path, voice, data_dir: Path, count: int, seed: int) -> tuple[Rung, Rung]:
+    """Two seeded draws of the kept model saying the voice's held-out clips (every judge scores the same two)."""
     name, speaker = voice
     clips = held_out(data_dir, name if name != "voice" else None, count)
-    set_voice(judge, data_dir, name, count)
-    first = score_rung(judge, Rung("a", render(voice_of(kept, speaker), clips, seed=seed + 1000)))
-    second = score_rung(judge, Rung("b", render(voice_of(kept, speaker), clips, seed=seed + 2000)))
-    differences = np.array(first) - np.array(second)
+    said = voice_of(kept, speaker)
+    return Rung("a", render(said, clips, seed=seed + 1000)), Rung("b", render(said, clips, seed=seed + 2000))
+
+
+def retest(judge, draws: tuple[Rung, Rung], data_dir: Path, voice: str, count: int) -> float:
+    """The standard deviation of the per-clip difference between the judge's scores of the two draws."""
+    set_voice(judge, data_dir, voice, count)
+    differences = np.array(score_rung(judge, draws[0])) - np.array(score_rung(judge, draws[1]))
     return float(np.std(differences, ddof=1)) if len(differences) > 1 else float("nan")
 
 
-def tempo_effect(judge, data_dir: Path, voice: str, count: int) -> dict:
-    """The judge's mean on recordings stretched to 0.7x and 1.4x their length, and on them as recorded and at
-    20 dB SNR (the step a judge of who or what should move more than for a tempo)."""
+def tempo_rungs(data_dir: Path, voice: str, count: int) -> list[Rung]:
+    """The voice's recordings stretched to 0.7x and 1.4x their length, as recorded and at 20 dB SNR (the step a
+    judge of who or what should move more than for a tempo)."""
     clips = held_out(data_dir, voice if voice != "voice" else None, count)
+    return [
+        Rung("as recorded", as_recorded(clips)),
+        Rung("x0.7", as_recorded(clips, tempo(0.7))),
+        Rung("x1.4", as_recorded(clips, tempo(1.4))),
+        Rung("20 dB SNR", as_recorded(clips, with_noise(20, 0))),
+    ]
+
+
+def tempo_effect(judge, rungs: list[Rung], data_dir: Path, voice: str, count: int) -> dict:
+    """The judge's mean on each of tempo_rungs."""
     set_voice(judge, data_dir, voice, count)
-    rows = {
-        "as recorded": as_recorded(clips),
-        "x0.7": as_recorded(clips, tempo(0.7)),
-        "x1.4": as_recorded(clips, tempo(1.4)),
-        "20 dB SNR": as_recorded(clips, with_noise(20, 0)),
-    }
-    return {label: round(float(np.mean(score_rung(judge, Rung(label, c)))), 4) for label, c in rows.items()}
+    return {rung.label: round(float(np.mean(score_rung(judge, rung))), 4) for rung in rungs}
 
 
 def main() -> None:
@@ -489,17 +497,19 @@ def main() -> None:
     )
     ladders = build_ladders(kept, early, fresh, voices, data_dir, args.clips, args.seed, args.good_voice)
     made = judging.load_judges(args.judges, args.asr_model)
+    draws = retest_draws(kept, voices[0], data_dir, args.clips, args.seed)
+    stretched = tempo_rungs(data_dir, voices[0][0], args.clips)
     results = {}
     for name, judge in made.items():
         ranked = validate(judge, ladders, data_dir, args.clips)
-        noise = retest(judge, kept, voices[0], data_dir, args.clips, args.seed)
+        noise = retest(judge, draws, data_dir, voices[0][0], args.clips)
         results[name] = {
             "kind": judge.kind,
             "higher_is_better": judge.higher_is_better,
             "votes": judging.votes(ranked, math.isfinite(noise)),
             "ladders": ranked,
             "retest_sd": round(noise, 4),
-            "tempo": tempo_effect(judge, data_dir, voices[0][0], args.clips),
+            "tempo": tempo_effect(judge, stretched, data_dir, voices[0][0], args.clips),
         }
         print_judge(name, results[name])
     missing = [n for n in args.judges if n not in made]

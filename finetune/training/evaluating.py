@@ -110,10 +110,8 @@ class Evaluations:
             report=not final,
         )
         redraw_s = context.now() - logged if redrawn else 0.0
-        if redrawn:
-            self.pacer.costs.report_s = (
-                redraw_s  # what report.html costs to draw now (the closing one is counted by it)
-            )
+        if redrawn:  # what report.html costs to draw now (the closing one is counted by it)
+            self.pacer.costs.report_s = redraw_s
         # What an evaluation costs the budget: scoring and logging; a best model's export and a redraw of
         # report.html apart (each counted on its own). One cut short cost less than a whole one will: the
         # estimate only grows from it.

@@ -252,13 +252,21 @@ class FeedbackEvaluator:
         return reasons
 
 
-def judged(extra: dict, label: str) -> str:
-    values = {
-        k[len(label) + 1 :]: v
-        for k, v in extra.items()
+JUDGED_PARTS = ("held_out", "corrections", "originals")  # the labels of the parts judges score in `extra`
+
+
+def judge_keys(figures: dict, label: str) -> dict[str, str]:
+    """Judge name -> its key among one part's figures of a round (`{label}_{judge}`; the MCDs, ratios and
+    changes beside them are not judges')."""
+    return {
+        k[len(label) + 1 :]: k
+        for k in figures
         if k.startswith(f"{label}_") and not k.endswith(("_db", "_ratio", "_pct"))
     }
-    return "".join(f", {name} {value:.3f}" for name, value in values.items())
+
+
+def judged(extra: dict, label: str) -> str:
+    return "".join(f", {name} {extra[key]:.3f}" for name, key in judge_keys(extra, label).items())
 
 
 def identity_moved(baseline: EvalResult, result: EvalResult | dict, judge: str) -> str:
@@ -310,12 +318,17 @@ def decide(
     deciding = evaluator.deciding if evaluator is not None else Deciding("said", "mcd")
     measure = evaluator.measure if evaluator is not None else "the corrections' MCD"
     keep = (*SCORES, "held_out_mcd_db", "corrections_learnt_mcd_db")
-    before = {k: v for k, v in baseline.extra.items() if k in keep or k.endswith(("_ratio",)) or is_judged(k)}
-    if best is not None and best["step"] > 0:  # the round's best_model: eligible, or the nearest (a fallback)
-        after, step, after_clips = {k: best[k] for k in before if k in best}, int(best["step"]), best["per_clip"]
+    judges = {key for label in JUDGED_PARTS for key in judge_keys(baseline.extra, label).values()}
+    before = {k: v for k, v in baseline.extra.items() if k in keep or k.endswith("_ratio") or k in judges}
+    from_best = best is not None and best["step"] > 0  # the round's best_model: eligible, or the nearest (a fallback)
+    source = best if from_best else last.extra
+    after = {k: source[k] for k in before if k in source}
+    after.update({k: v for k, v in source.items() if k.startswith("cut_short_")})  # reported parts cut short
+    if from_best:
+        step, after_clips = int(best["step"]), best["per_clip"]
         problem = best.get("ineligible_reason", "not eligible") if not best.get("eligible", True) else ""
     else:
-        after, step, after_clips = {k: last.extra[k] for k in before if k in last.extra}, last.step, last.per_clip
+        step, after_clips = last.step, last.per_clip
         problem = last.ineligible_reason if not last.eligible else ""
         if last.clips_scored < last.clips_planned and step > 0:  # means over fewer clips than the start's
             return Decision(
@@ -329,8 +342,6 @@ def decide(
                 measure,
                 "not compared",
             )
-    source = best if best is not None and best["step"] > 0 else last.extra
-    after.update({k: v for k, v in source.items() if k.startswith("cut_short_")})  # reported parts cut short
     values = lambda clips: oriented(clip_values(clips, deciding.part, deciding.measure), deciding.higher_is_better)  # noqa: E731
     improvement = paired(values(baseline.per_clip), values(after_clips), confidence)
     decision = partial(
@@ -367,13 +378,6 @@ def decide(
     )
 
 
-def is_judged(key: str) -> bool:
-    return any(
-        key.startswith(f"{label}_") and not key.endswith(("_db", "_ratio", "_pct"))
-        for label in ("held_out", "corrections", "originals")
-    )
-
-
 def describe(comparison, deciding: Deciding) -> str:
     """The comparison in the measure's own unit (dB for MCD; the judge's otherwise)."""
     text = comparison.describe()
@@ -382,11 +386,10 @@ def describe(comparison, deciding: Deciding) -> str:
 
 def judged_change(decision: Decision, label: str) -> str:
     """`; judges: speaker 0.812 -> 0.809, phonetic 2.31 -> 1.95` for one part of the round's figures."""
-    names = [k[len(label) + 1 :] for k in decision.before if k.startswith(f"{label}_") and is_judged(k)]
     pairs = [
-        f"{name} {decision.before[f'{label}_{name}']:.3f} -> {decision.after[f'{label}_{name}']:.3f}"
-        for name in names
-        if f"{label}_{name}" in decision.after
+        f"{name} {decision.before[key]:.3f} -> {decision.after[key]:.3f}"
+        for name, key in judge_keys(decision.before, label).items()
+        if key in decision.after
     ]
     return f"; judges: {', '.join(pairs)}" if pairs else ""
 
