@@ -35,13 +35,13 @@ import json
 import math
 import shutil
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from bench.launcher import run_script
 from bench.machine import describe
 
 REPO = Path(__file__).resolve().parent.parent
@@ -140,8 +140,6 @@ def train_early(start: Path, data_dir: Path, work: Path, voice: str, seconds: fl
     run = work / "early"
     shutil.rmtree(run, ignore_errors=True)
     argv = [
-        sys.executable,
-        str(REPO / "train_vits.py"),
         "--data_dir",
         str(data_dir),
         "--checkpoint_dir",
@@ -176,8 +174,7 @@ def train_early(start: Path, data_dir: Path, work: Path, voice: str, seconds: fl
 
     if voice != "voice" and len({who for _, who, _ in read_rows(data_dir / "metadata.csv")}) > 1:
         argv += ["--speakers", "conditioned", "--target_speaker", voice]
-    with open(work / "early.log", "w") as log:
-        code = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+    code = run_script(REPO / "train_vits.py", argv, work / "early.log")
     if code != 0:
         raise SystemExit(f"training the early model failed (exit {code}); see {work / 'early.log'}")
     return run / "final_model"
@@ -546,10 +543,9 @@ def smoke_voice(work: Path) -> str:
 
     data = work / "smoke_data"
     shutil.rmtree(data, ignore_errors=True)
-    subprocess.run(
+    code = run_script(
+        REPO / "prepare_data.py",
         [
-            sys.executable,
-            str(REPO / "prepare_data.py"),
             "--input_dir",
             str(REPO / "demo" / "corpus"),
             "--data_dir",
@@ -563,9 +559,10 @@ def smoke_voice(work: Path) -> str:
             "--num_workers",
             "1",
         ],
-        check=True,
-        capture_output=True,
+        work / "smoke_prepare.log",
     )
+    if code != 0:
+        raise SystemExit(f"preparing the smoke voice's clips failed (exit {code}); see {work / 'smoke_prepare.log'}")
     from finetune.data.metadata import read_rows
 
     texts = [t for name in ("metadata.csv", "metadata_val.csv") for _, _, t in read_rows(data / name)]
