@@ -16,7 +16,7 @@ import train_vits
 from finetune.data.corrections import FeedbackError, replay_sample
 from finetune.reporting import evaluation
 from finetune.reporting.evaluation import ClipScore, EvalResult
-from finetune.training.feedback import decide
+from finetune.training.feedback import decide, summary_text
 from finetune.training.versions import Versions
 from tests.conftest import DEMO_CORPUS, built_once, clock_for, demo_texts
 
@@ -782,8 +782,6 @@ def test_a_deadline_that_cuts_a_reported_part_leaves_the_round_decidable(cut):
         assert not last.cut_short and last.clips_scored == last.clips_planned and last.eligible
         assert "cut short by the deadline (3 clips unscored; reported only)" in evaluator.describe(last)
         assert decision.accepted, decision.reason
-        from finetune.training.feedback import summary_text
-
         counts = {"held_out": 5, "corrections": 10 if cut == "said" else 5, "originals": 5, "replay": 10}
         text = summary_text("round_001", decision, "v001", counts, 2.0, Path("listen"), [])
         assert "(5 clips; after: 2 of them, the deadline cut the rest)" in text  # its mean is over those
