@@ -73,6 +73,14 @@ def test_the_speaker_judge_hears_the_voice_and_not_another():
     theirs = [judge.score(audio, rate) for _, audio, rate in crowd_clips("axin", 4)]
     assert min(mine) > max(theirs), (mine, theirs)
     assert all(-1.0 <= value <= 1.0 for value in mine + theirs)
+    # What has no speech in it (webrtcvad hears none) is nobody's voice: 0, the least a real voice scored here.
+    _, audio, rate = own[0]
+    assert judge.score(np.zeros_like(audio), rate) == 0.0 < min(theirs)
+    # Speech with silence around it scores as the speech alone does: the silence is not the voice's.
+    padded = np.concatenate([np.zeros(rate, np.float32), audio, np.zeros(2 * rate, np.float32)])
+    assert judge.score(padded, rate) == pytest.approx(judge.score(audio, rate), abs=0.03)
+    with pytest.raises(judges.NoSpeech, match="no reference"):
+        judges.SpeakerJudge().set_voice({"silent": (np.zeros(rate * 2, np.float32), rate)})
 
 
 @pytest.mark.skipif(not judges.available("phonetic"), reason=f"the phonetic judge's extra: {judges.INSTALL_HINT}")
@@ -148,3 +156,28 @@ def test_judges_validated_on_the_users_voice_vote_in_their_runs(tmp_path):
         TrainingFlags(judges_validation=str(tmp_path / "missing.json"))
     with pytest.raises(ConfigError, match="--judges asr needs --asr_model"):
         TrainingFlags(judges=["asr"])
+
+
+@pytest.mark.skipif(not judges.available("speaker"), reason=f"the speaker judge's extra: {judges.INSTALL_HINT}")
+def test_a_voice_whose_recordings_have_no_speech_runs_without_the_speaker_judge_and_says_so(caplog):
+    """Held-out 'recordings' that are silence (a synthetic corpus, a broken export) give the speaker judge no
+    reference: the run goes on without it, with a warning, instead of stopping at its first evaluation."""
+    import logging
+    from types import SimpleNamespace
+
+    from finetune.recipes.shared import judges_panel
+    from finetune.settings import TrainingFlags
+
+    run = SimpleNamespace(logger=logging.getLogger("test_judges"), dist=SimpleNamespace(is_main=True))
+    run.device = SimpleNamespace(type="cpu")
+    silent = [SimpleNamespace(item_id=f"c{i}", audio=np.zeros(32000, np.int16)) for i in range(2)]
+    flags = TrainingFlags(judges=["speaker"])
+    with caplog.at_level(logging.INFO, logger="test_judges"):
+        assert judges_panel(flags, run, silent, {}, 16000) is None
+    assert "judges not measured: speaker (none of the voice's held-out recordings has speech" in caplog.text
+    _, audio, rate = crowd_clips("ciya", 1)[0]
+    import soxr
+
+    spoken = [SimpleNamespace(item_id="c0", audio=(soxr.resample(audio, rate, 16000) * 32767).astype(np.int16))]
+    panel = judges_panel(flags, run, spoken, {}, 16000)
+    assert list(panel.judges) == ["speaker"]

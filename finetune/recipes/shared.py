@@ -166,7 +166,14 @@ def judges_panel(flags: TrainingFlags, run: Run, clips: list, texts: dict[str, s
     if not made:
         return None
     panel = judging.Panel(made, texts, votes)
-    panel.set_voice({e.item_id: (e.audio / 32768.0, sample_rate) for e in clips})  # int16 audio at the model's rate
+    try:
+        panel.set_voice({e.item_id: (e.audio / 32768.0, sample_rate) for e in clips})  # int16 at the model's rate
+    except judging.NoSpeech as error:
+        run.logger.warning(f"judges not measured: speaker ({error})")
+        del made["speaker"]
+        if not made:
+            return None
+        panel = judging.Panel(made, texts, votes)
     run.logger.info(
         "judges: "
         + ", ".join(f"{name}{' (votes)' if name in panel.voting else ' (reported)'}" for name in made)

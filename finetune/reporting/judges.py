@@ -4,8 +4,9 @@ them on known degradations and checkpoint ladders, and only a judge whose rankin
 (VOTES below, with the figures that decided; docs/training.md, "Judges").
 
     speaker     Resemblyzer's speaker encoder (GE2E, 256-d, 16 kHz; its 17 MB weights ship in the package):
-                cosine similarity of the clip's embedding to the centroid of the voice's own held-out
-                recordings (SECS, as YourTTS and seed-tts-eval report it); higher is nearer. Language-free.
+                cosine similarity of the embedding of the clip's speech (webrtcvad's, as Resemblyzer
+                prepares a clip) to the centroid of the voice's own held-out recordings (SECS, as YourTTS
+                and seed-tts-eval report it); higher is nearer, 0 for a clip with no speech. Language-free.
     phonetic    hama's CTC phoneme recogniser (4.7 MB, IPA posteriors on 16 kHz waveforms; weights in the
                 package, numpy and its own engine only): DTW over the two clips' phoneme posteriorgrams,
                 blank frames left out, each frame pair's cost -log of the probability both frames say the
@@ -71,6 +72,10 @@ def available(name: str) -> bool:
 # ---------------------------------------------------------------- speaker identity
 
 
+class NoSpeech(ValueError):
+    """The speaker judge was given a voice's recordings with no speech in any: it has nothing to compare with."""
+
+
 class SpeakerJudge:
     """Similarity to the voice: cosine of Resemblyzer embeddings, against the centroid of its recordings."""
 
@@ -83,19 +88,29 @@ class SpeakerJudge:
         self.centroid: np.ndarray | None = None
         self.embeddings: dict[str, np.ndarray] = {}
 
-    def embed(self, waveform: np.ndarray, sample_rate: int) -> np.ndarray:
-        """[256] unit vector; a clip shorter than the encoder's 1.6 s window is tiled to fill one."""
+    def embed(self, waveform: np.ndarray, sample_rate: int) -> np.ndarray | None:
+        """[256] unit vector of the clip's speech, or None when it has none. Resemblyzer's own preprocessing
+        first (preprocess_wav: the volume raised to -30 dBFS, the silences webrtcvad hears cut to 0.2 s), as
+        the encoder was trained; a voiced part shorter than the encoder's 1.6 s window is tiled to fill one."""
+        from resemblyzer import preprocess_wav
+
         audio = to_judge_rate(waveform, sample_rate)
-        peak = float(np.abs(audio).max()) if audio.size else 0.0
-        audio = audio / peak * 0.95 if peak > 0 else audio  # the encoder was trained on normalised speech
+        if not np.any(audio):  # its loudness is -inf dBFS: preprocess_wav would scale it by nan
+            return None
+        speech = preprocess_wav(audio)
+        if not len(speech):
+            return None
         window = int(1.6 * JUDGE_RATE)
-        if len(audio) < window:
-            audio = np.tile(audio, -(-window // max(1, len(audio)))) if len(audio) else np.zeros(window, np.float32)
-        return np.asarray(self.encoder.embed_utterance(audio), dtype=np.float64)
+        if len(speech) < window:
+            speech = np.tile(speech, -(-window // len(speech)))
+        return np.asarray(self.encoder.embed_utterance(speech), dtype=np.float64)
 
     def set_voice(self, recordings: dict[str, tuple[np.ndarray, int]]) -> None:
-        """The voice's recordings (id -> (waveform, rate)): their embeddings and centroid."""
-        self.embeddings = {item: self.embed(wave, rate) for item, (wave, rate) in recordings.items()}
+        """The voice's recordings (id -> (waveform, rate)): their embeddings and centroid (those with speech)."""
+        embedded = {item: self.embed(wave, rate) for item, (wave, rate) in recordings.items()}
+        self.embeddings = {item: e for item, e in embedded.items() if e is not None}
+        if not self.embeddings:
+            raise NoSpeech("none of the voice's held-out recordings has speech webrtcvad hears: no reference")
         self.centroid = unit(np.mean(list(self.embeddings.values()), axis=0))
 
     def centroid_without(self, item_id: str | None) -> np.ndarray:
@@ -104,9 +119,11 @@ class SpeakerJudge:
         return unit(np.mean(others, axis=0)) if others else self.centroid
 
     def score(self, waveform: np.ndarray, sample_rate: int, item_id: str | None = None, **_) -> float:
+        """Cosine similarity to the voice; 0.0 (nothing in common) for a clip with no speech in it."""
         if self.centroid is None:
             raise ValueError("SpeakerJudge.set_voice first: the voice's recordings are its reference")
-        return float(self.embed(waveform, sample_rate) @ self.centroid_without(item_id))
+        embedding = self.embed(waveform, sample_rate)
+        return 0.0 if embedding is None else float(embedding @ self.centroid_without(item_id))
 
 
 def unit(vector: np.ndarray) -> np.ndarray:
