@@ -181,3 +181,25 @@ def test_a_voice_whose_recordings_have_no_speech_runs_without_the_speaker_judge_
     spoken = [SimpleNamespace(item_id="c0", audio=(soxr.resample(audio, rate, 16000) * 32767).astype(np.int16))]
     panel = judges_panel(flags, run, spoken, {}, 16000)
     assert list(panel.judges) == ["speaker"]
+
+
+def test_a_clip_judged_again_is_not_run_through_the_model_again():
+    """The memo behind the speaker encoder and the phoneme recogniser: the same audio (the recordings on every ladder
+    bench_judges.py builds) is computed once; other audio, or the same at another rate, is computed; the oldest
+    result goes when it is full, and what it keeps cannot be changed by a caller."""
+    calls = []
+
+    def compute(waveform, rate):
+        calls.append(rate)
+        return np.array([float(waveform.sum()), rate])
+
+    memo = judges.AudioMemo(size=2)
+    a, b = np.ones(100, np.float32), np.zeros(100, np.float32)
+    first = memo.get(a, 16000, compute)
+    assert memo.get(a.copy(), 16000, compute) is first and len(calls) == 1
+    memo.get(a, 22050, compute)
+    memo.get(b, 16000, compute)  # full: a at 16 kHz, the oldest, goes
+    memo.get(a, 16000, compute)
+    assert len(calls) == 4
+    with pytest.raises(ValueError):
+        first[0] = 0.0

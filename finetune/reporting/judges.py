@@ -24,7 +24,9 @@ runs as before and says once which judges are off. Input everywhere: a float wav
 
 from __future__ import annotations
 
+import hashlib
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -48,6 +50,30 @@ def to_judge_rate(waveform: np.ndarray, sample_rate: int) -> np.ndarray:
 
         audio = soxr.resample(audio, sample_rate, JUDGE_RATE)
     return np.clip(audio, -1.0, 1.0)
+
+
+class AudioMemo:
+    """What a model computed from a clip, by a digest of the clip: the same audio judged again (the recordings on
+    every ladder of bench/bench_judges.py, one clip by the phonetic judge and the phone error rate sharing a
+    recogniser) is not run through the model again. The last `size` results are kept; each is read-only."""
+
+    def __init__(self, size: int = 128):
+        self.size = size
+        self.results: OrderedDict = OrderedDict()
+
+    def get(self, waveform: np.ndarray, sample_rate: int, compute):
+        audio = np.ascontiguousarray(waveform, dtype=np.float32)
+        key = (hashlib.blake2b(audio.tobytes(), digest_size=16).digest(), audio.shape, sample_rate)
+        if key in self.results:
+            self.results.move_to_end(key)
+            return self.results[key]
+        result = compute(waveform, sample_rate)
+        if isinstance(result, np.ndarray):
+            result.setflags(write=False)
+        self.results[key] = result
+        if len(self.results) > self.size:
+            self.results.popitem(last=False)
+        return result
 
 
 REQUIRES = {
@@ -87,10 +113,14 @@ class SpeakerJudge:
         self.encoder = VoiceEncoder("cpu", verbose=False)
         self.centroid: np.ndarray | None = None
         self.embeddings: dict[str, np.ndarray] = {}
+        self.memo = AudioMemo()
 
     def embed(self, waveform: np.ndarray, sample_rate: int) -> np.ndarray | None:
-        """[256] unit vector of the clip's speech, or None when it has none. Resemblyzer's own preprocessing
-        first (preprocess_wav: the volume raised to -30 dBFS, the silences webrtcvad hears cut to 0.2 s), as
+        """[256] unit vector of the clip's speech, or None when it has none (embed_speech, remembered)."""
+        return self.memo.get(waveform, sample_rate, self.embed_speech)
+
+    def embed_speech(self, waveform: np.ndarray, sample_rate: int) -> np.ndarray | None:
+        """Resemblyzer's own preprocessing first (preprocess_wav: the volume raised to -30 dBFS, the silences webrtcvad hears cut to 0.2 s), as
         the encoder was trained; a voiced part shorter than the encoder's 1.6 s window is tiled to fill one."""
         from resemblyzer import preprocess_wav
 
@@ -142,9 +172,13 @@ class PhonemeRecogniser:
 
         self.model = ASRModel()
         self.blank = self.model.blank_id
+        self.memo = AudioMemo()
 
     def log_posteriors(self, waveform: np.ndarray, sample_rate: int) -> np.ndarray:
-        """[frames, phones] log probabilities (the model's own output, before any decoding)."""
+        """[frames, phones] log probabilities (the model's own output, before any decoding; remembered)."""
+        return self.memo.get(waveform, sample_rate, self.recognise)
+
+    def recognise(self, waveform: np.ndarray, sample_rate: int) -> np.ndarray:
         audio = to_judge_rate(waveform, sample_rate)
         if len(audio) < JUDGE_RATE // 10:  # shorter than its receptive field: nothing to hear
             audio = np.concatenate([audio, np.zeros(JUDGE_RATE // 10 - len(audio), np.float32)])
