@@ -248,9 +248,24 @@ def tempo_centred_copy(base, prepared_demo, folder, clips: int = 3, also: list[s
     return folder
 
 
+@pytest.fixture(scope="session")
+def tempo_centred_voice(prepared_demo, base_run, tmp_path_factory) -> Path:
+    """The base voice centred on its held-out clips and the corrections' sentences (tempo_centred_copy), made once
+    for the session (built_once) rather than once a tempo: both readings start from the same voice, which the
+    rounds only read (its config.json and weights, copied into each round's voices/v000)."""
+    folder = built_once(
+        tmp_path_factory,
+        "feedback_tempo_centred",
+        lambda built: tempo_centred_copy(
+            base_run / "checkpoints" / "best_model", prepared_demo, built / "voice", also=CORRECTION_IDS
+        ),
+    )
+    return folder / "voice"
+
+
 @pytest.mark.parametrize("stretch", [1.4, 1 / 1.4])
 def test_corrections_read_at_another_tempo_are_not_held_to_the_voices_timing(
-    prepared_demo, base_run, tmp_path, timed_work, stretch
+    prepared_demo, base_run, tmp_path, timed_work, tempo_centred_voice, stretch
 ):
     """The default timing rule, corrections by readers 1.4x slower (or faster) than the voice: the voice speaks
     them at about 1/1.4 (or 1.4) of their length, outside 0.80-1.25, and that must not count against it.
@@ -261,9 +276,7 @@ def test_corrections_read_at_another_tempo_are_not_held_to_the_voices_timing(
     # Centred on the voice's held-out clips and on the corrections' sentences as the voice's corpus recorded
     # them: read 1.4x slower (or faster), the corrections fall outside 0.80-1.25 by a margin (x0.72-0.76 and
     # x1.38-1.46 for the two voices seen; centred on the held-out clips alone, x0.81 had failed).
-    voice = tempo_centred_copy(
-        base_run / "checkpoints" / "best_model", prepared_demo, tmp_path / "voice", also=CORRECTION_IDS
-    )
+    voice = tempo_centred_voice
     args = feedback_args(
         prepared_demo, base_run, tmp_path, feedback, "--max_epochs", "1", "--val_samples", "3", relaxed_timing=False
     )

@@ -192,7 +192,9 @@ def test_a_fresh_run_pays_the_evaluations_one_time_cost_before_its_baseline_is_t
     """A process's first DTW costs 25 s (numba compiling it in a fresh environment); an evaluation 10 s.
     A short run, whose final evaluation is its only one after the baseline, pays the 25 s before the
     baseline is timed: it keeps 10 s, not 35, for the final evaluation, and ends in its budget's last
-    seconds rather than 25 s early."""
+    seconds rather than 25 s early. 100 s is enough to tell: planned at 47 s, with 53 s left and 15 of them kept
+    for the final save, the run plans 13 steps and no evaluation before the final one (150 s planned 26 for the
+    same); had the 25 s been counted in the evaluation, 40 s would be kept and the run would end near 75 s."""
     fake, costs = timed_work
     costs["eval_s"], costs["clips"] = 10.0, 4
     real, compiled = evaluation.mcd_dtw, {"yet": False}
@@ -204,7 +206,7 @@ def test_a_fresh_run_pays_the_evaluations_one_time_cost_before_its_baseline_is_t
         return real(*a, **k)
 
     monkeypatch.setattr(evaluation, "mcd_dtw", mcd_dtw)
-    target_s = 150.0
+    target_s = 100.0
     run = args(
         prepared_demo, tmp_path, "--target_hours", str(target_s / 3600), "--max_samples", "12", "--val_samples", "4"
     )

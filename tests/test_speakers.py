@@ -272,14 +272,30 @@ def test_one_speaker_folds_into_a_plain_model_that_speaks_as_it(voice, tmp_path)
 # ---------------------------------------------------------------- a conditioned run, as a user runs it
 
 
-def test_a_conditioned_run_exports_the_target_alone_and_resumes(crowd, tmp_path, timed_work):
-    fake, _ = timed_work
-    run = tmp_path / "run"
+@pytest.fixture(scope="module")
+def conditioned_run(crowd, tmp_path_factory):
+    """A conditioned run on the crowd for the target bbb222, one epoch, trained once a module's process for the two
+    tests that need one (each trained its own): the first reads what it wrote, then resumes it in place; the
+    feedback round starts from its final_model. That folder is bbb222's voice alone with every speaker behind it
+    under the same ids before the resume and after it (the first test asserts so), so the round starts from that
+    voice whichever of the two tests runs first. Its clock (micro_batches_take) moves as timed_work's does for
+    micro-batches; in an hour's budget one epoch plans no evaluation but the final one with either clock."""
+    from tests.conftest import micro_batches_take
+
+    run = tmp_path_factory.mktemp("conditioned") / "run"
     argv = args(
         crowd, run, "--target_hours", "1", "--max_epochs", "1", "--val_samples", "4", "--target_speaker", "bbb222"
     )
     argv += ["--target_share", "0.5"]  # an epoch of a few steps (at the default 0.9, the target's clips 9 times)
-    assert train_vits.main(argv, clock=clock_for(fake)) == 0
+    with pytest.MonkeyPatch.context() as patch:
+        fake = micro_batches_take(patch)
+        assert train_vits.main(argv, clock=clock_for(fake)) == 0
+    return run
+
+
+def test_a_conditioned_run_exports_the_target_alone_and_resumes(crowd, conditioned_run, tmp_path, timed_work):
+    fake, _ = timed_work
+    run = conditioned_run
     log = (run / "checkpoints" / "train.log").read_text()
     assert "speakers: 3 in the training data" in log and "exported: bbb222" in log
     evaluations = [
@@ -350,35 +366,18 @@ def test_an_unknown_target_speaker_names_the_speakers(crowd, tmp_path):
         )
 
 
-def test_a_feedback_round_keeps_the_corrections_apart_and_judges_the_target(crowd, tmp_path, timed_work):
+def test_a_feedback_round_keeps_the_corrections_apart_and_judges_the_target(
+    crowd, conditioned_run, tmp_path, timed_work
+):
     """Corrections recorded by another speaker train under a speaker id of their own; the round replays and
-    judges the target's clips only, and its model is the target's voice alone again."""
+    judges the target's clips only, and its model is the target's voice alone again. The voice is the conditioned
+    run's (conditioned_run), as train_vits.py exported it: its config names bbb222, which the round finds."""
     import shutil
 
     import train_feedback
 
     fake, _ = timed_work
-    run = tmp_path / "run"
-    assert (
-        train_vits.main(
-            args(
-                crowd,
-                run,
-                "--target_hours",
-                "1",
-                "--max_epochs",
-                "1",
-                "--val_samples",
-                "2",
-                "--target_speaker",
-                "bbb222",
-                "--target_share",
-                "0.5",  # an epoch of a few steps, as in the test above
-            ),
-            clock=clock_for(fake),
-        )
-        == 0
-    )
+    run = conditioned_run
     others = [(i, text) for i, who, text in read_rows(crowd / "metadata.csv") if who == "aaa111"][:3]
     feedback = tmp_path / "feedback"
     (feedback / "wavs").mkdir(parents=True)

@@ -173,8 +173,11 @@ def test_best_model_follows_the_evaluation_measure(prepared_demo, tmp_path, time
 
 
 def test_an_earlier_run_is_never_silently_mixed_with_a_new_one(prepared_demo, tmp_path, timed_work, capsys):
+    """An earlier run, then a new one in its folder, refused, and a resume with another batch size, refused. The
+    earlier run is one epoch of 8 clips (2 steps, its final checkpoint): what is refused is its checkpoint, not
+    what it learnt."""
     fake, _ = timed_work
-    base = args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "1")
+    base = args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "1", "--max_samples", "8")
     assert train_vits.main(base, clock=clock_for(fake)) == 0
     with pytest.raises(ConfigError, match="--resume auto"):
         train_vits.main(base, clock=clock_for(fake))
@@ -209,49 +212,60 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(prepared_demo, tmp_path):
     assert os.path.getsize(tmp_path / "checkpoints" / "train.log") > 0
 
 
-def test_length_pool_batches_from_the_command_line_set_how_a_run_draws_its_batches(prepared_demo, tmp_path, timed_work):
+@pytest.fixture(scope="module")
+def flags_run(prepared_demo, tmp_path_factory):
+    """One run for the three flags tested below, each read from it by its own test: 6 steps (8 clips, three
+    epochs of 2) with --length_pool_batches 1, --discriminator_every 2 and --duration_every 3. The two cadences
+    give different counts (3 and 2 updates of 6), so that neither flag's steps can pass for the other's, nor for
+    a predictor that learnt in step 1 alone. One run a module's process, not one a test (each was 4-5 s). Its
+    clock (micro_batches_take) moves as timed_work's does for micro-batches; in an hour's budget the steps are
+    the epochs' either way. Returns the run folder and its flags (the pool test's resume reuses them)."""
+    from tests.conftest import micro_batches_take
+
+    run = tmp_path_factory.mktemp("flags")
+    argv = args(prepared_demo, run, "--target_hours", "1", "--max_epochs", "3", "--max_samples", "8")
+    argv += ["--length_pool_batches", "1", "--discriminator_every", "2", "--duration_every", "3"]
+    with pytest.MonkeyPatch.context() as patch:
+        fake = micro_batches_take(patch)
+        assert train_vits.main(argv, clock=clock_for(fake)) == 0
+    return run, argv
+
+
+def updates(optimizer: dict) -> set[int]:
+    """How many times AdamW stepped each parameter of a checkpoint's optimizer state, as a set."""
+    return {int(state["step"]) for state in optimizer["state"].values()}
+
+
+def test_length_pool_batches_from_the_command_line_set_how_a_run_draws_its_batches(flags_run):
     """--length_pool_batches 1: the run's sampler draws batches of clips at random (what that means is
     tests/test_sampler.py's), saved in its checkpoint so that a resume continues the same batches."""
     from finetune.training.checkpoint import CheckpointError
 
-    fake, _ = timed_work
-    argv = args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "1", "--max_samples", "8")
-    assert train_vits.main([*argv, "--length_pool_batches", "1"], clock=clock_for(fake)) == 0
-    assert latest_checkpoint(tmp_path)["sampler"]["pool_batches"] == 1
+    run, argv = flags_run
+    assert latest_checkpoint(run)["sampler"]["pool_batches"] == 1
     with pytest.raises(CheckpointError, match="--length_pool_batches was 1 in the checkpoint, now 32"):
         train_vits.main([*argv, "--resume", "auto", "--length_pool_batches", "32"])
 
 
-def test_discriminator_every_from_the_command_line_sets_which_steps_the_discriminator_learns_in(
-    prepared_demo, tmp_path, timed_work
-):
-    """--discriminator_every 2 over a run of 4 steps: the generator's optimizer stepped 4 times, the
-    discriminator's twice (steps 1 and 3), as the checkpoint's AdamW states count them."""
-    fake, _ = timed_work
-    argv = args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "2", "--max_samples", "8")
-    assert train_vits.main([*argv, "--discriminator_every", "2"], clock=clock_for(fake)) == 0
-    latest = latest_checkpoint(tmp_path)
-    assert latest["state"]["step"] == 4
-
-    def updates(optimizer: dict) -> set[int]:
-        return {int(state["step"]) for state in optimizer["state"].values()}
-
-    assert updates(latest["train_step"]["optimizer_g"]) == {4}
-    assert updates(latest["train_step"]["optimizer_d"]) == {2}
+def test_discriminator_every_from_the_command_line_sets_which_steps_the_discriminator_learns_in(flags_run):
+    """--discriminator_every 2 over a run of 6 steps: the generator's optimizer stepped 6 times (but for the
+    duration predictor's parameters: --duration_every 3, the test below), the discriminator's 3 times (steps 1, 3
+    and 5), as the checkpoint's AdamW states count them."""
+    run, _ = flags_run
+    latest = latest_checkpoint(run)
+    assert latest["state"]["step"] == 6
+    assert updates(latest["train_step"]["optimizer_g"]) == {2, 6}
+    assert updates(latest["train_step"]["optimizer_d"]) == {3}
 
 
-def test_duration_every_from_the_command_line_sets_which_steps_the_duration_predictor_learns_in(
-    prepared_demo, tmp_path, timed_work
-):
-    """--duration_every 2 over a run of 4 steps: AdamW stepped the duration predictor's parameters twice
-    (steps 1 and 3) and the other generator parameters 4 times, as the checkpoint's states count them."""
-    fake, _ = timed_work
-    argv = args(prepared_demo, tmp_path, "--target_hours", "1", "--max_epochs", "2", "--max_samples", "8")
-    assert train_vits.main([*argv, "--duration_every", "2"], clock=clock_for(fake)) == 0
-    latest = latest_checkpoint(tmp_path)
-    assert latest["state"]["step"] == 4
+def test_duration_every_from_the_command_line_sets_which_steps_the_duration_predictor_learns_in(flags_run):
+    """--duration_every 3 over a run of 6 steps: AdamW stepped the duration predictor's parameters twice
+    (steps 1 and 4) and the other generator parameters 6 times, as the checkpoint's states count them."""
+    run, _ = flags_run
+    latest = latest_checkpoint(run)
+    assert latest["state"]["step"] == 6
     counts = [int(state["step"]) for state in latest["train_step"]["optimizer_g"]["state"].values()]
-    assert sorted(set(counts)) == [2, 4]  # which parameters sat out is tests/test_step.py's
+    assert sorted(set(counts)) == [2, 6]  # which parameters sat out is tests/test_step.py's
 
 
 def test_checkpoints_slower_than_steps_still_fit_the_deadline(prepared_demo, tmp_path, timed_work):
@@ -332,19 +346,21 @@ def checkpoint_times(run_dir) -> list[tuple[int, float]]:
 def test_checkpoints_are_paced_by_time_with_the_first_and_the_last_always_written(prepared_demo, tmp_path, timed_work):
     """An epoch of 2 steps (6 s of injected time): with --checkpoint_min_minutes 0.25 (15 s) an epoch's end
     writes one only when the last is 15 s old or more; the benchmark's (the run's first) and the final one
-    always. With 0, every epoch's end writes one, as before."""
+    always. With 0, every epoch's end writes one, as before. Six epochs paced: the epoch ends at steps 4 and 6
+    come 3 and 9 s after the benchmark's checkpoint (none written), step 8's 15 s after it (written), step 10's
+    6 s after step 8's though 23 s after the benchmark's (none: the 15 s count from the newest), step 12's is the
+    final. Three epochs with 0 show every epoch end written."""
     fake, _ = timed_work
-    common = ["--target_hours", "1", "--max_samples", "8", "--max_epochs", "8", "--keep_checkpoints", "100"]
-    every = tmp_path / "every"
-    for run, minutes in ((every, "0"), (tmp_path / "paced", "0.25")):
+    common = ["--target_hours", "1", "--max_samples", "8", "--keep_checkpoints", "100"]
+    every, paced = tmp_path / "every", tmp_path / "paced"
+    for run, minutes, epochs in ((every, "0", "3"), (paced, "0.25", "6")):
         fake.t = 0.0
-        argv = args(prepared_demo, run, *common, "--checkpoint_min_minutes", minutes)
+        argv = args(prepared_demo, run, *common, "--checkpoint_min_minutes", minutes, "--max_epochs", epochs)
         assert train_vits.main(argv, clock=clock_for(fake)) == 0
-    paced = tmp_path / "paced"
     all_epochs, by_time = checkpoint_times(every), checkpoint_times(paced)
     last_step = metrics(paced, "end")[0]["steps"]
-    assert [step for step, _ in all_epochs] == [2, 3, 4, 6, 8, 10, 12, 14, 16]  # each epoch end, the benchmark's
+    assert [step for step, _ in all_epochs] == [2, 3, 4, 6]  # each epoch end, the benchmark's
     steps = [step for step, _ in by_time]
-    assert steps == [3, 8, 14, 16] and last_step == 16  # the benchmark's, two epoch ends 15 s apart or more, the final
+    assert steps == [3, 8, 12] and last_step == 12  # the benchmark's, an epoch end 15 s after it or more, the final
     gaps = [later - earlier for (_, earlier), (_, later) in zip(by_time[:-2], by_time[1:-1])]
     assert gaps and all(gap >= 15.0 for gap in gaps)  # the final one may come sooner
