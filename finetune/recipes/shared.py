@@ -170,10 +170,9 @@ def judges_panel(flags: TrainingFlags, run: Run, clips: list, texts: dict[str, s
         panel.set_voice({e.item_id: (e.audio / 32768.0, sample_rate) for e in clips})  # int16 at the model's rate
     except judging.NoSpeech as error:
         run.logger.warning(f"judges not measured: speaker ({error})")
-        del made["speaker"]
+        del made["speaker"]  # the panel's own dict: the others judge on
         if not made:
             return None
-        panel = judging.Panel(made, texts, votes)
     run.logger.info(
         "judges: "
         + ", ".join(f"{name}{' (votes)' if name in panel.voting else ' (reported)'}" for name in made)

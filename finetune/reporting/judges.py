@@ -120,8 +120,9 @@ class SpeakerJudge:
         return self.memo.get(waveform, sample_rate, self.embed_speech)
 
     def embed_speech(self, waveform: np.ndarray, sample_rate: int) -> np.ndarray | None:
-        """Resemblyzer's own preprocessing first (preprocess_wav: the volume raised to -30 dBFS, the silences webrtcvad hears cut to 0.2 s), as
-        the encoder was trained; a voiced part shorter than the encoder's 1.6 s window is tiled to fill one."""
+        """Resemblyzer's own preprocessing first (preprocess_wav: the volume raised to -30 dBFS, the silences
+        webrtcvad hears cut to 0.2 s), as the encoder was trained; a voiced part shorter than the encoder's 1.6 s
+        window is tiled to fill one."""
         from resemblyzer import preprocess_wav
 
         audio = to_judge_rate(waveform, sample_rate)
