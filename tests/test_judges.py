@@ -79,6 +79,10 @@ def test_the_speaker_judge_hears_the_voice_and_not_another():
     # Speech with silence around it scores as the speech alone does: the silence is not the voice's.
     padded = np.concatenate([np.zeros(rate, np.float32), audio, np.zeros(2 * rate, np.float32)])
     assert judge.score(padded, rate) == pytest.approx(judge.score(audio, rate), abs=0.03)
+    # Sound that is not speech does count against it: as long a hiss (20 dB under the speech) before it, which
+    # webrtcvad hears as no speech, halves its score, as a new model's hiss scores under a trained one's buzz.
+    hiss = np.random.default_rng(0).standard_normal(len(audio)).astype(np.float32) * 0.1 * np.sqrt(np.mean(audio**2))
+    assert judge.score(np.concatenate([hiss, audio]), rate) == pytest.approx(0.5 * judge.score(audio, rate), abs=0.05)
     with pytest.raises(judges.NoSpeech, match="no reference"):
         judges.SpeakerJudge().set_voice({"silent": (np.zeros(rate * 2, np.float32), rate)})
 

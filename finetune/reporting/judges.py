@@ -6,7 +6,8 @@ them on known degradations and checkpoint ladders, and only a judge whose rankin
     speaker     Resemblyzer's speaker encoder (GE2E, 256-d, 16 kHz; its 17 MB weights ship in the package):
                 cosine similarity of the embedding of the clip's speech (webrtcvad's, as Resemblyzer
                 prepares a clip) to the centroid of the voice's own held-out recordings (SECS, as YourTTS
-                and seed-tts-eval report it); higher is nearer, 0 for a clip with no speech. Language-free.
+                and seed-tts-eval report it), times the share of the clip's sound that is speech; higher is
+                nearer, 0 for a clip with no speech. Language-free.
     phonetic    hama's CTC phoneme recogniser (4.7 MB, IPA posteriors on 16 kHz waveforms; weights in the
                 package, numpy and its own engine only): DTW over the two clips' phoneme posteriorgrams,
                 blank frames left out, each frame pair's cost -log of the probability both frames say the
@@ -115,14 +116,17 @@ class SpeakerJudge:
         self.embeddings: dict[str, np.ndarray] = {}
         self.memo = AudioMemo()
 
-    def embed(self, waveform: np.ndarray, sample_rate: int) -> np.ndarray | None:
-        """[256] unit vector of the clip's speech, or None when it has none (embed_speech, remembered)."""
+    def embed(self, waveform: np.ndarray, sample_rate: int) -> tuple[np.ndarray, float] | None:
+        """([256] unit vector of the clip's speech, the share of its audible part that is speech), or None when
+        it has no speech (embed_speech, remembered)."""
         return self.memo.get(waveform, sample_rate, self.embed_speech)
 
-    def embed_speech(self, waveform: np.ndarray, sample_rate: int) -> np.ndarray | None:
+    def embed_speech(self, waveform: np.ndarray, sample_rate: int) -> tuple[np.ndarray, float] | None:
         """Resemblyzer's own preprocessing first (preprocess_wav: the volume raised to -30 dBFS, the silences
         webrtcvad hears cut to 0.2 s), as the encoder was trained; a voiced part shorter than the encoder's 1.6 s
-        window is tiled to fill one."""
+        window is tiled to fill one. The share: what webrtcvad kept over the audible part of the clip (its
+        30 ms frames within AUDIBLE_DB of the loudest), at most 1: silence does not count against a clip,
+        sound that is not speech does (a new model's hiss: 0.43 of it kept, a recording's 1.00)."""
         from resemblyzer import preprocess_wav
 
         audio = to_judge_rate(waveform, sample_rate)
@@ -131,15 +135,18 @@ class SpeakerJudge:
         speech = preprocess_wav(audio)
         if not len(speech):
             return None
+        share = min(1.0, len(speech) / audible_samples(audio))
         window = int(1.6 * JUDGE_RATE)
         if len(speech) < window:
             speech = np.tile(speech, -(-window // len(speech)))
-        return np.asarray(self.encoder.embed_utterance(speech), dtype=np.float64)
+        embedding = np.asarray(self.encoder.embed_utterance(speech), dtype=np.float64)
+        embedding.setflags(write=False)  # remembered: read-only, as the memo keeps its arrays
+        return embedding, share
 
     def set_voice(self, recordings: dict[str, tuple[np.ndarray, int]]) -> None:
         """The voice's recordings (id -> (waveform, rate)): their embeddings and centroid (those with speech)."""
         embedded = {item: self.embed(wave, rate) for item, (wave, rate) in recordings.items()}
-        self.embeddings = {item: e for item, e in embedded.items() if e is not None}
+        self.embeddings = {item: e[0] for item, e in embedded.items() if e is not None}
         if not self.embeddings:
             raise NoSpeech("none of the voice's held-out recordings has speech webrtcvad hears: no reference")
         self.centroid = unit(np.mean(list(self.embeddings.values()), axis=0))
@@ -150,11 +157,29 @@ class SpeakerJudge:
         return unit(np.mean(others, axis=0)) if others else self.centroid
 
     def score(self, waveform: np.ndarray, sample_rate: int, item_id: str | None = None, **_) -> float:
-        """Cosine similarity to the voice; 0.0 (nothing in common) for a clip with no speech in it."""
+        """Cosine similarity of the clip's speech to the voice, times the share of the clip that is speech: a
+        clip that is half hiss sounds half like the voice; 0.0 for a clip with no speech in it. Without the
+        share, a new model's hiss (webrtcvad hears some of it as speech) scored above a 90 s model's buzz
+        (0.415 against 0.392 on the demo crowd's axin, bench/log/2026-12-02.md)."""
         if self.centroid is None:
             raise ValueError("SpeakerJudge.set_voice first: the voice's recordings are its reference")
-        embedding = self.embed(waveform, sample_rate)
-        return 0.0 if embedding is None else float(embedding @ self.centroid_without(item_id))
+        embedded = self.embed(waveform, sample_rate)
+        if embedded is None:
+            return 0.0
+        embedding, share = embedded
+        return share * float(embedding @ self.centroid_without(item_id))
+
+
+AUDIBLE_DB = 40.0  # a 30 ms frame this far below the clip's loudest is silence, not sound
+
+
+def audible_samples(audio: np.ndarray, frame: int = 480) -> int:
+    """Samples of `audio` (16 kHz) in 30 ms frames within AUDIBLE_DB of its loudest frame (at least one frame)."""
+    frames = audio[: len(audio) // frame * frame].reshape(-1, frame)
+    if not len(frames):
+        return max(1, len(audio))
+    level = np.sqrt(np.mean(frames.astype(np.float64) ** 2, axis=1)) + 1e-12
+    return frame * max(1, int(np.sum(20 * np.log10(level / level.max()) > -AUDIBLE_DB)))
 
 
 def unit(vector: np.ndarray) -> np.ndarray:
