@@ -130,8 +130,8 @@ class TrainingFlags:
         "judges scoring each evaluated clip beside MCD (finetune/reporting/judges.py): speaker (is it the voice), "
         "phonetic and phone_errors (does it say the words), asr (with --asr_model), none; auto: speaker and "
         "phonetic where requirements-judges.txt is installed, on a GPU, or on a CPU where one of them votes (on a "
-        "CPU they double a small voice's evaluation, which buys nothing while they only report). Which judges vote: "
-        "bench/RESULTS.md",
+        "CPU they double a small voice's evaluation, which buys nothing while they only report), and any other "
+        "judge --judges_validation found voting. Which judges vote: bench/RESULTS.md",
         on_resume="may_change",
     )
     judges_validation: str | None = flag(

@@ -729,9 +729,19 @@ def test_a_voting_judge_of_what_is_said_decides_and_the_speaker_judge_keeps_the_
     decision = decide(base, None, said_better, 2.0, evaluator)
     assert decision.accepted and "held-out corrections improved beyond the noise" in decision.reason
     assert "still its voice by the speaker judge" in decision.reason and " dB" not in decision.improvement
+    assert (
+        decision.identity.startswith("the speaker judge on the voice's held-out clips")
+        and "+0.000" in decision.identity
+    )
+    counts = {"held_out": 4, "corrections": 7, "originals": 4, "replay": 8}
+    text = summary_text("round_001", decision, "v001", counts, 2.0, Path("listen"), [])
+    assert "Decided by the phonetic judge: " in text and "Identity held by the speaker judge on the voice's" in text
     moved = judged_round(6, [2.5, 2.8, 2.3, 2.6], [0.70, 0.73, 0.68, 0.72])
     reason = decide(base, None, moved, 2.0, evaluator).reason
     assert reason.startswith("the voice moved: the speaker judge finds its held-out clips further")
+    assert "+0.000" not in decide(base, None, moved, 2.0, evaluator).identity
+    without = SimpleNamespace(deciding=Deciding("held", "phonetic"), measure="the phonetic judge", identity="")
+    assert decide(base, None, said_better, 2.0, without).identity == ""  # no speaker judge votes: nothing said
 
 
 def test_a_voting_judge_keeps_out_a_model_the_mcd_would_let_in():

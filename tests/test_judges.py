@@ -187,6 +187,27 @@ def test_a_voice_whose_recordings_have_no_speech_runs_without_the_speaker_judge_
     assert list(panel.judges) == ["speaker"]
 
 
+@pytest.mark.skipif(not judges.available("phonetic"), reason=f"the phonetic judge's extra: {judges.INSTALL_HINT}")
+def test_auto_asks_every_judge_the_validation_found_voting(tmp_path):
+    """--judges auto with a --judges_validation in which the phone error rate votes (as on a voice trained
+    24 minutes, bench/RESULTS.md): the run asks it too, and it votes; without the validation, on a CPU, none."""
+    import logging
+    from types import SimpleNamespace
+
+    from finetune.recipes.shared import judges_panel
+    from finetune.settings import TrainingFlags
+
+    results = tmp_path / "results.json"
+    votes = {"speaker": False, "phonetic": False, "phone_errors": True, "mcd": True}
+    results.write_text(json.dumps({"judges": {name: {"votes": v} for name, v in votes.items()}}))
+    run = SimpleNamespace(logger=logging.getLogger("test_judges"), dist=SimpleNamespace(is_main=True))
+    run.device = SimpleNamespace(type="cpu")
+    _, audio, rate = crowd_clips("ciya", 1)[0]
+    assert judges_panel(TrainingFlags(), run, [], {}, rate) is None  # nothing votes: on a CPU, nothing asked
+    panel = judges_panel(TrainingFlags(judges_validation=str(results)), run, [], {}, rate)
+    assert list(panel.judges) == ["phone_errors"] and panel.voting == ["phone_errors"]
+
+
 def test_a_clip_judged_again_is_not_run_through_the_model_again():
     """The memo behind the speaker encoder and the phoneme recogniser: the same audio (the recordings on every ladder
     bench_judges.py builds) is computed once; other audio, or the same at another rate, is computed; the oldest

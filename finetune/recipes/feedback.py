@@ -399,6 +399,7 @@ def conclude_round(
         "reason": decision.reason,
         "decided_by": decision.measure,
         "improvement": decision.improvement,
+        "identity": decision.identity,
         "before": decision.before,
         "after": decision.after,
         "candidate_step": decision.candidate_step,

@@ -417,6 +417,7 @@ def validated_votes(path: str) -> dict[str, bool]:
 
 
 DEFAULT = ("speaker", "phonetic")  # what a run asks for when the extra is installed (asr: with --asr_model)
+CAN_VOTE = ("speaker", "phonetic", "phone_errors", "asr")  # by name in a run (--judges); MCD is its own measure
 
 
 def load_judges(names: list[str], asr_model: str | None = None) -> dict:

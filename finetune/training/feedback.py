@@ -269,17 +269,22 @@ def judged(extra: dict, label: str) -> str:
     return "".join(f", {name} {extra[key]:.3f}" for name, key in judge_keys(extra, label).items())
 
 
-def identity_moved(baseline: EvalResult, result: EvalResult | dict, judge: str) -> str:
-    """Why the voice no longer sounds like itself ("" when it does, or when no speaker judge votes): the speaker
-    judge's similarity of its held-out clips to its recordings lower than at the start beyond that judge's noise,
-    paired clip by clip."""
+def identity_change(baseline: EvalResult, result: EvalResult | dict, judge: str):
+    """How much further from its own recordings the voice's held-out clips are than at the start, by the speaker
+    judge, paired clip by clip (a Paired comparison: positive is further); None when no speaker judge votes."""
     if not judge:
-        return ""
+        return None
     per_clip = result["per_clip"] if isinstance(result, dict) else result.per_clip
     before = oriented(clip_values(baseline.per_clip, "originals", judge), True)
     after = oriented(clip_values(per_clip, "originals", judge), True)
-    worse = paired(after, before)  # how much lower (better) the start is than the candidate
-    if not worse.beyond_noise:
+    return paired(after, before)  # how much lower (better) the start is than the candidate
+
+
+def identity_moved(baseline: EvalResult, result: EvalResult | dict, judge: str) -> str:
+    """Why the voice no longer sounds like itself ("" when it does, or when no speaker judge votes): the speaker
+    judge's similarity of its held-out clips to its recordings lower than at the start beyond that judge's noise."""
+    worse = identity_change(baseline, result, judge)
+    if worse is None or not worse.beyond_noise:
         return ""
     return (
         f"the voice moved: the {judge} judge finds its held-out clips further from its own recordings than at the "
@@ -296,6 +301,7 @@ class Decision:
     candidate_step: int
     measure: str = ""  # what decided whether the corrections improved
     improvement: str = ""  # that comparison, in words (advantage, noise bound, clips)
+    identity: str = ""  # the speaker judge's guard of the voice, in words, where it votes
 
 
 SCORES = ("corrections_mcd_db", "originals_mcd_db")
@@ -344,6 +350,8 @@ def decide(
             )
     values = lambda clips: oriented(clip_values(clips, deciding.part, deciding.measure), deciding.higher_is_better)  # noqa: E731
     improvement = paired(values(baseline.per_clip), values(after_clips), confidence)
+    judge = evaluator.identity if evaluator else ""
+    identity = identity_change(baseline, {"per_clip": after_clips}, judge)
     decision = partial(
         Decision,
         before=before,
@@ -351,6 +359,10 @@ def decide(
         candidate_step=step,
         measure=measure,
         improvement=describe(improvement, deciding),
+        identity=f"the {judge} judge on the voice's held-out clips, how much further from its recordings than at the "
+        f"start: {identity.describe().replace(' dB', '')}"
+        if identity is not None
+        else "",
     )
     if not all(math.isfinite(after.get(k, math.nan)) and math.isfinite(before[k]) for k in SCORES):
         return decision(False, "a score is not a finite number (the model produced no usable speech)")
@@ -359,7 +371,7 @@ def decide(
         return decision(
             False, f"the voice moved: its held-out clips got {regression:.1f}% worse (tolerance {max_regression_pct}%)"
         )
-    moved = identity_moved(baseline, {"per_clip": after_clips}, evaluator.identity if evaluator else "")
+    moved = identity_moved(baseline, {"per_clip": after_clips}, judge)
     if moved:
         return decision(False, moved)
     if problem:
@@ -450,6 +462,8 @@ def summary_text(
     )
     if decision.measure:
         lines.append(f"Decided by {decision.measure}: {decision.improvement}.")
+    if decision.identity:
+        lines.append(f"Identity held by {decision.identity}.")
     lines.append(
         f"Candidate: the model at step {decision.candidate_step}. Trained on {trained} corrections "
         f"+ {counts['replay']} replayed original clips"
