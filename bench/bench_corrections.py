@@ -24,8 +24,9 @@ For each case, in W/case_LETTER/:
 5. The judge, before and after the round, never seen by the round: stock transformers (one request a sentence,
    --judge_seeds seeds) on the unseen sentences with the letter, against their recordings: the MCD on the frames
    the voice gives the letter's tokens (each mapped to the recording by the DTW path), the whole sentence's
-   MCD-DTW and, with the judges' extra, the phonetic judge; and the voice's own held-out clips: MCD, median
-   length and the speaker judge's similarity to the voice's recordings, which must not move beyond their noise.
+   MCD-DTW and, with the judges' extra, the phonetic judge and the phone error rate; and the voice's own
+   held-out clips: MCD, median length and the speaker judge's similarity to the voice's recordings, which must
+   not move beyond their noise.
 
 Printed: each round's decision and what decided it, each case's judge table ("after - before" with its paired
 noise bound), then one line a case: fixed on unseen sentences (the letter's frames nearer beyond the noise), the
@@ -453,7 +454,7 @@ def one_case(args, prepared: Path, work: Path, letter: str, said_as: str, reader
     }
     from finetune.reporting import judges as judging
 
-    phonetic = judging.load_judges(["phonetic"]) if judging.available("phonetic") else {}
+    phonetic = judging.load_judges(["phonetic", "phone_errors"]) if judging.available("phonetic") else {}
     speaker = judging.load_judges(["speaker"]) if judging.available("speaker") else {}
     if speaker:
         held = voice_recordings(parts["judge"], "voice_held_out.csv")
@@ -514,7 +515,7 @@ def print_table(results: dict) -> None:
     print("\n| judged on | measure | before | after | after - before | 95% noise bound | clips |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     for name in ("unseen sentences with the letter", "the voice's own held-out clips"):
-        for measure in ("sentence", "letter_frames", "phonetic", "speaker"):
+        for measure in ("sentence", "letter_frames", "phonetic", "phone_errors", "speaker"):
             r = results[name].get(measure)
             if not r or not r["clips"]:
                 continue
