@@ -735,7 +735,7 @@ def test_a_voting_judge_of_what_is_said_decides_and_the_speaker_judge_keeps_the_
     )
     counts = {"held_out": 4, "corrections": 7, "originals": 4, "replay": 8}
     text = summary_text("round_001", decision, "v001", counts, 2.0, Path("listen"), [])
-    assert "Decided by the phonetic judge: " in text and "Identity held by the speaker judge on the voice's" in text
+    assert "Decided by the phonetic judge: " in text and "Identity checked by the speaker judge on the voice's" in text
     moved = judged_round(6, [2.5, 2.8, 2.3, 2.6], [0.70, 0.73, 0.68, 0.72])
     reason = decide(base, None, moved, 2.0, evaluator).reason
     assert reason.startswith("the voice moved: the speaker judge finds its held-out clips further")

@@ -149,8 +149,9 @@ def judges_panel(flags: TrainingFlags, run: Run, clips: list, texts: dict[str, s
     """The judges each evaluation asks (finetune/reporting/judges.py), with `clips` (Examples: the voice's own
     recordings) as the speaker judge's reference; None when off. --judges auto: speaker and phonetic where their
     extra is installed, on a GPU, or on a CPU where one of them votes (validated: judges.VOTES or
-    --judges_validation), and any other judge validated to vote: on a CPU they double a small voice's evaluation (a 6-minute round's took 60 s), which
-    buys nothing while they only report. On the main process only, the one that evaluates."""
+    --judges_validation), and any other judge validated to vote; on a CPU they double a small voice's evaluation
+    (a 6-minute round's took 60 s), which buys nothing while they only report. On the main process only, the one
+    that evaluates."""
     votes = {**judging.VOTES, **(judging.validated_votes(flags.judges_validation) if flags.judges_validation else {})}
     names = [name for name in flags.judges if name not in ("auto", "none")]
     if "auto" in flags.judges and (run.device.type == "cuda" or any(votes.get(n) for n in judging.DEFAULT)):

@@ -271,7 +271,8 @@ def judged(extra: dict, label: str) -> str:
 
 def identity_change(baseline: EvalResult, result: EvalResult | dict, judge: str):
     """How much further from its own recordings the voice's held-out clips are than at the start, by the speaker
-    judge, paired clip by clip (a Paired comparison: positive is further); None when no speaker judge votes."""
+    judge, paired clip by clip (a selection.Comparison whose advantage is how much nearer the start is: positive is
+    further now); None when no speaker judge votes."""
     if not judge:
         return None
     per_clip = result["per_clip"] if isinstance(result, dict) else result.per_clip
@@ -463,7 +464,7 @@ def summary_text(
     if decision.measure:
         lines.append(f"Decided by {decision.measure}: {decision.improvement}.")
     if decision.identity:
-        lines.append(f"Identity held by {decision.identity}.")
+        lines.append(f"Identity checked by {decision.identity}.")
     lines.append(
         f"Candidate: the model at step {decision.candidate_step}. Trained on {trained} corrections "
         f"+ {counts['replay']} replayed original clips"
