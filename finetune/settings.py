@@ -200,7 +200,9 @@ class TrainingFlags:
             problems.append(f"--lr_floor_ratio {self.lr_floor_ratio}: use a value from 0 to 1")
         if not 0 < self.lr_decay_share <= 1:
             problems.append(f"--lr_decay_share {self.lr_decay_share}: use a value above 0, at most 1")
-        known = ("auto", "none", "speaker", "phonetic", "phone_errors", "asr")
+        from finetune.reporting.judges import CAN_VOTE  # numpy only: --help stays light
+
+        known = ("auto", "none", *CAN_VOTE)
         if any(name not in known for name in self.judges):
             problems.append(f"--judges {' '.join(self.judges)}: choose from {', '.join(known)}")
         if self.judges_validation and not Path(self.judges_validation).is_file():

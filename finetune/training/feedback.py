@@ -10,7 +10,7 @@ from functools import partial
 from pathlib import Path
 
 from finetune.reporting.evaluation import EvalResult, Evaluator, describe_cut
-from finetune.reporting.selection import NOISE_CONFIDENCE, paired
+from finetune.reporting.selection import NOISE_CONFIDENCE, Comparison, paired
 
 
 def change_pct(before: float, after: float) -> float:
@@ -269,7 +269,7 @@ def judged(extra: dict, label: str) -> str:
     return "".join(f", {name} {extra[key]:.3f}" for name, key in judge_keys(extra, label).items())
 
 
-def identity_change(baseline: EvalResult, result: EvalResult | dict, judge: str):
+def identity_change(baseline: EvalResult, result: EvalResult | dict, judge: str) -> Comparison | None:
     """How much further from its own recordings the voice's held-out clips are than at the start, by the speaker
     judge, paired clip by clip (a selection.Comparison whose advantage is how much nearer the start is: positive is
     further now); None when no speaker judge votes."""
@@ -284,7 +284,11 @@ def identity_change(baseline: EvalResult, result: EvalResult | dict, judge: str)
 def identity_moved(baseline: EvalResult, result: EvalResult | dict, judge: str) -> str:
     """Why the voice no longer sounds like itself ("" when it does, or when no speaker judge votes): the speaker
     judge's similarity of its held-out clips to its recordings lower than at the start beyond that judge's noise."""
-    worse = identity_change(baseline, result, judge)
+    return moved_reason(judge, identity_change(baseline, result, judge))
+
+
+def moved_reason(judge: str, worse: Comparison | None) -> str:
+    """identity_change's comparison as a reason to reject ("" when the voice did not move beyond the noise)."""
     if worse is None or not worse.beyond_noise:
         return ""
     return (
@@ -353,6 +357,12 @@ def decide(
     improvement = paired(values(baseline.per_clip), values(after_clips), confidence)
     judge = evaluator.identity if evaluator else ""
     identity = identity_change(baseline, {"per_clip": after_clips}, judge)
+    identity_text = (
+        f"the {judge} judge on the voice's held-out clips, how much further from its recordings than at the start: "
+        f"{identity.describe().replace(' dB', '')}"
+        if identity is not None
+        else ""
+    )
     decision = partial(
         Decision,
         before=before,
@@ -360,10 +370,7 @@ def decide(
         candidate_step=step,
         measure=measure,
         improvement=describe(improvement, deciding),
-        identity=f"the {judge} judge on the voice's held-out clips, how much further from its recordings than at the "
-        f"start: {identity.describe().replace(' dB', '')}"
-        if identity is not None
-        else "",
+        identity=identity_text,
     )
     if not all(math.isfinite(after.get(k, math.nan)) and math.isfinite(before[k]) for k in SCORES):
         return decision(False, "a score is not a finite number (the model produced no usable speech)")
@@ -372,7 +379,7 @@ def decide(
         return decision(
             False, f"the voice moved: its held-out clips got {regression:.1f}% worse (tolerance {max_regression_pct}%)"
         )
-    moved = identity_moved(baseline, {"per_clip": after_clips}, judge)
+    moved = moved_reason(judge, identity)  # the comparison above, not computed again
     if moved:
         return decision(False, moved)
     if problem:
