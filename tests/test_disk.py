@@ -19,7 +19,7 @@ from finetune.system.disk import MB, free_bytes, is_write_failure, looks_full
 from finetune.training import saving
 from finetune.training.checkpoint import list_checkpoints, load_checkpoint
 from tests import launch
-from tests.conftest import clock_for
+from tests.conftest import TEST_SIZE, clock_for
 from tests.test_train import args, metrics
 
 COMMON = ["--target_hours", "1", "--max_samples", "8", "--max_epochs", "4", "--val_every", "4"]  # 2 steps an epoch
@@ -202,7 +202,7 @@ def test_a_disk_too_small_for_one_checkpoint_is_refused_before_training(prepared
 
 def test_a_disk_short_of_the_whole_run_is_a_warning_with_the_figures(prepared_demo, small_disk, timed_work):
     fake, _ = timed_work
-    disk = small_disk(30)  # one or two checkpoints fit, keep_checkpoints + 1 = 4 do not
+    disk = small_disk(12)  # one or two checkpoints fit, keep_checkpoints + 1 = 4 do not
     code = train_vits.main(args(prepared_demo, disk, *COMMON, "--max_epochs", "1"), clock=clock_for(fake))
     assert code == 0
     log = (disk / "checkpoints" / "train.log").read_text()
@@ -227,7 +227,7 @@ def test_preparation_on_a_full_disk_stops_keeps_its_clips_and_finishes_once_ther
         "--data_dir",
         str(data_dir),
         "--model_name",
-        "scratch:tiny",
+        f"scratch:{TEST_SIZE}",
         "--max_samples",
         "24",
         "--num_workers",

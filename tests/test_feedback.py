@@ -18,7 +18,7 @@ from finetune.reporting import evaluation
 from finetune.reporting.evaluation import ClipScore, EvalResult
 from finetune.training.feedback import decide, summary_text
 from finetune.training.versions import Versions
-from tests.conftest import DEMO_CORPUS, built_once, clock_for, demo_texts
+from tests.conftest import DEMO_CORPUS, TEST_SIZE, built_once, clock_for, demo_texts
 
 CORRECTION_IDS = ["kmr_demo_0101", "kmr_demo_0102", "kmr_demo_0103", "kmr_demo_0104"]
 
@@ -55,7 +55,7 @@ def train_base(prepared_demo: Path, run: Path) -> None:
             "--output_dir",
             str(run / "final_model"),
             "--model_name",
-            "scratch:tiny",
+            f"scratch:{TEST_SIZE}",
             "--discriminator_width",
             "0.0625",
             "--discriminator_periods",

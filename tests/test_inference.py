@@ -98,7 +98,7 @@ def test_a_runaway_model_is_evaluated_as_broken_within_the_ceilings(prepared_dem
     from finetune.reporting.evaluation import Evaluator
     from tests.conftest import tiny_generator
 
-    loaded = tiny_generator(prepared_demo)
+    loaded = tiny_generator(prepared_demo, size="tiny")
     model = loaded.model.eval()
     blow_up(model)
     examples, _ = load_examples(prepared_demo, "metadata_val.csv", loaded.tokenizer, 256, 16000)

@@ -16,7 +16,7 @@ import synthesize
 import train_feedback
 import train_vits
 from finetune.data.metadata import read_rows
-from tests.conftest import clock_for
+from tests.conftest import TEST_SIZE, clock_for
 from tests.test_speakers import SPEAKERS, common_voice_folder
 
 SMALL = ["--discriminator_width", "0.0625", "--discriminator_periods", "2", "3", "--batch_size", "4"]
@@ -31,7 +31,7 @@ def pretrained_voice(folder) -> None:
     from finetune.vits.generator import scratch_generator
 
     torch.manual_seed(0)
-    loaded = scratch_generator("tiny", sorted(set("ezbaşimtuvlsêhrk ")), 16000)
+    loaded = scratch_generator(TEST_SIZE, sorted(set("ezbaşimtuvlsêhrk ")), 16000)
     loaded.model.save_pretrained(str(folder))
     loaded.tokenizer.save_pretrained(str(folder))
 

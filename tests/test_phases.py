@@ -67,7 +67,7 @@ def test_an_evaluation_is_cut_short_between_clips_and_scored_on_the_clips_done(p
     from finetune.system.time_limit import TimeLimit
     from tests.conftest import FakeClock, tiny_generator
 
-    loaded = tiny_generator(prepared_demo)
+    loaded = tiny_generator(prepared_demo, size="tiny")
     examples, _ = load_examples(
         prepared_demo, "metadata.csv", loaded.tokenizer, hop=256, sample_rate=16000, max_samples=5
     )

@@ -13,6 +13,7 @@ import pytest
 
 from finetune.system.run_lock import LOCK_NAME, FolderBusy, RunLock
 from tests import launch
+from tests.conftest import TEST_SIZE
 
 HOLD = (
     "import time; from finetune.system.run_lock import RunLock; "
@@ -42,7 +43,7 @@ def test_a_second_run_in_a_held_folder_is_refused_naming_the_holder(prepared_dem
                 "--resume",
                 "auto",
                 "--model_name",
-                "scratch:tiny",
+                f"scratch:{TEST_SIZE}",
             ],
         )
     finally:
@@ -104,7 +105,7 @@ def test_a_second_run_publishing_into_a_held_output_folder_is_refused(prepared_d
                 "--output_dir",
                 str(output),
                 "--model_name",
-                "scratch:tiny",
+                f"scratch:{TEST_SIZE}",
             ],
         )
     finally:

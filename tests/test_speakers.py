@@ -16,7 +16,7 @@ from finetune.data.prepare import Kept, split_by_speaker, split_validation, writ
 from finetune.vits.inference import speak
 from finetune.vits.objective import generator_forward
 from finetune.vits.speakers import MULTI_SPEAKER_DIR, add_speakers, conditioning_layers, single_speaker
-from tests.conftest import clock_for, demo_batch, tiny_generator
+from tests.conftest import TEST_SIZE, clock_for, demo_batch, tiny_generator
 from tests.test_train import args
 
 SPEAKERS = {"aaa111": (24, 120.0), "bbb222": (12, 210.0), "ccc333": (6, 160.0)}  # clips, pitch
@@ -58,7 +58,7 @@ def crowd(tmp_path_factory):
                 "--data_dir",
                 str(root / "data"),
                 "--model_name",
-                "scratch:tiny",
+                f"scratch:{TEST_SIZE}",
                 "--num_workers",
                 "1",
             ]
@@ -154,7 +154,7 @@ def test_quality_flags_drop_noisy_clipped_and_silent_clips(tmp_path):
                 "--data_dir",
                 str(out),
                 "--model_name",
-                "scratch:tiny",
+                f"scratch:{TEST_SIZE}",
                 "--num_workers",
                 "1",
                 "--trim_db",
@@ -353,7 +353,7 @@ def test_an_unknown_target_speaker_names_the_speakers(crowd, tmp_path):
                 "--data_dir",
                 str(crowd),
                 "--model_name",
-                "scratch:tiny",
+                f"scratch:{TEST_SIZE}",
                 "--checkpoint_dir",
                 str(tmp_path / "c"),
                 "--output_dir",

@@ -18,7 +18,7 @@ TEXTS = ["ez baş im", "av zelal e", "rojbaş", "tu çawa yî", "ez diçim malê
 
 @pytest.fixture(scope="module")
 def voice(prepared_demo):
-    loaded = tiny_generator(prepared_demo)
+    loaded = tiny_generator(prepared_demo, size="tiny")
     ids = [np.asarray(loaded.tokenizer(text)["input_ids"]) for text in TEXTS]
     return loaded.model.eval(), loaded.tokenizer, ids
 

@@ -18,7 +18,7 @@ from finetune.reporting import evaluation
 from finetune.reporting.evaluation import ClipScore
 from finetune.system.errors import ConfigError
 from tests import launch
-from tests.conftest import REPO, clock_for
+from tests.conftest import REPO, TEST_SIZE, clock_for
 
 
 def args(data_dir, run_dir, *extra: str) -> list[str]:
@@ -38,7 +38,7 @@ def args(data_dir, run_dir, *extra: str) -> list[str]:
         "--output_dir",
         str(run_dir / "final_model"),
         "--model_name",
-        "scratch:tiny",
+        f"scratch:{TEST_SIZE}",
         "--discriminator_width",
         "0.0625",
         "--discriminator_periods",

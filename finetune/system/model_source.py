@@ -5,7 +5,7 @@ for minutes and then fails with an unrelated TypeError. We look in the local hub
 the hub for a few seconds, then download; when that cannot work we say which flag gets the user going.
 
 `scratch:<size>` means no pretrained weights: a fresh VITS of a named size whose vocabulary is built
-from the training text (the demo and the tests use `scratch:tiny`, which needs no network).
+from the training text (the demo uses `scratch:tiny`, the tests `scratch:micro`; neither needs a network).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 from finetune.system.errors import ToolError
 
 SCRATCH_PREFIX = "scratch"
-SCRATCH_SIZES = ("tiny", "small", "mms")
+SCRATCH_SIZES = ("micro", "tiny", "small", "mms")
 DEFAULT_SAMPLE_RATE = 16_000
 HUB_PROBE_TIMEOUT_S = 5.0
 
@@ -32,7 +32,7 @@ class ModelSourceError(ToolError):
 class ModelSource:
     name: str  # as the user gave it
     local_dir: Path | None  # folder holding config.json / vocab.json; None when training from scratch
-    scratch_size: str | None  # "tiny", "small", "mms" for scratch models
+    scratch_size: str | None  # one of SCRATCH_SIZES for scratch models
 
     @property
     def is_scratch(self) -> bool:
