@@ -15,9 +15,9 @@ import soundfile as sf
 REPO = Path(__file__).resolve().parent.parent
 DEMO_CORPUS = REPO / "demo" / "corpus"
 # The tests' model: scratch:micro, tiny's widths halved and two posterior layers (0.18M parameters against 0.73M):
-# what the runs here test is the machinery around the model, and micro's step and synthesis cost a third less
-# (test_phases.py with test_reliability.py, serially: 97.95 s against 115.12 s, bench/log/2026-12-03.md). The demo,
-# the bench smokes and test_generator.py/test_export.py's graphs keep scratch:tiny.
+# what the runs here test is the machinery around the model; micro's step costs about a third less (61 ms against
+# 88-92), its synthesis a fifth (test_phases.py with test_reliability.py, serially: 97.95 s against 115.12 s;
+# bench/log/2026-12-03.md). The demo, the bench smokes and test_generator.py/test_export.py's graphs keep tiny.
 TEST_SIZE = "micro"
 
 # One thread a process: `make test` runs the suite in parallel processes (pytest-xdist, one a core), where

@@ -192,7 +192,7 @@ def test_a_disk_that_fills_mid_run_keeps_the_checkpoints_and_the_final_save_make
 
 
 def test_a_disk_too_small_for_one_checkpoint_is_refused_before_training(prepared_demo, small_disk):
-    disk = small_disk(3)  # the test model's checkpoint is about 10 MB
+    disk = small_disk(3)  # the test model's checkpoint is about 4 MB (scratch:micro)
     done = launch.run("train_vits", args(prepared_demo, disk, *COMMON))
     assert done.returncode == 1, done.stdout + done.stderr
     assert "Traceback" not in done.stderr
@@ -202,7 +202,8 @@ def test_a_disk_too_small_for_one_checkpoint_is_refused_before_training(prepared
 
 def test_a_disk_short_of_the_whole_run_is_a_warning_with_the_figures(prepared_demo, small_disk, timed_work):
     fake, _ = timed_work
-    disk = small_disk(12)  # one or two checkpoints fit, keep_checkpoints + 1 = 4 do not
+    # two checkpoints of about 4 MB fit beside the two models (1.2 MB each); keep_checkpoints + 1 = 4 do not
+    disk = small_disk(12)
     code = train_vits.main(args(prepared_demo, disk, *COMMON, "--max_epochs", "1"), clock=clock_for(fake))
     assert code == 0
     log = (disk / "checkpoints" / "train.log").read_text()
