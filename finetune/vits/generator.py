@@ -34,7 +34,8 @@ SCRATCH_SAMPLE_RATE = 16_000  # a scratch model's rate, as MMS's (a pretrained m
 
 # Architectures for --model_name scratch:<size>. "mms" is VitsConfig's default, the MMS-TTS shape. "micro" is tiny
 # with its widths halved and two posterior layers (0.18M parameters against 0.73M): the test suite's model, a step
-# about a third cheaper and a synthesis a fifth; untrained, it says next to nothing (the evaluation calls that a collapsed voice).
+# about a third cheaper and a synthesis a fifth; untrained, it says next to nothing (the evaluation calls that a
+# collapsed voice).
 SCRATCH_CONFIGS: dict[str, dict] = {
     "tiny": dict(
         hidden_size=64,
