@@ -198,9 +198,9 @@ def score(model_dir: Path, data_dir: Path, metadata: str = "metadata_val.csv") -
     model = VitsModel.from_pretrained(str(model_dir)).eval()
     tokenizer = VitsTokenizer.from_pretrained(str(model_dir))
     examples, _ = load_examples(data_dir, metadata, tokenizer, 256, 16000)
-    result = Evaluator(
-        examples, Features(FeatureConfig()), torch.device("cpu"), 16000, None, [], seed=0, batch_size=1
-    ).evaluate(model, 0)
+    result = Evaluator(examples, Features(FeatureConfig()), torch.device("cpu"), 16000, seed=0, batch_size=1).evaluate(
+        model, 0
+    )
     ratios = []
     for index, example in enumerate(examples):
         torch.manual_seed(index)

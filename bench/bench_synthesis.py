@@ -53,7 +53,7 @@ def case_evaluate(size: str, data_dir: Path, blow_up: float) -> dict:
     from finetune.reporting.evaluation import Evaluator
 
     model, examples = build(size, data_dir, blow_up)
-    evaluator = Evaluator(examples, Features(FeatureConfig()), torch.device("cpu"), 16000, None, [], batch_size=1)
+    evaluator = Evaluator(examples, Features(FeatureConfig()), torch.device("cpu"), 16000, batch_size=1)
     started = time.perf_counter()
     result = evaluator.evaluate(model, 0)
     return {

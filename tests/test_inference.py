@@ -102,9 +102,7 @@ def test_a_runaway_model_is_evaluated_as_broken_within_the_ceilings(prepared_dem
     model = loaded.model.eval()
     blow_up(model)
     examples, _ = load_examples(prepared_demo, "metadata_val.csv", loaded.tokenizer, 256, 16000)
-    result = Evaluator(
-        examples, Features(FeatureConfig()), torch.device("cpu"), 16000, None, [], batch_size=1
-    ).evaluate(model, 0)
+    result = Evaluator(examples, Features(FeatureConfig()), torch.device("cpu"), 16000, batch_size=1).evaluate(model, 0)
     assert len(result.per_clip) == len(examples)
     assert all(score.capped for score in result.per_clip.values())
     assert result.length_ratio > 1000 and not result.eligible

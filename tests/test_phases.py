@@ -108,7 +108,7 @@ def test_paying_once_makes_each_recordings_references_across_speakers_and_stops_
 
     def evaluator():
         features = Features(FeatureConfig())
-        return evaluation.Evaluator(examples, features, torch.device("cpu"), 16000, None, [], across_speakers=True)
+        return evaluation.Evaluator(examples, features, torch.device("cpu"), 16000, across_speakers=True)
 
     paid = evaluator()
     paid.pay_once()

@@ -173,9 +173,7 @@ def test_evaluation_out_of_gpu_memory_retries_with_smaller_groups(prepared_demo)
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 GiB")
 
     loaded.model.decoder.register_forward_pre_hook(small_gpu)
-    evaluator = evaluation.Evaluator(
-        examples, Features(FeatureConfig()), torch.device("cpu"), 16000, None, [], batch_size=8
-    )
+    evaluator = evaluation.Evaluator(examples, Features(FeatureConfig()), torch.device("cpu"), 16000, batch_size=8)
     result = evaluator.evaluate(loaded.model, step=0)
     assert evaluator.batch_size == 2 and len(result.per_clip) == 6
     assert all(np.isfinite(v.mcd_db) for v in result.per_clip.values())
