@@ -134,7 +134,14 @@ def main() -> None:
     parser.add_argument("--finetune_lr", type=float, default=5e-4)
     parser.add_argument("--target_share", type=float, default=0.15, help="the target's share of the crowd's clips")
     parser.add_argument("--test_clips", type=int, default=24, help="T's sentences kept out of the crowd, to score on")
-    parser.add_argument("--modes", nargs="+", default=list(MODES[:3]), choices=MODES)
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        choices=MODES,
+        help=f"default: {' '.join(MODES[:3])}; with --smoke, pooled and conditioned (target_only, the default of a "
+        "run from a pretrained voice, runs end to end in tests/test_journey.py, and this script's path for it is "
+        "the other modes')",
+    )
     parser.add_argument(
         "--schedule_split", type=float, default=0.5, help="crowd_then_target: the crowd's share of the budget"
     )
@@ -159,6 +166,8 @@ def main() -> None:
     if args.smoke:  # an untrained tiny voice A, one epoch of each fine-tune, the scoring
         args.smoke_samples, args.max_epochs, args.test_clips, args.target_share, args.swapped = 32, 1, 3, 0.25, 4
         args.base_model, args.finetune_hours = "scratch:tiny", 0.1  # room for start-up; the epoch cap ends each run
+        args.modes = args.modes or ["pooled", "conditioned"]
+    args.modes = args.modes or list(MODES[:3])
     samples = getattr(args, "smoke_samples", 0)
     if args.base_model:
         voice_a = Path(args.base_model) if Path(args.base_model).is_dir() else args.base_model
