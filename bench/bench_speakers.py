@@ -138,9 +138,8 @@ def main() -> None:
         "--modes",
         nargs="+",
         choices=MODES,
-        help=f"default: {' '.join(MODES[:3])}; with --smoke, pooled and conditioned (target_only, the default of a "
-        "run from a pretrained voice, runs end to end in tests/test_journey.py, and this script's path for it is "
-        "the other modes')",
+        help=f"default: {' '.join(MODES[:3])}; with --smoke: pooled conditioned (this script runs the three alike, "
+        "and target_only, a pretrained voice's default, runs end to end in tests/test_journey.py)",
     )
     parser.add_argument(
         "--schedule_split", type=float, default=0.5, help="crowd_then_target: the crowd's share of the budget"
