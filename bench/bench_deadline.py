@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
-"""Does a run spend its budget, to within 1%, whatever its step size and whatever else the machine does?
+"""Does a run spend its budget, to within 1%, whatever its step size, its start and whatever else the machine does?
 
 Runs of train_vits.py on the demo corpus (scratch:tiny), each timed from launch to exit against
 --target_hours:
 
-    fine         the demo's settings (a small discriminator, one micro-batch a step): steps of about
-                 half a second on 2 CPU cores
+    fine         the demo's settings (a small discriminator, one micro-batch a step), from new weights: steps of
+                 about half a second on 2 CPU cores
     coarse       every other flag at its default (the standard discriminator, 4 micro-batches of 8 clips
                  a step): steps of about a sixth of a 180 s budget on 2 CPU cores
-    fine-busy, coarse-busy
-                 the same, with two busy processes (`while True: pass`) from half-way to the end
+    pretrained   fine steps from a pretrained tiny voice (the demo recipe for --pretrain_hours, made once in the
+                 work folder), as a user's fine-tune starts: its discriminator is warmed up first
+    NAME-busy    NAME with two busy processes (`while True: pass`) from half-way to the end
+    NAME-busy90  NAME with the two busy processes from 90% of the budget: the machine gets busy as the run
+                 ends, when the final save has been planned at an idle machine's cost
     resumed      (fine) SIGINT half-way through the budget, then --resume auto: the resumed process has
                  measured nothing yet (its first evaluation is its final one, cold)
     slow-eval    (fine) the final evaluation is slowed on purpose: each held-out clip takes --slow_clip_s
@@ -17,9 +20,11 @@ Runs of train_vits.py on the demo corpus (scratch:tiny), each timed from launch 
 
 A run is within 1% when launch-to-exit (summed over both processes for the resumed run) is within 1% of
 the budget, either way: a run that ends early leaves the user's hours unused. The run's own account
-(time_used_s in metrics.jsonl), its step time and how its last step ended are printed beside it.
+(time_used_s in metrics.jsonl), its step time, how its last step ended and what its finish left out for
+the deadline (last_model, its tempo fit, the last checkpoint) are printed beside it.
 
     .venv/bin/python bench/bench_deadline.py --cases fine coarse fine-busy coarse-busy    # 0.05 h each
+    .venv/bin/python bench/bench_deadline.py --cases pretrained-busy pretrained-busy90 --target_hours 0.02
     .venv/bin/python bench/bench_deadline.py --smoke              # the slow-eval path, 2 epochs (CI smoke test)
 """
 
@@ -27,12 +32,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.machine import describe
@@ -49,12 +55,16 @@ class Settings:
     batch_size: int
     slow_clip_s: float
     max_epochs: int = 0  # 0: the run ends at its deadline (the measurement); the smoke run ends by its epochs
+    start: str = "scratch:tiny"  # --model_name: new weights, or the pretrained voice's folder
 
 
 STEPS = {  # train_vits.py flags of each step size
     "fine": ["--discriminator_width", "0.0625", "--learning_rate", "2e-3", "--gradient_accumulation_steps", "1"],
     "coarse": [],  # the standard discriminator, --gradient_accumulation_steps 4, --learning_rate 2e-5
 }
+RUNS = ("fine", "coarse", "pretrained")  # each alone, -busy (from half-way) or -busy90 (from 90% of the budget)
+BUSY_FROM = {"busy": 0.5, "busy90": 0.9}
+CASES = (*RUNS, *(f"{run}-{busy}" for run in RUNS for busy in BUSY_FROM), "resumed", "slow-eval")
 
 
 def prepare(data_dir: Path, max_samples: int) -> None:
@@ -86,7 +96,7 @@ def train_command(
         "--output_dir",
         str(work / "final_model"),
         "--model_name",
-        "scratch:tiny",
+        settings.start,
         *STEPS[steps],
         "--target_hours",
         str(settings.target_hours),
@@ -136,7 +146,9 @@ def run_end(work: Path) -> dict:
     plan = next((r for r in reversed(records) if r["kind"] == "plan"), {})
     log = (work / "checkpoints" / "train.log").read_text()
     cut = next((line.split(": ", 1)[1] for line in log.splitlines() if "its last micro-batch cut to" in line), "")
+    left_out = [r["part"] for r in records if r["kind"] == "left_out"]
     return {
+        "left_out": left_out,
         "stop": end["stop_reason"],
         "steps": end["steps"],
         "time_used_s": end["time_used_s"],
@@ -162,7 +174,8 @@ def case_resumed(data_dir: Path, work: Path, settings: Settings) -> dict:
     return {"wall_s": first + second, "first_s": first, **run_end(work)}
 
 
-def case_busy(data_dir: Path, work: Path, settings: Settings, steps: str = "fine") -> dict:
+def case_busy(data_dir: Path, work: Path, settings: Settings, steps: str = "fine", busy_from: float = 0.5) -> dict:
+    """Two busy processes from `busy_from` of the budget to the run's exit."""
     busy: list[subprocess.Popen] = []
 
     def load_up(_process) -> None:
@@ -173,13 +186,25 @@ def case_busy(data_dir: Path, work: Path, settings: Settings, steps: str = "fine
             train_command(data_dir, work, settings, steps=steps),
             work / "run.log",
             load_up,
-            settings.target_hours * 1800,
+            settings.target_hours * 3600 * busy_from,
         )
     finally:
         for process in busy:
             process.kill()
             process.wait()
     return {"wall_s": wall, **run_end(work)}
+
+
+def pretrain(data_dir: Path, work: Path, hours: float) -> Path:
+    """A tiny voice trained with the demo's recipe for `hours` (reused when the work folder holds it): the
+    start of the pretrained cases, a fine-tune as a user's."""
+    folder = work / "pretrained"
+    if not (folder / "final_model" / "config.json").is_file():
+        shutil.rmtree(folder, ignore_errors=True)
+        settings = Settings(hours, 16, 8, 0.0)
+        command = train_command(data_dir, folder, settings)
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    return folder / "final_model"
 
 
 def case_idle(data_dir: Path, work: Path, settings: Settings, steps: str = "fine") -> dict:
@@ -227,17 +252,17 @@ def describe_case(case: str, result: dict, target_s: float) -> str:
         f"({100 * result['step_s'] / target_s:.1f}% of the budget), the last {result['last_step']}; stop "
         f"{result['stop']}; final evaluation {result['final_eval']}; evaluations took {result['eval_s']} s"
     )
+    if result["left_out"]:
+        line += f"; left out for the deadline: {', '.join(result['left_out'])}"
     return line + (f"; first process {result['first_s']:.1f}s" if "first_s" in result else "")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target_hours", type=float, default=0.05)
+    parser.add_argument("--cases", nargs="*", default=["fine", "coarse", "fine-busy", "coarse-busy"], choices=CASES)
     parser.add_argument(
-        "--cases",
-        nargs="*",
-        default=["fine", "coarse", "fine-busy", "coarse-busy"],
-        choices=["fine", "coarse", "fine-busy", "coarse-busy", "resumed", "slow-eval"],
+        "--pretrain_hours", type=float, default=0.05, help="the pretrained cases' start: the demo recipe for this long"
     )
     parser.add_argument("--val_samples", type=int, default=16)
     parser.add_argument("--slow_clip_s", type=float, default=1.0, help="extra seconds a clip in the final evaluation")
@@ -271,16 +296,20 @@ def main() -> None:
     target_s = options.target_hours * 3600
     for case in options.cases:
         folder = work / case
-        folder.mkdir(parents=True, exist_ok=True)
-        cases = {
-            "fine": case_idle,
-            "fine-busy": case_busy,
-            "resumed": case_resumed,
-            "slow-eval": case_slow_eval,
-            "coarse": lambda *a: case_idle(*a, steps="coarse"),
-            "coarse-busy": lambda *a: case_busy(*a, steps="coarse"),
-        }
-        result = cases[case](data_dir, folder, settings)
+        shutil.rmtree(folder, ignore_errors=True)  # a run folder of an earlier bench would be resumed or refused
+        folder.mkdir(parents=True)
+        run, _, busy = case.partition("-")
+        start = pretrain(data_dir, work, options.pretrain_hours) if run == "pretrained" else "scratch:tiny"
+        case_settings = replace(settings, start=str(start))
+        steps = "coarse" if run == "coarse" else "fine"
+        if case == "resumed":
+            result = case_resumed(data_dir, folder, case_settings)
+        elif case == "slow-eval":
+            result = case_slow_eval(data_dir, folder, case_settings)
+        elif busy:
+            result = case_busy(data_dir, folder, case_settings, steps, BUSY_FROM[busy])
+        else:
+            result = case_idle(data_dir, folder, case_settings, steps)
         print(describe_case(case, result, target_s), flush=True)
         if options.smoke and not result["steps"]:
             sys.exit(f"the smoke run trained nothing: {result['stop']}")

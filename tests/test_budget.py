@@ -271,6 +271,48 @@ def test_the_safety_margin_slows_down_with_the_machine():
     assert pacer.evaluation_limit(final=True).left_s() == pytest.approx(6.0)
 
 
+def test_the_final_save_is_reserved_as_slow_as_the_micro_batches_have_become_since_it_was_timed():
+    """The final save was timed when a micro-batch took 1 s. Three micro-batches of 2 s (the machine got busy, the
+    run gave up a thread) double its reserve at once, before ten slower ones would show in the window; and after
+    fifty, when the window has forgotten the 1 s ones, the reserve still counts from when the save was timed."""
+    from finetune.training.budget import Budget, Clock
+    from finetune.training.pacing import Costs, Pacer
+
+    timer = StepTimer(accumulation=1, skip=0)
+    for _ in range(20):
+        timer.micro_batches.add(1.0)
+    budget = Budget(target_s=100.0, clock=Clock(lambda: 90.0), safety_s=1.0)  # 10 s left
+    pacer = Pacer(budget, timer, Costs(export_s=2.0), checkpoint_every_s=1e9)
+    pacer.costs_timed()
+    # the final save: two exports, best_model's copy (an export's cost where no checkpoint is timed)
+    assert pacer.slowdown == 1.0 and pacer.final_reserve_s == pytest.approx(6.0) and pacer.room_for(3.0)
+    for _ in range(3):
+        timer.micro_batches.add(2.0)
+    assert timer.micro_batches.slowdown == 1.0  # the window alone has not seen it yet
+    assert pacer.slowdown == pytest.approx(2.0) and pacer.final_reserve_s == pytest.approx(12.0)
+    assert not pacer.room_for(0.0)
+    for _ in range(50):
+        timer.micro_batches.add(2.0)
+    assert timer.micro_batches.slowdown == 1.0 and pacer.slowdown == pytest.approx(2.0)
+    pacer.costs_timed()  # an evaluation timed on the busy machine: its costs are the busy ones
+    assert pacer.slowdown == 1.0
+
+
+def test_a_finish_leaves_out_last_model_first_then_its_checkpoint():
+    """What fits is asked at the slowdown; last_model is a copy of best_model when it holds the same weights,
+    else an export with its tempo fit, without it, or left out."""
+    from finetune.training.finishing import LAST_MODEL_CHOICES, fits, last_model_choice
+
+    assert fits(2.0, then_s=1.0, slowdown=2.0, margin_s=1.0, left_s=7.0)
+    assert not fits(2.0, then_s=1.0, slowdown=2.0, margin_s=1.0, left_s=6.9)
+    copy, export, unfitted, none = LAST_MODEL_CHOICES
+    assert last_model_choice(True, True, False, False) == copy  # the same weights: never a second fit
+    assert last_model_choice(True, False, True, True) == none
+    assert last_model_choice(False, True, True, True) == export
+    assert last_model_choice(False, True, False, True) == unfitted
+    assert last_model_choice(False, True, False, False) == none
+
+
 def test_the_benchmarks_steps_warm_up_over_the_plan_their_timings_foretell_not_the_whole_warmup():
     """A 225 s fine-tune at the second scale: 3 s steps, 190 s left after the baseline evaluation. Its 25
     benchmark steps warmed up over the whole --warmup_steps (500): 0.2-5% of the rate, for half its steps."""

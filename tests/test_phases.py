@@ -266,6 +266,63 @@ def test_a_final_evaluation_slower_than_planned_is_cut_short_inside_the_budget(
     assert end["last_evaluation"]["cut_short"] == "the deadline"
 
 
+def test_a_finish_whose_parts_take_twice_their_planned_time_ends_inside_the_budget(
+    prepared_demo, tmp_path, timed_work, monkeypatch
+):
+    """The machine gets twice as slow as the run's last step ends (nothing in training saw it coming): the final
+    evaluation's clips, the exports, the tempo fit and the checkpoint each take twice what they cost before, and the final
+    evaluation's model is the best (10 dB nearer on each clip), so the finish exports best_model too. The finish
+    asks the time left again before each part, at the slowdown its own parts showed, and leaves out what no longer
+    fits (last_model's tempo fit, last_model, the checkpoint, in that order): the run ends inside its budget,
+    final_model and best_model written, and the log and metrics.jsonl say what was left out. Before, the finish ran
+    every part whatever the time left (best_model, the checkpoint, last_model: 12 s where 8 were kept) and ended past
+    the budget."""
+    from dataclasses import replace
+
+    from finetune.reporting.evaluation import Evaluator
+    from finetune.training.loop import TrainingLoop
+
+    fake, costs = timed_work
+    costs["clips"] = 4  # a micro-batch cut at the deadline costs its clips' share, as the pacer expects
+    slow, final = {"clip_s": 0.1, "fit_s": 1.0}, {"on": False}
+    real_group, real_fit, real_finish = Evaluator.score_group, Evaluator.fit_tempo, TrainingLoop.finish
+
+    def scored(self, model, group, *a, **k):
+        fake.t += slow["clip_s"] * len(group)
+        scores = real_group(self, model, group, *a, **k)
+        return {name: replace(s, mcd_db=s.mcd_db - 10.0) for name, s in scores.items()} if final["on"] else scores
+
+    def timed_fit(self, model):
+        fake.t += slow["fit_s"]
+        return real_fit(self, model)
+
+    def twice_as_slow(loop, reason):
+        final["on"] = True
+        slow["clip_s"], slow["fit_s"] = 2 * slow["clip_s"], 2 * slow["fit_s"]
+        for part in ("checkpoint_s", "export_s"):
+            costs[part] *= 2
+        return real_finish(loop, reason)
+
+    monkeypatch.setattr(Evaluator, "score_group", scored)
+    monkeypatch.setattr(Evaluator, "fit_tempo", timed_fit)
+    monkeypatch.setattr(TrainingLoop, "finish", twice_as_slow)
+    target_s = 60.0
+    run = args(prepared_demo, tmp_path, "--target_hours", str(target_s / 3600), "--max_samples", "12")
+    run += ["--val_samples", "4", "--val_every", "100", "--max_length_ratio", "4", "--inference_settings", "fitted"]
+    assert train_vits.main(run, clock=clock_for(fake)) == 0
+    end = metrics(tmp_path, "end")[0]
+    assert end["stop_reason"] == "deadline" and end["time_used_s"] <= target_s, end
+    last = metrics(tmp_path, "eval")[-1]
+    assert last["step"] == end["steps"] and last["best"], last  # the finish exported best_model
+    left_out = [record["part"] for record in metrics(tmp_path, "left_out")]
+    assert left_out and set(left_out) <= {"last_model's tempo fit", "last_model", "the last checkpoint"}, left_out
+    log = log_of(tmp_path)
+    assert all(f"warning: {part}" in log for part in left_out) and "the deadline comes first" in log
+    assert final_model_is_finite(tmp_path)
+    summary = json.loads((tmp_path / "final_model" / "training_summary.json").read_text())
+    assert summary["final_model_holds"] == f"best_model (step {last['step']})"
+
+
 def test_a_final_evaluation_cut_short_is_kept_when_better_beyond_the_noise_on_the_clips_it_scored(
     prepared_demo, tmp_path, timed_work, monkeypatch
 ):

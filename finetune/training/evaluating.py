@@ -77,6 +77,7 @@ class Evaluations:
         )
         self.early_stop, self.last_step = shared["early_stop"], shared["last_step"]
         costs.eval_s, costs.export_s, costs.report_s = shared["costs"]
+        self.pacer.costs_timed()  # the final save's estimates are as slow as the machine is now
         vars(best).update(shared["best"])
         return result
 

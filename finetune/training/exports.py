@@ -51,6 +51,8 @@ class Exports:
         saved = self.saver.export(folder, {**extra_json, **self.card_file(folder, step, evaluation)}, final, inference)
         if saved:
             self.saver.costs.export_s += fit_s
+            if tempo:
+                self.saver.costs.tempo_fit_s = fit_s
         self.run_log.export_s += self.saver.costs.export_s if saved else 0.0
         return saved
 
@@ -86,6 +88,17 @@ class Exports:
             f"the final model of its run, a copy of best_model (step {best_step})",
         )
         return self.saver.publish(best, self.paths.output_dir, {**summary, **card})
+
+    def copy_best_as_last(self, summary: dict, step: int) -> bool:
+        """last_model/ as a copy of best_model, when best_model holds the last step's weights: the same
+        folder (its fitted settings included) as an export would write, at a file copy's cost."""
+        card = self.card_file(
+            self.paths.last_dir,
+            step,
+            read_evaluation(self.paths.best_dir),
+            f"the last weights of its run (step {step}), the same as best_model",
+        )
+        return self.saver.publish(self.paths.best_dir, self.paths.last_dir, {**summary, **card}, final=False)
 
 
 def read_evaluation(folder: Path) -> dict | None:

@@ -39,6 +39,7 @@ from finetune.training.batch_fit import OOM_WINDOWS_PER_REFIT, OUT_OF_MEMORY_ADV
 from finetune.training.budget import Plan
 from finetune.training.context import LoopContext
 from finetune.training.ending import LoopResult, RunFigures, summary
+from finetune.training.finishing import LAST_MODEL_CHOICES, FinishTimes, last_model_choice
 from finetune.training.machinery import Machinery, TrainingParts
 from finetune.training.run_settings import LoopSettings
 from finetune.training.state import TrainingState
@@ -240,30 +241,86 @@ class TrainingLoop:
     def finish(self, reason: str) -> LoopResult:
         """The end of a run that was not stopped: on a failure, the best model trained so far published;
         otherwise the final evaluation (unless the last one saw these weights), best_model copied to the
-        output folder, a checkpoint, then the last weights' export. In that order of worth: on a full disk
-        the final saves may free older checkpoints, and last_model/ (the checkpoint holds the same
-        weights) is the one left out. A stop request meanwhile still publishes (stop_cleanly): the budget
-        is spent, so no resume would."""
+        output folder, a checkpoint, then last_model, each part checked against the time left before it
+        starts (finetune/training/finishing.py: last_model, then the checkpoint, are left out when they
+        no longer fit). In that order of worth: on a full disk the final saves may free older checkpoints,
+        and last_model/ (the checkpoint holds the same weights) is the one left out. A stop request
+        meanwhile still publishes (stop_cleanly): the budget is spent, so no resume would."""
         if reason == "interrupted":
             raise StopRequested(self.context.stop.signal_name or "SIGINT")
         if reason == "out_of_memory":
             self.publish_trained_best()  # nothing more fits on the card; what the run learnt still reaches the app
             return self.result(reason)
         self.progress.finishing = True
+        times = FinishTimes.starting(self.pacer)
         if self.evaluations.last_step != self.state.step:
-            self.evaluations.evaluate(final=True)
+            self.final_evaluation(times)
+        started, copied = self.context.now(), (self.context.paths.best_dir / "config.json").is_file()
         self.progress.final_saved = self.context.dist.broadcast(self.context.on_main(self.save_final))
-        self.checkpoints.write(end_of_epoch=self.parts.sampler.state.position == 0, final=True)
-        self.context.on_main(
-            lambda: self.exports.export(
-                self.context.paths.last_dir,
-                {"training_summary.json": self.final_summary()},
-                self.state.step,
-                self.last_evaluation_here(),
-                tempo=True,
-            )
-        )
+        took_s = self.context.now() - started
+        times.took(times.planned.copy_s if copied else times.planned.export_s, took_s)
+        times.copy_s = took_s if copied else None
+        checkpointed = self.final_checkpoint(times)
+        self.context.on_main(lambda: self.save_last(times, checkpointed))
         return self.result(reason)
+
+    def final_checkpoint(self, times: FinishTimes) -> bool:
+        """The last checkpoint, where the run writes them and the time left holds one (a joint decision:
+        writing one is a collective); whether it was written."""
+        if not self.pacer.costs.checkpoints:
+            return False
+        if not self.context.dist.broadcast(times.room(times.planned.checkpoint_s)):
+            self.leave_out("the last checkpoint (the one before it stays)", times, times.planned.checkpoint_s)
+            return False
+        started = self.context.now()
+        path = self.checkpoints.write(end_of_epoch=self.parts.sampler.state.position == 0, final=True)
+        times.took(times.planned.checkpoint_s, self.context.now() - started)
+        return path is not None
+
+    def final_evaluation(self, times: FinishTimes) -> None:
+        """The final evaluation; a best model it exports tells how much slower than planned exports now run."""
+        best_before = self.state.best.step
+        self.evaluations.evaluate(final=True)
+        if self.state.best.step == self.state.step != best_before:
+            times.took(times.planned.export_s, self.pacer.costs.export_s)
+
+    def save_last(self, times: FinishTimes, checkpointed: bool) -> None:
+        """last_model/, written as the time left allows (finishing.py, last_model_choice)."""
+        paths, costs, step = self.context.paths, times.planned, self.state.step
+        same_as_best = self.state.best.step == step and (paths.best_dir / "config.json").is_file()
+        choice = last_model_choice(
+            same_as_best,
+            times.room_for_copy(),
+            times.room(costs.export_s),
+            costs.tempo_fit_s > 0 and times.room(costs.export_s - costs.tempo_fit_s),
+        )
+        summary = {"training_summary.json": self.final_summary()}
+        if choice == LAST_MODEL_CHOICES[0]:
+            self.exports.copy_best_as_last(summary, step)
+        elif choice == LAST_MODEL_CHOICES[3]:
+            held = "the last checkpoint holds its weights" if checkpointed else "its weights are not kept"
+            self.leave_out(f"last_model ({held})", times, costs.copy_s if same_as_best else costs.export_s)
+        else:
+            fitted = choice == LAST_MODEL_CHOICES[1]
+            if not fitted:
+                self.leave_out(
+                    "last_model's tempo fit (its config.json keeps the model's own settings)", times, costs.export_s
+                )
+            self.exports.export(paths.last_dir, summary, step, self.last_evaluation_here(), tempo=fitted)
+
+    def leave_out(self, what: str, times: FinishTimes, planned_s: float) -> None:
+        """Said in the log and in metrics.jsonl: a part of the finish the time left could not hold."""
+        left_s = self.context.budget.left_s()
+        slower = (
+            f", the machine running {times.slowdown:.1f}x slower than when it was timed" if times.slowdown > 1 else ""
+        )
+        self.context.run_log.logger.warning(
+            f"warning: {what} left out: it needs about {times.needed_s(planned_s):.1f}s with what must follow "
+            f"and the safety margin{slower}; {max(0.0, left_s):.1f}s are left: the deadline comes first"
+        )
+        self.context.run_log.event(
+            "left_out", part=what.split(" (")[0], needed_s=round(times.needed_s(planned_s), 2), left_s=round(left_s, 2)
+        )
 
     def stop_cleanly(self) -> LoopResult:
         """After a stop request: back to the last completed step if it came mid-window, then a checkpoint

@@ -48,7 +48,11 @@ class Costs:
     after_loop_s: float = 0.0  # what the caller does after the loop returns (kept out of the plan)
     checkpoints: bool = True  # False: the run writes none (feedback rounds)
     report_s: float = 0.0  # writing report.html (after each evaluation, and at the end)
+    tempo_fit_s: float = 0.0  # the part of export_s that fits the inference settings (exports.py)
     final_eval_cushion: float = 1.0  # the final evaluation kept this many times its cost (> 1: one cut short is lost)
+    # What a micro-batch usually cost when the evaluation and the exports were last timed (0: not known yet): the
+    # final save is expected to have slowed down as much as the micro-batches have since (Pacer.slowdown).
+    timed_at_micro_batch_s: float = 0.0
 
     @property
     def final_s(self) -> float:
@@ -110,6 +114,25 @@ class Pacer:
         self.checkpoint_every_s, self.max_epochs, self.schedule = checkpoint_every_s, max_epochs, schedule
         self.checkpoint_min_s = checkpoint_min_s
 
+    @property
+    def slowdown(self) -> float:
+        """How much slower than when they were timed the final save and the exit should be expected to run: the
+        last five micro-batches against what one usually cost when the evaluation and the exports were last timed
+        (a machine that got busy, and the threads a CPU run then gives up to the other processes, show within three
+        slower micro-batches), or the last ten against the window's usual. With the window's alone, a machine that
+        got busy in the last tenth of a 180 s run was not believed in time and the run ended 1.1 s over; a run
+        busy for longer had its window forget the idle costs its final save was timed at."""
+        durations = self.timer.micro_batches
+        since_timed = (
+            durations.lately_s / self.costs.timed_at_micro_batch_s if self.costs.timed_at_micro_batch_s else 1.0
+        )
+        return max(durations.slowdown, since_timed)
+
+    def costs_timed(self) -> None:
+        """The evaluation and the exports were just timed: at the micro-batches' usual cost now."""
+        if self.timer.micro_batches.recent:
+            self.costs.timed_at_micro_batch_s = self.timer.micro_batches.usual_s
+
     def room_for(self, seconds: float) -> bool:
         """Whether `seconds` of work still leave the final save and the safety margin (both as timed or
         set earlier, slowed down as much as training has lately)."""
@@ -117,13 +140,13 @@ class Pacer:
 
     @property
     def final_reserve_s(self) -> float:
-        return self.costs.final_s * self.timer.micro_batches.slowdown
+        return self.costs.final_s * self.slowdown
 
     @property
     def margin_s(self) -> float:
         """The safety margin, slowed down like the rest: it holds the interpreter's exit, which beside two
         busy processes took 2-3 times as long as idle (a 180 s run then ended 1.15% over)."""
-        return self.budget.safety_s * self.timer.micro_batches.slowdown
+        return self.budget.safety_s * self.slowdown
 
     @property
     def one_more_step_s(self) -> float:
@@ -197,7 +220,7 @@ class Pacer:
         costs = self.costs
         # The final evaluation redraws no report (the closing one, in after_final_eval_s, follows it).
         after = costs.after_final_eval_s if final else costs.report_s + costs.export_s + costs.final_s
-        return after * self.timer.micro_batches.slowdown
+        return after * self.slowdown
 
     def learning_rate(self, step: int, last: bool, steps_per_epoch: int = 1) -> float:
         """The cosine spans the plan; the last step is at the floor wherever it falls. Before the plan (the
@@ -220,6 +243,8 @@ class Pacer:
         return self.plan_now(steps_per_epoch, steps_done, 0, evaluations_planned=True)
 
     def replan(self, steps_per_epoch: int, steps_done: int, eval_every: int, evaluations_planned: bool) -> Plan:
+        if not self.costs.timed_at_micro_batch_s:  # the baseline's costs were timed before any micro-batch
+            self.costs_timed()
         self.plan = self.plan_now(steps_per_epoch, steps_done, eval_every, evaluations_planned)
         return self.plan
 

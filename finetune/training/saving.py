@@ -117,9 +117,10 @@ class Saver:
         self.sizes.export = folder_bytes(folder) or self.sizes.export
         return True
 
-    def publish(self, source: Path, folder: Path, extra_json: dict) -> bool:
-        """Copy a written model folder (best_model) to `folder` (the output folder), with `extra_json`
-        beside it; atomic like an export. False when it could not be written."""
+    def publish(self, source: Path, folder: Path, extra_json: dict, final: bool = True) -> bool:
+        """Copy a written model folder (best_model) to `folder` (the output folder; last_model, not `final`:
+        it frees no room), with `extra_json` beside it; atomic like an export. False when it could not be
+        written."""
         if not self.is_main:
             return True
         return (
@@ -129,7 +130,7 @@ class Saver:
                 self.sizes.export,
                 [],
                 "the previous one, if any, is intact",
-                True,
+                final,
                 lambda: copy_model(source, folder, extra_json),
             )
             is not None

@@ -1,0 +1,89 @@
+"""The end of a run that was not stopped, part by part, each checked against the time left before it starts.
+
+The final save is kept in reserve all through training at what each of its parts last cost, slowed down as
+much as the machine has lately (pacing.py). A machine that gets busy in the run's last moments still makes
+the finish slower than that reserve: so before each part that may be left out, the time left is asked
+again, with each part's cost as planned times how much slower the machine runs now (the pacer's slowdown,
+and how much longer than planned the finish's own parts have taken so far). In order:
+
+    final evaluation    inside its time limit (pacing.py, evaluation_limit); it may export best_model
+    final_model         the output folder, a copy of best_model (or the last weights): always written
+    last checkpoint     left out when it no longer fits (the previous checkpoint stays)
+    last_model          a copy of best_model when best_model holds these very weights (no second export,
+                        no second tempo fit); else an export with its inference settings fitted; without
+                        the fit when only the export fits; left out when neither does
+
+What the user loads (final_model, and best_model, written by the evaluations) is never left out; last_model
+goes first (its tempo fit before it), then the last checkpoint. Each part left out is said in the log and
+in metrics.jsonl (`left_out`), with the seconds it needed and the seconds that were left.
+
+Imports only the pacer's module: the loop (finetune/training/loop.py) runs the parts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from finetune.training.pacing import Costs, Pacer
+
+LAST_MODEL_CHOICES = ("copy of best_model", "export", "export without its tempo fit", "left out")
+
+
+def fits(part_s: float, then_s: float, slowdown: float, margin_s: float, left_s: float) -> bool:
+    """Whether a part of `part_s` seconds (as planned), with `then_s` of what must still follow it, both
+    `slowdown` times slower than planned, and the margin, fit in `left_s`."""
+    return (part_s + then_s) * slowdown + margin_s <= left_s
+
+
+def last_model_choice(same_as_best: bool, room_for_copy: bool, room_for_export: bool, room_without_fit: bool) -> str:
+    """How last_model is written (one of LAST_MODEL_CHOICES): a copy of best_model when that holds the same
+    weights, else an export with its tempo fit, or without it, as the time left allows."""
+    if same_as_best:
+        return LAST_MODEL_CHOICES[0] if room_for_copy else LAST_MODEL_CHOICES[3]
+    if room_for_export:
+        return LAST_MODEL_CHOICES[1]
+    return LAST_MODEL_CHOICES[2] if room_without_fit else LAST_MODEL_CHOICES[3]
+
+
+@dataclass
+class FinishTimes:
+    """The finish's view of time: the costs as they stood when it began (`planned`: a part timed during the
+    finish is already as slow as the machine is), and how much slower than planned the machine runs
+    (`slowdown`, only ever raised)."""
+
+    pacer: Pacer
+    planned: Costs
+    slowdown: float
+    copy_s: float | None = None  # what copying best_model into the output folder took, in this finish
+
+    @classmethod
+    def starting(cls, pacer: Pacer) -> "FinishTimes":
+        return cls(pacer, replace(pacer.costs), pacer.slowdown)
+
+    def took(self, planned_s: float, seconds: float) -> None:
+        """A part of the finish that was planned at `planned_s` took `seconds`: the parts after it are
+        expected to be as much slower."""
+        if planned_s > 0:
+            self.slowdown = max(self.slowdown, seconds / planned_s)
+
+    @property
+    def then_s(self) -> float:
+        """What follows every part, and is never left out: the closing report and the recipe's own end."""
+        return self.planned.report_s + self.planned.after_loop_s
+
+    @property
+    def margin_s(self) -> float:
+        return self.pacer.budget.safety_s * self.slowdown
+
+    def room(self, part_s: float) -> bool:
+        return fits(part_s, self.then_s, self.slowdown, self.margin_s, self.pacer.budget.left_s())
+
+    def room_for_copy(self) -> bool:
+        """Whether a second copy of best_model fits: as long as the first took, in this finish (as planned, a
+        copy is counted at an export's or a checkpoint's cost, the larger it can be)."""
+        if self.copy_s is None:
+            return self.room(self.planned.copy_s)
+        return self.copy_s + self.then_s * self.slowdown + self.margin_s <= self.pacer.budget.left_s()
+
+    def needed_s(self, part_s: float) -> float:
+        return (part_s + self.then_s) * self.slowdown + self.margin_s
