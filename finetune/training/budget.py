@@ -110,14 +110,6 @@ class Durations:
         return last[len(last) // 2] if last else self.mean_s
 
     @property
-    def usual_s(self) -> float:
-        """The median of the window: what this work usually costs (the mean before any warm one)."""
-        if not self.recent:
-            return self.mean_s
-        ordered = sorted(self.recent)
-        return ordered[len(ordered) // 2]
-
-    @property
     def lately_s(self) -> float:
         """The median of the last five: what it costs now, believed within three slower ones."""
         last = sorted(list(self.recent)[-5:])

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from finetune.system.time_limit import TimeLimit
 from finetune.training.budget import Budget, Plan, StepTimer, learning_rate, make_plan
 
+SLOWER_BY = 1.25  # micro-batches this much slower than when the final save was timed: the machine slowed down
+
 
 @dataclass
 class Costs:
@@ -117,21 +119,21 @@ class Pacer:
     @property
     def slowdown(self) -> float:
         """How much slower than when they were timed the final save and the exit should be expected to run: the
-        last five micro-batches against what one usually cost when the evaluation and the exports were last timed
-        (a machine that got busy, and the threads a CPU run then gives up to the other processes, show within three
-        slower micro-batches), or the last ten against the window's usual. With the window's alone, a machine that
-        got busy in the last tenth of a 180 s run was not believed in time and the run ended 1.1 s over; a run
-        busy for longer had its window forget the idle costs its final save was timed at."""
-        durations = self.timer.micro_batches
-        since_timed = (
-            durations.lately_s / self.costs.timed_at_micro_batch_s if self.costs.timed_at_micro_batch_s else 1.0
-        )
-        return max(durations.slowdown, since_timed)
+        last five micro-batches against what one cost when the evaluation and the exports were last timed (a
+        machine that got busy, and the threads a CPU run then gives up to the other processes, show within three
+        slower micro-batches; below SLOWER_BY, the spread of micro-batches of different lengths, it is not
+        believed), or the last ten against the window's usual. With the window's alone, a machine that got busy in
+        the last tenth of a 180 s run was not believed in time and the run ended 1.1 s over; a run busy for longer
+        had its window forget the idle costs its final save was timed at."""
+        durations, timed_at = self.timer.micro_batches, self.costs.timed_at_micro_batch_s
+        since_timed = durations.lately_s / timed_at if timed_at else 1.0
+        return max(durations.slowdown, since_timed if since_timed >= SLOWER_BY else 1.0)
 
     def costs_timed(self) -> None:
-        """The evaluation and the exports were just timed: at the micro-batches' usual cost now."""
+        """The evaluation and the exports were just timed: at what a micro-batch costs now (the last five's median:
+        one timed on a machine that just got busy is as slow as it, and must not be slowed down again)."""
         if self.timer.micro_batches.recent:
-            self.costs.timed_at_micro_batch_s = self.timer.micro_batches.usual_s
+            self.costs.timed_at_micro_batch_s = self.timer.micro_batches.lately_s
 
     def room_for(self, seconds: float) -> bool:
         """Whether `seconds` of work still leave the final save and the safety margin (both as timed or
