@@ -130,17 +130,17 @@ def test_the_final_evaluation_keeps_the_final_save_free_and_one_inside_the_run_t
     budget = Budget(100.0, clock_for(fake), used_before_s=10.0, safety_s=1.0)  # 40 s left
     costs = Costs(eval_s=8.0, export_s=2.0, checkpoint_s=3.0, report_s=0.5)
     pacer = Pacer(budget, StepTimer(1), costs, checkpoint_every_s=1800.0)
-    # Final: two exports (best model, last weights), best_model's copy (at most an export, and at most a
-    # checkpoint), the checkpoint and the closing report (4 + 2 + 3 + 0.5); it redraws no report of its
-    # own (counting one skipped it when the report took longer than the evaluation: a 180 s fine-tune
-    # ended 2% early without its final evaluation).
+    # Final: one export (the best model, or the last weights: the other a copy), two copies (best_model into the
+    # output folder and as last_model: at most an export, and at most a checkpoint), the checkpoint and the
+    # closing report (2 + 4 + 3 + 0.5); it redraws no report of its own (counting one skipped it when the report
+    # took longer than the evaluation: a 180 s fine-tune ended 2% early without its final evaluation).
     assert pacer.evaluation_limit(final=True).left_s() == pytest.approx(40 - 1 - 9.5)
     # Inside the run: its report and the best model's export, then the whole final save (with its evaluation).
     assert pacer.evaluation_limit(final=False).left_s() == pytest.approx(40 - 1 - (0.5 + 2 + 8.0 + 9.5))
     costs.checkpoint_s = 0.5  # a checkpoint cheaper than an export bounds the copy
-    assert costs.after_final_eval_s == pytest.approx(4 + 0.5 + 0.5 + 0.5)
+    assert costs.after_final_eval_s == pytest.approx(2 + 1.0 + 0.5 + 0.5)
     costs.checkpoints = False  # none written (feedback rounds): the copy counts as an export
-    assert costs.after_final_eval_s == pytest.approx(4 + 2 + 0.5)
+    assert costs.after_final_eval_s == pytest.approx(2 + 4 + 0.5)
 
 
 # ---------------------------------------------------------------- evaluations inside the time left

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from finetune.training.pacing import Costs, Pacer
 
 LAST_MODEL_CHOICES = ("copy of best_model", "export", "export without its tempo fit", "left out")
+TIMED_FROM_S = 1.0  # a part of the finish planned shorter than this does not tell how slow the machine is
 
 
 def fits(part_s: float, then_s: float, slowdown: float, margin_s: float, left_s: float) -> bool:
@@ -62,8 +63,9 @@ class FinishTimes:
 
     def took(self, planned_s: float, seconds: float) -> None:
         """A part of the finish that was planned at `planned_s` took `seconds`: the parts after it are
-        expected to be as much slower."""
-        if planned_s > 0:
+        expected to be as much slower. Parts planned under TIMED_FROM_S are not believed (a 0.2 s checkpoint
+        that took 0.45 s made a busy run leave out last_model's tempo fit it had the time for)."""
+        if planned_s >= TIMED_FROM_S:
             self.slowdown = max(self.slowdown, seconds / planned_s)
 
     @property

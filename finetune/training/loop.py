@@ -258,7 +258,8 @@ class TrainingLoop:
         started, copied = self.context.now(), (self.context.paths.best_dir / "config.json").is_file()
         self.progress.final_saved = self.context.dist.broadcast(self.context.on_main(self.save_final))
         took_s = self.context.now() - started
-        times.took(times.planned.copy_s if copied else times.planned.export_s, took_s)
+        if not copied:  # an export, timed as one; a copy's planned figure is only a bound (an export's or less)
+            times.took(times.planned.export_s, took_s)
         times.copy_s = took_s if copied else None
         checkpointed = self.final_checkpoint(times)
         self.context.on_main(lambda: self.save_last(times, checkpointed))

@@ -58,17 +58,20 @@ class Costs:
 
     @property
     def final_s(self) -> float:
-        """The final evaluation (which may export a best model), the last weights' export, best_model's
-        copy into the output folder, the last checkpoint, the closing report, and whatever the caller
-        needs after. An evaluator that cannot use a cut-short final evaluation (a feedback round's: its
+        """The final evaluation (which may export a best model), last_model (a copy of best_model when the
+        final evaluation kept these weights, else their export), best_model's copy into the output folder, the
+        last checkpoint, the closing report, and whatever the caller needs after. An evaluator that cannot use a cut-short final evaluation (a feedback round's: its
         verdict compares means) has it kept with a cushion: a trained model speaking a little longer than
         the start did, on a machine a little busier, cut a 60 s round's at 12 of 13 clips."""
         return self.eval_s * self.final_eval_cushion + self.after_final_eval_s
 
     @property
     def after_final_eval_s(self) -> float:
+        """One export and two copies: the final evaluation's best model exported and copied as last_model, or
+        the last weights exported when it kept none (the output folder a copy of best_model either way). Two
+        exports were kept before last_model could be a copy: the one never made left a busy run 4.5% early."""
         checkpoint = self.checkpoint_s if self.checkpoints else 0.0
-        return 2 * self.export_s + self.copy_s + checkpoint + self.report_s + self.after_loop_s
+        return self.export_s + 2 * self.copy_s + checkpoint + self.report_s + self.after_loop_s
 
     @property
     def copy_s(self) -> float:
