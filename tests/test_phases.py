@@ -505,6 +505,43 @@ def test_the_micro_batch_deadline_cuts_the_last_window_short(prepared_demo, tmp_
     assert f"| {last['micro_batches']} of 4 micro-batches" in log_of(tmp_path)
 
 
+def test_a_window_whose_micro_batches_get_three_times_slower_ends_early_inside_the_budget(
+    prepared_demo, tmp_path, timed_work
+):
+    """Windows of 4 micro-batches of 3 s; from the 13th micro-batch on each takes 9 s (the machine got busy in the
+    middle of a window, after it was decided). The window asks the deadline again before each micro-batch, at the
+    speed the last one ran: it ends early, what ran is applied, and the run ends inside its budget. Before, the
+    window ran its planned micro-batches whatever they took (a coarse run busy from half-way: 96 s past 180 s)."""
+    from finetune.training import step as step_module
+
+    fake, costs = timed_work
+    drawn, real_accumulate = {"n": 0}, step_module.TrainStep.accumulate
+
+    def slower_after_12(self, batch, *args, **kwargs):
+        drawn["n"] += 1
+        costs["micro_batch_s"] = 9.0 if drawn["n"] > 12 else 3.0
+        return real_accumulate(self, batch, *args, **kwargs)
+
+    step_module.TrainStep.accumulate = slower_after_12
+    try:
+        deadline_run(
+            prepared_demo,
+            tmp_path,
+            fake,
+            60.0,
+            "--max_samples",
+            "12",
+            "--gradient_accumulation_steps",
+            "4",
+            "--batch_size",
+            "2",
+        )
+    finally:
+        step_module.TrainStep.accumulate = real_accumulate
+    log = log_of(tmp_path)
+    assert "its window ended after" in log and "one more no longer fits before the final save" in log
+
+
 def test_a_coarse_last_step_is_cut_to_the_clips_that_fit(prepared_demo, tmp_path, timed_work):
     """Steps of one micro-batch of 8 clips, 16 s each (a clip 2 s): the last one is cut to the clips that
     still fit rather than leaving up to 16 s unused; the run ends inside its budget."""

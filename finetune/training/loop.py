@@ -396,6 +396,13 @@ class TrainingLoop:
                     f"step {number}: its last micro-batch cut to {result.cut_to} of "
                     f"{self.fitter.micro_batch} clips, the time the deadline leaves: the run's last step"
                 )
+            if result.cut_by_deadline:  # the machine slowed down mid-window: what ran is applied, the run ends
+                last = True
+                self.context.run_log.logger.info(
+                    f"step {number}: its window ended after {result.used} of {window.micro_batches} micro-batches, the "
+                    f"last one {result.micro_batch_s[-1] if result.micro_batch_s else 0:.1f}s (slower than planned): "
+                    "one more no longer fits before the final save; the run's last step"
+                )
             elapsed = self.context.now() - started  # 6
             self.progress.train_s += elapsed
             self.progress.last_lr, self.state.step = lr, number

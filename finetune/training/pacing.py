@@ -158,6 +158,11 @@ class Pacer:
         """The least a step can cost: one clip of a micro-batch and its update."""
         return self.timer.clip_s + self.timer.update_s
 
+    def one_more_fits(self, last_micro_batch_s: float) -> bool:
+        """Mid-window: whether one more micro-batch, as long as the last one took, and the update still leave the
+        final save (at its slowdown) and the margin."""
+        return self.room_for(last_micro_batch_s + self.timer.update_s)
+
     def may_start_step(self) -> bool:
         return self.room_for(self.one_more_step_s)
 

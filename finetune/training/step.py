@@ -170,6 +170,7 @@ class StepResult:
         default_factory=list
     )  # each whole micro-batch's seconds (data, forward, backward)
     update_s: float = 0.0  # seconds of the update (the finiteness check, averaging, clipping, the optimizers)
+    cut_by_deadline: bool = False  # the window ended before its planned micro-batches: they no longer fitted
 
 
 @dataclass
@@ -183,9 +184,10 @@ class Skips:
 
 class MicroBatchSource(Protocol):
     """Where a step draws its micro-batches (finetune/training/window.py): `draw(index)` gives micro-batch
-    `index` (1-based) and whether it ended an epoch, having first honoured a stop request; `now` times them."""
+    `index` (1-based) and whether it ended an epoch, having first honoured a stop request (None: the deadline
+    ends the window before it); `now` times them."""
 
-    def draw(self, index: int) -> tuple[Batch, bool]: ...
+    def draw(self, index: int) -> tuple[Batch | None, bool]: ...
 
     def now(self) -> float: ...
 
@@ -407,6 +409,9 @@ class TrainStep:
             while result.used < window.micro_batches and not result.epoch_ended:
                 started = source.now()
                 batch, result.epoch_ended = source.draw(result.used + 1)
+                if batch is None:  # the deadline, asked again at the speed the last micro-batch ran
+                    result.cut_by_deadline = True
+                    break
                 result.used += 1
                 if result.used == window.micro_batches and window.last_clips < min(len(batch), window.clips):
                     batch, result.cut_to = batch.first(window.last_clips), window.last_clips

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Callable
 
 from finetune.data.examples import Batch
 from finetune.data.feed import MicroBatchFeed
@@ -42,11 +43,16 @@ class WindowRunner:
         clock: Clock,
         stop: StopRequest,
         cpu_threads: CpuThreads | None = None,
+        one_more_fits: Callable[[float], bool] | None = None,
     ):
         self.step, self.feed, self.sampler, self.clock, self.stop = step, feed, sampler, clock, stop
         self.cpu_threads = cpu_threads  # finetune/system/cpu_threads.py, on a CPU run
+        # The pacer's one_more_fits (finetune/training/pacing.py): whether a micro-batch as long as the last one
+        # and the update still leave the final save
+        self.one_more_fits = one_more_fits
         self.boundary: Boundary | None = None  # set while a window runs
         self.last_start: Boundary | None = None  # where the last window started (a refit runs it again)
+        self.drawn_at = 0.0  # when the micro-batch under way was drawn
 
     @contextmanager
     def kept(self):
@@ -57,15 +63,28 @@ class WindowRunner:
         yield self
         self.last_start, self.boundary = self.boundary, None
 
-    def draw(self, index: int) -> tuple[Batch, bool]:
+    def draw(self, index: int) -> tuple[Batch | None, bool]:
         """Micro-batch `index` of the window under way, and whether it ended an epoch; before it (after the
-        first: the loop asked before the step) a stop request, seen by any process, stops every one."""
-        if self.step.dist.any(index > 1 and self.stop.requested):
+        first: the loop asked before the step) a stop request, seen by any process, stops every one, and the
+        deadline is asked again (None: the window ends here, jointly; see in_time)."""
+        now = self.clock.now()
+        late = index > 1 and not self.in_time(now - self.drawn_at)
+        stop, late = self.step.dist.any_of(index > 1 and self.stop.requested, late)
+        if stop:
             raise StopRequested(self.stop.signal_name or "SIGTERM")
+        if late:
+            return None, False
+        self.drawn_at = now
         if self.cpu_threads is not None:
             self.cpu_threads.adjust()
         with section("data"):
             return self.feed.take()
+
+    def in_time(self, last_s: float) -> bool:
+        """Whether one more micro-batch fits at the speed the last one ran (`last_s`): the window was decided at
+        what micro-batches cost before it began, and a machine that got three times slower during a window of four
+        17 s micro-batches ran 96 s past a 180 s budget."""
+        return self.one_more_fits is None or self.one_more_fits(last_s)
 
     def now(self) -> float:
         return self.clock.now()
