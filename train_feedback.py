@@ -12,9 +12,9 @@ A round starts from the current voice (training/voices/current, else the best mo
 training run) and its discriminator, trains on the corrections mixed with a replay sample of the
 original corpus (against forgetting) with the training loop of train_vits.py, and scores, before and
 after, the voice saying the corrected sentences and the voice on its own held-out clips. The new model is
-kept, as the next version, only when the voice says the corrected sentences better beyond the noise (clip
-by clip against the starting model) and its own held-out clips got no worse than --max_regression percent
-and kept its tempo; otherwise the current voice stays as it was. The corrections, recorded by other
+kept, as the next version and the voice the app loads, only when the voice says the corrections held out of its
+training better beyond the noise (clip by clip against the starting model, judged once) and its own held-out
+clips got no worse beyond their noise and kept its tempo; otherwise the current voice stays as it was. The corrections, recorded by other
 people, train under a speaker id of their own (--corrections_voice own): they teach the words, not their
 voices, and they are judged as other people's recordings (their timbre taken out of the comparison, their
 tempo never held against the voice); the voice is what is judged, and what the round's model holds.
@@ -57,7 +57,7 @@ class FeedbackConfig(TrainingFlags):
     replay_ratio: float = flag(2.0, "original clips replayed per correction (0: none, which risks forgetting)")
     timbre_first: float = flag(
         0.0,
-        "--acoustics embeddings or letters: for this share of the round's planned steps only the corrections' own "
+        "--acoustics focus or embeddings: for this share of the round's planned steps only the corrections' own "
         "speaker conditioning learns (their readers' timbre and tempo), then the letters too",
     )
     holdout_share: float = flag(
@@ -72,16 +72,31 @@ class FeedbackConfig(TrainingFlags):
         "itself (recorded by its own speaker)",
     )
     acoustics: str = flag(
-        "embeddings",
-        "with --corrections_voice own: embeddings trains only the token embeddings, "
-        "the duration predictor and the speakers' conditioning (what a letter is, "
-        "not how the voice sounds or reads sentences); frozen also trains the text "
-        "encoder's layers; both keep the acoustic model (posterior encoder, flow, "
-        "decoder) but for the corrections' own conditioning; trained lets every "
-        "part learn (bench_corrections.py: embeddings fixed a planted letter most and "
-        "moved the voice least); letters trains only the embeddings of the letters the corrections are "
-        "about (twice or more their share of the voice's clips), the duration predictor and the conditioning",
-        choices=["frozen", "embeddings", "letters", "trained"],
+        "focus",
+        "with --corrections_voice own, what the round may move: focus (the default) learns what the corrections "
+        "correct (the words and letters they share that the voice's own sentences hold less often: a letter's "
+        "embedding, the text encoder's layers for a word), from those tokens' frames alone, with the voice's prior "
+        "held to the start everywhere else (--text_anchor_weight); embeddings trains every token embedding on whole "
+        "sentences; frozen also the text encoder's layers; each keeps the acoustic model and the duration "
+        "predictor (the voice's sound and tempo) but for the corrections' own conditioning; trained lets every part "
+        "learn (bench/bench_corrections.py compares them; docs/feedback.md)",
+        choices=["focus", "embeddings", "frozen", "trained"],
+    )
+    focus: list[str] = flag(
+        [],
+        "--acoustics focus: what the corrections correct, named (words, or single letters; word:û for a one-letter word), in place of what the "
+        "round finds they share (the words and letters they hold far more often than the voice's own sentences)",
+    )
+    text_anchor_weight: float = flag(
+        10.0,
+        "--acoustics focus: how strongly the voice's prior (the text encoder's output) is held to the start on its own "
+        "sentences and on what the corrections do not correct (finetune/feedback/anchor.py; 0: not held)",
+    )
+    app_model_dir: str | None = flag(
+        None,
+        "the folder the user's app loads, which an accepted round replaces (the one before kept as a version; "
+        "--rollback restores it): default, the output folder of the training run the voice came from "
+        "(its training_args.json), as the voice's first round recorded it; none: leave every app folder alone",
     )
     target_speaker: str | None = flag(
         None,
@@ -90,14 +105,17 @@ class FeedbackConfig(TrainingFlags):
     )
     target_minutes: float = flag(15.0, "time budget of the round, everything included (minutes)")
     target_hours: float = flag(0.0, "time budget in hours instead (0: use --target_minutes)")
-    max_regression: float = flag(2.0, "accept only if the held-out originals' MCD rises by at most this (percent)")
     min_seconds: float = flag(0.5, "drop corrections shorter than this after trimming (seconds)")
     max_seconds: float = flag(15.0, "drop corrections longer than this after trimming (seconds)")
     rollback: str | None = flag(None, "instead of training: make a version current again ('previous' or e.g. v001)")
     review: str | None = flag(None, "instead of training: speak this file's sentences with the current voice")
     review_dir: str = flag("review", "output folder of --review")
     # Shared flags with a round's defaults: a short, gentle fine-tune.
-    learning_rate: float = flag(1e-5, "peak learning rate (smaller than training's 2e-5)")
+    learning_rate: float = flag(
+        0.0,
+        "peak learning rate (0: a quarter of the rate the voice was trained at, from its config.json or its run's "
+        "training_args.json; 1e-5 where neither says)",
+    )
     dropout: str = flag(
         "on",
         "dropout while the round trains: on (the model's rates: what the rounds were measured with), off, or "
@@ -118,14 +136,17 @@ class FeedbackConfig(TrainingFlags):
     )
 
     def problems(self) -> list[str]:
-        problems = super().problems()
+        # --learning_rate 0 is this script's "fitted to the voice" (the shared check wants a positive rate)
+        problems = [p for p in super().problems() if not (self.learning_rate == 0 and p.startswith("--learning_rate "))]
+        if self.learning_rate < 0:
+            problems.append(f"--learning_rate {self.learning_rate}: must be 0 (fitted to the voice) or more")
         if self.target_hours <= 0 and self.target_minutes <= 0:
             problems.append("--target_minutes (or --target_hours) must be positive")
         if not 0 <= self.timbre_first < 1:
             problems.append(f"--timbre_first {self.timbre_first}: give a share from 0 up to (not including) 1")
         if not 0 <= self.holdout_share < 1:
             problems.append(f"--holdout_share {self.holdout_share}: give a share from 0 up to (not including) 1")
-        for name in ("replay_ratio", "max_regression", "target_hours"):
+        for name in ("replay_ratio", "target_hours", "text_anchor_weight"):
             if getattr(self, name) < 0:
                 problems.append(f"--{name} {getattr(self, name)}: must be 0 or more")
         if self.corrections_voice not in ("own", "voice"):
@@ -153,7 +174,7 @@ def main(argv: list[str] | None = None, clock=None) -> int:
 
 def act(config: FeedbackConfig, clock) -> int:
     """Roll back, review, or run a round, in the voices folder this process holds."""
-    from finetune.recipes import feedback as steps  # torch and transformers load here, once the flags are read
+    from finetune.feedback import recipe as steps  # torch and transformers load here, once the flags are read
 
     versions = steps.open_versions(config)  # what a killed round left put right first
     if config.rollback:  # actions that do not train: roll back, or speak sentences for review
@@ -184,14 +205,20 @@ def act(config: FeedbackConfig, clock) -> int:
 def feedback_round(config: FeedbackConfig, versions, base: Path, clock, stop, dist) -> int:
     """A round: data, model, "before" renders, the training loop, then the decision and the report. In a
     data-parallel launch every process trains; the main one renders, decides and makes the version."""
-    from finetune.recipes import feedback as steps
+    from finetune.feedback import recipe as steps
+    from finetune.feedback import round_data, voice_run
 
     round_ = steps.start_round(config, versions, base, clock, stop, dist)  # its folder, log, budget, device
-    data = steps.load_round_data(config, round_, base)  # corrections, replay, the voice's held-out clips
+    voice_run.fit_rate(config, base, round_.logger)  # a share of the rate the voice was trained at, unless given
+    if dist.is_main and (config.app_model_dir or "app_model_dir" not in versions.history()):  # found once a voice
+        versions.set_app_folder(voice_run.app_folder(config, versions, base))
+    data = round_data.load_round_data(config, round_, base, versions)  # corrections, what they fix, held out, replay
     start = steps.starting_point(config, round_, data, base)  # what the round may move, the discriminator
     rendering = round_.budget.used_s()
-    lines = steps.render_before(round_, data, base) if dist.is_main else []
-    reserve_s = steps.after_loop_reserve_s(round_.budget.used_s() - rendering, base)  # the "after" renders, alike
+    before = steps.render_before(round_, data, base) if dist.is_main else {}  # and the words said differently
+    render_s = round_.budget.used_s() - rendering + data.before_s  # made while the focus was heard, when it was
+    held_s = render_s * len(data.held) / max(1, len(data.corrections.examples))  # the held-out judged, alike
+    reserve_s = steps.after_loop_reserve_s(render_s, base, held_s)  # the "after" renders, alike
     trainer, evaluator, result = steps.fit_round(config, round_, data, start, base, dist.broadcast(reserve_s))
     trainer.context.run_log.end(trainer.summary(result.stop_reason))
     if result.stop_reason == "interrupted":
@@ -202,7 +229,7 @@ def feedback_round(config: FeedbackConfig, versions, base: Path, clock, stop, di
         return stop.exit_status
     if not dist.is_main:
         return 0
-    return steps.conclude_round(config, round_, data, versions, base, trainer, evaluator, result, lines)
+    return steps.conclude_round(config, round_, data, versions, base, trainer, evaluator, result, before)
 
 
 if __name__ == "__main__":

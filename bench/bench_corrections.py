@@ -1,36 +1,30 @@
 #!/usr/bin/env python3
-"""Does a round of corrections, recorded by other people at their own tempo and timbre, fix what the voice says
-wrong on sentences it did not train on, and only that? Planted mispronunciations, each corrected by other readers,
-judged independently of the round.
+"""Does a default round of corrections fix what the voice learnt wrong from its own recordings, on sentences no
+round saw, and only that? A voice that learnt its mistakes (bench/learnt_voice.py), corrections recorded by other
+people, rounds with exactly the flags a user runs, judged independently of the round.
 
-    .venv/bin/python bench/bench_corrections.py --work_dir W          # three cases, about 75 min on 2 CPU cores
-    .venv/bin/python bench/bench_corrections.py --work_dir W --cases x:k:stretch1.4   # one case
-    .venv/bin/python bench/bench_corrections.py --smoke               # the pipeline with tiny budgets
+    .venv/bin/python bench/bench_corrections.py --work_dir W            # three cases, about 2 h 15 min on 2 CPU cores
+    .venv/bin/python bench/bench_corrections.py --work_dir W --mistakes z:s --round_flags "--acoustics embeddings"
+    .venv/bin/python bench/bench_corrections.py --smoke                 # the pipeline with tiny budgets, no espeak-ng
 
-A case is LETTER:SAID_AS:READERS: the voice says every LETTER as SAID_AS, and READERS record the corrections:
-`stretch1.4` (each correction played 1.4 times longer or shorter, alternately: slower and lower, or faster and
-higher, as a larger or smaller speaker's), or `espeak` (two espeak-ng voices the corpus does not hold read them:
-other people altogether; needs espeak-ng). The default three cases: x:k:stretch1.4, ç:c:espeak, p:b:stretch1.25.
-For each case, in W/case_LETTER/:
+1. The voice: a tiny voice pretrained on the demo corpus (--pretrain_hours; five readers who say every letter right),
+   then fine-tuned (--voice_hours) on one reader's recordings of demo/sentences.txt that say every MISTAKE wrong
+   while the transcripts keep them right (z said as s, ç as c, the word "min" as "mîn": --mistakes). Made once in
+   W and reused.
+2. For each mistake, a case: corrections of sentences with it (other readers, said right) in a copy of the voice's
+   run folder, and one round: train_feedback.py with the user's flags (the paths; --round_flags adds others).
+3. The judge, never seen by any run or round: stock transformers (one request a sentence, --judge_seeds seeds) on
+   the case's unseen sentences, against the voice's own reader saying each right and with the mistake:
+       mistake frames   the frames the voice gives the mistake's tokens (its own durations; each mapped to the
+                        reading by DTW): MCD to the right reading, and to the mistaken one. Fixed "half way" when
+                        nearer the right reading than the mistaken one, beyond the paired noise
+       the rest         the other frames of those sentences, against the right reading
+   and the judge's other sentences (none holds a mistake, none is the round's): whole-sentence MCD to the reader.
+   The rest and the other sentences must stay within their noise: non-inferiority, the margin being a clip's own
+   noise between two seeds of the voice before the round.
 
-1. The demo corpus (every clip as one voice) is split by the letter: the clips whose text has none are the
-   voice's corpus (a tenth of them held out: the voice's own clips); of those that have it, half are corrections
-   and half are unseen sentences for the judge.
-2. The voice is pretrained from scratch on its corpus (train_vits.py): it never saw the letter (reused when W
-   holds it). Then the mispronunciation is planted: the letter joins its vocabulary with the embedding of
-   SAID_AS, so the voice reads every LETTER exactly as SAID_AS.
-3. The corrections are recorded by READERS, in the layout train_feedback.py takes.
-4. One round: train_feedback.py with its defaults (--round_flags adds to them), --round_minutes, --round_lr.
-5. The judge, before and after the round, never seen by the round: stock transformers (one request a sentence,
-   --judge_seeds seeds) on the unseen sentences with the letter, against their recordings: the MCD on the frames
-   the voice gives the letter's tokens (each mapped to the recording by the DTW path), the whole sentence's
-   MCD-DTW and, with the judges' extra, the phonetic judge and the phone error rate; and the voice's own
-   held-out clips: MCD, median length and the speaker judge's similarity to the voice's recordings, which must
-   not move beyond their noise.
-
-Printed: each round's decision and what decided it, each case's judge table ("after - before" with its paired
-noise bound), then one line a case: fixed on unseen sentences (the letter's frames nearer beyond the noise), the
-voice's other sentences within their bound, its identity held. W/results.json holds it all.
+Printed: each round's decision and what decided it, each case's judge table, one summary line a case. W/results.json
+holds it all.
 """
 
 from __future__ import annotations
@@ -40,16 +34,18 @@ import json
 import math
 import shlex
 import shutil
-import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from bench import learnt_voice
 from bench.launcher import run_script
 from bench.machine import describe
 
 REPO = Path(__file__).resolve().parent.parent
+DEMO_RECIPE = ["--discriminator_width", "0.0625", "--learning_rate", "2e-3", "--gradient_accumulation_steps", "1"]
 
 
 def run(script: str, argv: list, log: Path, label: str) -> None:
@@ -58,122 +54,32 @@ def run(script: str, argv: list, log: Path, label: str) -> None:
         raise SystemExit(f"{label} failed (exit {code}); see {log}")
 
 
-# ---------------------------------------------------------------- the corpus, split by the letter
+# ---------------------------------------------------------------- the voice
 
 
-def prepare_all(work: Path, max_samples: int) -> Path:
-    """The demo corpus prepared once (16 kHz WAVs, every clip in metadata.csv)."""
-    data = work / "prepared"
+def prepare(source: Path, data: Path, log: Path, held_out: list[str] = (), max_samples: int = 0) -> Path:
+    """An LJSpeech folder prepared at 16 kHz; `held_out` ids moved to metadata_val.csv (the voice's held-out clips:
+    the round's gate), none drawn at random."""
     if not (data / "metadata.csv").is_file():
-        run(
-            "prepare_data.py",
-            [
-                "--input_dir",
-                REPO / "demo" / "corpus",
-                "--data_dir",
-                data,
-                "--model_name",
-                "scratch:tiny",
-                "--val_fraction",
-                "0",
-                "--num_workers",
-                "1",
-                "--max_samples",
-                max_samples,
-            ],
-            work / "prepare.log",
-            "preparing the demo corpus",
-        )
+        argv = ["--input_dir", source, "--data_dir", data, "--model_name", "scratch:tiny", "--val_fraction", "0"]
+        argv += ["--max_samples", max_samples] if max_samples else []
+        run("prepare_data.py", [*argv, "--num_workers", "1"], log, f"preparing {source.name}")
+        if held_out:
+            lines = (data / "metadata.csv").read_text(encoding="utf-8").splitlines()
+            keep = [line for line in lines if line.split("|", 1)[0] not in set(held_out)]
+            val = [line for line in lines if line.split("|", 1)[0] in set(held_out)]
+            (data / "metadata.csv").write_text("".join(f"{line}\n" for line in keep), encoding="utf-8")
+            (data / "metadata_val.csv").write_text("".join(f"{line}\n" for line in val), encoding="utf-8")
     return data
 
 
-def split(prepared: Path, work: Path, letter: str, readers: str) -> dict:
-    """The voice's corpus (without the letter), the corrections (other readers), the judge's unseen sentences."""
-    from finetune.data.metadata import read_rows
-
-    rows = [(item, text) for item, _, text in read_rows(prepared / "metadata.csv")]
-    with_letter = [r for r in rows if letter in r[1].lower()]
-    without = [r for r in rows if letter not in r[1].lower()]
-    held = without[::10]  # the voice's own held-out clips
-    voice = work / "voice_data"
-    shutil.rmtree(voice, ignore_errors=True)
-    (voice / "wavs").mkdir(parents=True)
-    for item, _ in without:
-        (voice / "wavs" / f"{item}.wav").symlink_to(prepared / "wavs" / f"{item}.wav")
-    write_rows(voice / "metadata.csv", [r for r in without if r not in held])
-    write_rows(voice / "metadata_val.csv", held)
-    corrections, unseen = with_letter[0::2], with_letter[1::2]
-    record_corrections(prepared, corrections, work / "corrections", readers)
-    judge = work / "judge_data"
-    shutil.rmtree(judge, ignore_errors=True)
-    (judge / "wavs").mkdir(parents=True)
-    for item, _ in unseen + held:
-        (judge / "wavs" / f"{item}.wav").symlink_to(prepared / "wavs" / f"{item}.wav")
-    write_rows(judge / "with_letter.csv", unseen)
-    write_rows(judge / "voice_held_out.csv", held)
-    return {
-        "voice": voice,
-        "corrections": work / "corrections",
-        "judge": judge,
-        "counts": {
-            "voice_train": len(without) - len(held),
-            "voice_held_out": len(held),
-            "corrections": len(corrections),
-            "unseen_with_letter": len(unseen),
-        },
-    }
-
-
-def write_rows(path: Path, rows: list[tuple[str, str]]) -> None:
-    path.write_text("".join(f"{item}|{text}\n" for item, text in rows), encoding="utf-8")
-
-
-# espeak-ng voices the demo corpus does not hold (demo/make_corpus.py's five are ku, ku+m3, ku+f2, ku+klatt and
-# ku+f4): (voice, words a minute, pitch 0-99), one slower and lower, one faster and higher than the corpus's.
-OTHER_READERS = (("ku+m1", 125, 20), ("ku+f3", 190, 80))
-
-
-def record_corrections(prepared: Path, rows: list[tuple[str, str]], folder: Path, readers: str) -> None:
-    """The corrections as other people record them, as wavs/ + metadata.csv: `stretchS`, each recording played
-    S times longer or shorter, alternately (resampled: formants and pitch move with the tempo, as a larger or
-    smaller speaker's would); `espeak`, each sentence read by one of OTHER_READERS, alternately."""
-    import soundfile as sf
-    import soxr
-
-    shutil.rmtree(folder, ignore_errors=True)
-    (folder / "wavs").mkdir(parents=True)
-    for index, (item, text) in enumerate(rows):
-        path = folder / "wavs" / f"{item}.wav"
-        if readers == "espeak":
-            voice, speed_wpm, pitch = OTHER_READERS[index % len(OTHER_READERS)]
-            espeak = ["espeak-ng", "-v", voice, "-s", str(speed_wpm), "-p", str(pitch), "-w", str(path), text]
-            try:
-                subprocess.run(espeak, check=True, capture_output=True)
-            except FileNotFoundError as error:
-                raise SystemExit("the espeak readers need espeak-ng (apt-get install espeak-ng)") from error
-            continue
-        stretch = float(readers.removeprefix("stretch"))
-        audio, rate = sf.read(prepared / "wavs" / f"{item}.wav", dtype="float32")
-        times = stretch if index % 2 == 0 else 1 / stretch
-        sf.write(path, soxr.resample(audio, rate, rate * times), rate, subtype="PCM_16")
-    write_rows(folder / "metadata.csv", rows)
-
-
-# ---------------------------------------------------------------- the voice, and the planted mispronunciation
-
-
-def pretrain(data: Path, work: Path, hours: float, smoke: bool) -> Path:
-    run_dir = work / "voice"
-    best = run_dir / "checkpoints" / "best_model"
-    if (best / "config.json").is_file():
-        print(f"reusing the voice in {run_dir}", flush=True)
-        return best
+def train(data: Path, run_dir: Path, start: str, hours: float, smoke: bool, log: Path) -> Path:
+    """train_vits.py with the demo's recipe into `run_dir` (reused when that run finished: a killed one restarts)."""
+    if (run_dir / "final_model" / "config.json").is_file():
+        print(f"reusing {run_dir}", flush=True)
+        return run_dir
     shutil.rmtree(run_dir, ignore_errors=True)
-    extra = (
-        ["--max_epochs", "1", "--val_samples", "2", "--benchmark_samples", "4", "--discriminator_warmup_steps", "0"]
-        if smoke
-        else []
-    )
+    quick = ["--max_epochs", "1", "--val_samples", "2", "--benchmark_samples", "4"] if smoke else []
     run(
         "train_vits.py",
         [
@@ -184,353 +90,382 @@ def pretrain(data: Path, work: Path, hours: float, smoke: bool) -> Path:
             "--output_dir",
             run_dir / "final_model",
             "--model_name",
-            "scratch:tiny",
+            start,
             "--target_hours",
             hours,
-            "--discriminator_width",
-            "0.0625",
-            "--learning_rate",
-            "2e-3",
-            "--gradient_accumulation_steps",
-            "1",
+            *DEMO_RECIPE,
             "--log_every_seconds",
             "60",
-            *extra,
+            *quick,
         ],
-        run_dir.with_suffix(".log"),
-        "pretraining the voice",
+        log,
+        f"training {run_dir.name}",
     )
-    return best if (best / "config.json").is_file() else run_dir / "final_model"
+    return run_dir
 
 
-def plant(voice: Path, out: Path, letter: str, spoken_as: str) -> Path:
-    """A copy of the voice whose vocabulary gains `letter`, embedded exactly as `spoken_as`: it says one
-    as the other. Its discriminator comes along (the round continues from both)."""
-    import torch
-    from transformers import VitsModel
-
-    shutil.rmtree(out, ignore_errors=True)
-    shutil.copytree(voice, out)
-    vocab = json.loads((out / "vocab.json").read_text(encoding="utf-8"))
-    if letter in vocab or spoken_as not in vocab:
-        raise SystemExit(f"the voice's vocabulary must lack {letter!r} and have {spoken_as!r}: {sorted(vocab)}")
-    model = VitsModel.from_pretrained(str(voice))
-    old = model.text_encoder.embed_tokens
-    new = torch.nn.Embedding(old.num_embeddings + 1, old.embedding_dim)
-    with torch.no_grad():
-        new.weight[: old.num_embeddings] = old.weight
-        new.weight[old.num_embeddings] = old.weight[vocab[spoken_as]]
-    model.text_encoder.embed_tokens = new
-    model.config.vocab_size = old.num_embeddings + 1
-    vocab[letter] = old.num_embeddings
-    model.save_pretrained(str(out))
-    (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-    return out
+def make_voice(args, work: Path, mistakes: list, roles, sentences: list[str]) -> tuple[Path, Path, dict]:
+    """The recordings, the pretrained start, the voice fine-tuned on the mistaken recordings: (its run folder,
+    its prepared corpus, the recordings' folders)."""
+    folders = learnt_voice.make_sources(work / "recordings", mistakes, roles, sentences, espeak=not args.smoke)
+    held = [f"s{i + 1:03d}" for i in roles.voice_held_out]
+    demo = prepare(REPO / "demo" / "corpus", work / "demo_data", work / "prepare_demo.log", (), 32 * args.smoke)
+    pretrained = train(
+        demo, work / "pretrained", "scratch:tiny", args.pretrain_hours, args.smoke, work / "pretrain.log"
+    )
+    data = prepare(folders["user_corpus"], work / "user_data", work / "prepare_user.log", held)
+    for reading in ("right", "mistaken"):  # the judge's readings at the voice's rate, with their lists
+        prepared = prepare(folders[f"judge_{reading}"], work / f"judge_{reading}", work / f"prepare_{reading}.log")
+        for listing in folders[f"judge_{reading}"].glob("*.csv"):
+            if listing.name != "metadata.csv":
+                shutil.copy(listing, prepared / listing.name)
+        folders[f"judge_{reading}"] = prepared
+    voice = train(
+        data, work / "voice", str(pretrained / "final_model"), args.voice_hours, args.smoke, work / "voice.log"
+    )
+    return voice, data, folders
 
 
-# ---------------------------------------------------------------- the judge
+# ---------------------------------------------------------------- a round
 
 
-def judge(model_dir: Path, judge_dir: Path, listing: str, letter: str, seeds: int, judges: dict) -> dict:
-    """Stock transformers, one request a sentence and seed: each clip's MCD (sentence, and on the letter's
-    frames), mean over seeds, every request's length over the recording's, and each of `judges`' score (the
-    phonetic judge against the recording; the speaker judge against the voice's recordings, set beforehand)."""
-    import librosa
-    import torch
-    from transformers import VitsModel, VitsTokenizer
-
-    from finetune.data.corpus import load_examples
-    from finetune.data.features import FeatureConfig, Features
-    from finetune.reporting.measures import MCD_SCALE, mcd_dtw, mel_cepstrum
-
-    model, tokenizer = VitsModel.from_pretrained(str(model_dir)).eval(), VitsTokenizer.from_pretrained(str(model_dir))
-    examples, _ = load_examples(judge_dir, listing, tokenizer, 256, 16000)
-    letter_id = tokenizer.encoder.get(letter, -1)  # (get_vocab also lists <unk>, an added token, at the next id)
-    features = Features(FeatureConfig())
-    sentence, region, ratios, judged = {}, {}, [], {name: {} for name in judges}
-    for index, example in enumerate(examples):
-        real = features.mel(torch.from_numpy(example.audio / 32768.0).float().unsqueeze(0))[0].numpy()
-        ids = torch.from_numpy(example.token_ids.astype(np.int64)).unsqueeze(0)
-        scores, letter_scores = [], []
-        for seed in range(seeds):
-            torch.manual_seed(10_000 * seed + index)
-            with torch.no_grad():
-                out = model(input_ids=ids, output_hidden_states=False)
-            samples = int(out.sequence_lengths[0])
-            synthesised = features.mel(out.waveform[:, :samples])[0].numpy()
-            scores.append(mcd_dtw(synthesised, real))
-            ratios.append(samples / len(example.audio))
-            wave, recording = out.waveform[0, :samples].numpy(), example.audio / 32768.0
-            for name, one in judges.items():
-                value = one.score(wave, 16000, item_id=example.item_id, reference=(recording, 16000))
-                judged[name][example.item_id] = judged[name].get(example.item_id, 0.0) + value / seeds
-            frames = letter_frames(model, ids, letter_id, 10_000 * seed + index, synthesised.shape[1])
-            if frames.any():
-                a, b = mel_cepstrum(synthesised), mel_cepstrum(real)
-                _, path = librosa.sequence.dtw(X=a, Y=b, metric="euclidean")
-                pairs = path[frames[path[:, 0]]]
-                letter_scores.append(
-                    float(MCD_SCALE * np.linalg.norm(a[:, pairs[:, 0]] - b[:, pairs[:, 1]], axis=0).mean())
-                )
-        sentence[example.item_id] = float(np.mean(scores))
-        if letter_scores:
-            region[example.item_id] = float(np.mean(letter_scores))
-    return {
-        "sentence": sentence,
-        "letter": region,
-        **judged,
-        "length_ratio": float(np.median(ratios)) if ratios else math.nan,
-    }
-
-
-def letter_frames(model, ids, letter_id: int, seed: int, frames: int) -> np.ndarray:
-    """Which synthesised frames belong to the letter's tokens, widened by 2 frames: the durations of the
-    request's own draw (the text encoder draws nothing, so the duration predictor's noise is the first draw
-    after the seed, in stock transformers as here)."""
-    import torch
-
-    from finetune.vits.inference import encode_text, predict_log_duration
-
-    mask = np.zeros(frames, dtype=bool)
-    if letter_id < 0 or not (ids == letter_id).any():
-        return mask
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        _, hidden, token_mask = encode_text(model, [ids[0].numpy()], torch.device("cpu"))
-        log_duration = predict_log_duration(model, hidden, token_mask, None, model.noise_scale_duration)
-    durations = torch.ceil(torch.exp(log_duration) * token_mask / model.speaking_rate)[0, 0].long().numpy()
-    ends = np.cumsum(durations)
-    for position in np.nonzero(ids[0].numpy() == letter_id)[0]:
-        start, end = int(ends[position] - durations[position]), int(ends[position])
-        mask[max(0, start - 2) : min(frames, end + 2)] = True
-    return mask
-
-
-def paired(before: dict, after: dict, higher_is_better: bool = False) -> dict:
-    """after - before over the clips both scored: the mean change (negative: nearer the recordings; for a measure
-    where higher is better, positive), the one-sided 95% t bound of that mean, the clips, and whether the change
-    is an improvement beyond it (`improved_beyond_noise`) or a worsening beyond it (`worse_beyond_noise`)."""
-    from finetune.reporting.selection import paired as paired_comparison
-
-    sign = -1.0 if higher_is_better else 1.0
-    comparison = paired_comparison({k: sign * v for k, v in before.items()}, {k: sign * v for k, v in after.items()})
-    worse = paired_comparison({k: sign * v for k, v in after.items()}, {k: sign * v for k, v in before.items()})
-    shared = [k for k in after if k in before]
-    return {
-        "before": float(np.mean([before[k] for k in shared])) if shared else math.nan,
-        "after": float(np.mean([after[k] for k in shared])) if shared else math.nan,
-        "change_db": -sign * comparison.advantage_db,
-        "noise_bound_db": comparison.bound_db,
-        "clips": comparison.clips,
-        "improved_beyond_noise": comparison.beyond_noise,
-        "worse_beyond_noise": worse.beyond_noise,
-    }
-
-
-# ---------------------------------------------------------------- the round
-
-
-def feedback_round(
-    base: Path, data: Path, corrections: Path, work: Path, minutes: float, lr: float, smoke: bool, flags: list[str]
-) -> dict:
-    voices = work / "voices"
+def feedback_round(voice: Path, data: Path, corrections: Path, case: Path, smoke: bool, flags: list[str]) -> dict:
+    """A copy of the voice's run folder (the round replaces its final_model when it accepts), one round with the
+    user's flags, its report; `candidate_dir` is the round's model, accepted or not."""
+    run_dir = case / "run"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    shutil.copytree(voice, run_dir, ignore=shutil.ignore_patterns("checkpoint_*.pt", "samples", "report*"))
+    args = json.loads((run_dir / "checkpoints" / "training_args.json").read_text(encoding="utf-8"))
+    args["output_dir"] = str(run_dir / "final_model")  # the app's folder, in the copy
+    (run_dir / "checkpoints" / "training_args.json").write_text(json.dumps(args), encoding="utf-8")
+    voices = case / "voices"
     shutil.rmtree(voices, ignore_errors=True)
-    extra = ["--max_epochs", "1", "--val_samples", "2", "--benchmark_samples", "4"] if smoke else []
+    quick = ["--target_minutes", "1", "--max_epochs", "1", "--val_samples", "2", "--benchmark_samples", "4"]
     run(
         "train_feedback.py",
         [
             "--base_model",
-            base,
+            run_dir / "checkpoints" / "best_model",
             "--data_dir",
             data,
             "--feedback_dir",
             corrections,
             "--output_dir",
             voices,
-            "--target_minutes",
-            minutes,
-            "--learning_rate",
-            lr,
-            "--log_every_seconds",
-            "60",
-            *extra,
+            *(quick if smoke else []),
             *flags,
         ],
-        work / "round.log",
+        case / "round.log",
         "the feedback round",
     )
     round_dir = voices / "rounds" / "round_001"
     report = json.loads((round_dir / "feedback_report.json").read_text(encoding="utf-8"))
     best = round_dir / "checkpoints" / "best_model"
     trained = (best / "eval.json").is_file() and json.loads((best / "eval.json").read_text())["step"] > 0
-    # What the round made, accepted or not: its best model, else (the start was its best) its last one.
     report["candidate_dir"] = str(best if trained else round_dir / "checkpoints" / "last_model")
+    report["app_dir"] = str(run_dir / "final_model")
     return report
 
 
-DEFAULT_CASES = ("x:k:stretch1.4", "ç:c:espeak", "p:b:stretch1.25")
+# ---------------------------------------------------------------- the judge
 
 
-def parse_case(text: str) -> tuple[str, str, str]:
-    letter, said_as, readers = text.split(":")
-    if readers != "espeak" and not (readers.startswith("stretch") and float(readers.removeprefix("stretch")) > 0):
-        raise SystemExit(f"--cases {text}: READERS is stretchS (S > 0) or espeak")
-    return letter, said_as, readers
+def judge(model_dir: Path, readings: dict[str, Path], listing: str, seeds: int) -> dict:
+    """Stock transformers, one request a sentence and seed, each clip against the reader's readings (`right`, and
+    `mistaken` when given): the MCD on the mistake's frames to each reading, on the other frames to the right one,
+    the whole sentence to the right one; each a mean over seeds, and per seed (the noise). The mistake's frames are
+    where the two readings differ (the_mistake): the voice's frames the DTW path pairs with them."""
+    import torch
+    from transformers import VitsModel, VitsTokenizer
+
+    from finetune.data.corpus import load_examples
+    from finetune.data.features import FeatureConfig, Features
+    from finetune.reporting.measures import mel_cepstrum
+
+    model, tokenizer = VitsModel.from_pretrained(str(model_dir)).eval(), VitsTokenizer.from_pretrained(str(model_dir))
+    features = Features(FeatureConfig())
+    names = ("mistake_right", "mistake_mistaken", "rest", "sentence")
+    by_seed = {name: [dict() for _ in range(seeds)] for name in names}
+    recordings = {
+        reading: {e.item_id: e for e in load_examples(folder, listing, tokenizer, 256, 16000)[0]}
+        for reading, folder in readings.items()
+    }
+    for index, (item, right) in enumerate(recordings["right"].items()):
+        cepstra = {reading: mel_cepstrum(mel_of(features, found[item])) for reading, found in recordings.items()}
+        mistake = the_mistake(cepstra["right"], cepstra["mistaken"]) if "mistaken" in cepstra else None
+        ids = torch.from_numpy(right.token_ids.astype(np.int64)).unsqueeze(0)
+        for seed in range(seeds):
+            torch.manual_seed(10_000 * seed + index)
+            with torch.no_grad():
+                out = model(input_ids=ids)
+            voice = mel_cepstrum(features.mel(out.waveform[:, : int(out.sequence_lengths[0])])[0].numpy())
+            for name, value in scores(voice, cepstra, mistake).items():
+                by_seed[name][seed][item] = value
+    found = {
+        name: {item: float(np.mean([s[item] for s in by_seed[name] if item in s])) for item in by_seed[name][0]}
+        for name in names
+    }
+    return {"mean": found, "by_seed": by_seed}
+
+
+def the_mistake(right: np.ndarray, mistaken: np.ndarray) -> tuple[np.ndarray, dict] | None:
+    """Where two readings of one sentence by one reader differ: the right reading's frames whose DTW partners in the
+    mistaken one are further than the sentence's median by twice their spread ([frames] bool), and each right frame's
+    partner in the mistaken reading. None where they do not differ."""
+    import librosa
+
+    from finetune.reporting.measures import MCD_SCALE
+
+    _, path = librosa.sequence.dtw(X=right, Y=mistaken, metric="euclidean")
+    distance = MCD_SCALE * np.linalg.norm(right[:, path[:, 0]] - mistaken[:, path[:, 1]], axis=0)
+    per_frame, pairs = np.zeros(right.shape[1]), np.zeros(right.shape[1])
+    np.add.at(per_frame, path[:, 0], distance)
+    np.add.at(pairs, path[:, 0], 1.0)
+    per_frame /= np.maximum(pairs, 1.0)
+    differ = per_frame > np.median(per_frame) + 2 * per_frame.std()
+    partner = {}
+    for a, b in path[::-1]:
+        partner.setdefault(int(a), int(b))
+    return (differ, partner) if differ.any() else None
+
+
+def scores(voice: np.ndarray, cepstra: dict, mistake) -> dict:
+    """The voice's distances (dB) to the readings: the whole sentence to the right one, and, where the readings
+    differ, on the voice's frames DTW pairs with the mistake (to the right reading, and to the mistaken one at the
+    same place) and on the others (to the right reading)."""
+    import librosa
+
+    from finetune.reporting.measures import MCD_SCALE, cepstral_distance
+
+    right = cepstra["right"]
+    found = {"sentence": cepstral_distance(voice, right)}
+    if mistake is None:
+        return found
+    differ, partner = mistake
+    _, path = librosa.sequence.dtw(X=voice, Y=right, metric="euclidean")
+    on = differ[path[:, 1]]
+    if not on.any() or on.all():
+        return found
+    mistaken = cepstra["mistaken"][:, [partner[int(b)] for b in path[on, 1]]]
+    to = lambda a, b: float(MCD_SCALE * np.linalg.norm(a - b, axis=0).mean())  # noqa: E731
+    found["mistake_right"] = to(voice[:, path[on, 0]], right[:, path[on, 1]])
+    found["mistake_mistaken"] = to(voice[:, path[on, 0]], mistaken)
+    found["rest"] = to(voice[:, path[~on, 0]], right[:, path[~on, 1]])
+    return found
+
+
+def mel_of(features, example) -> np.ndarray:
+    import torch
+
+    return features.mel(torch.from_numpy(example.audio / 32768.0).float().unsqueeze(0))[0].numpy()
+
+
+def paired(before: dict, after: dict) -> dict:
+    """after - before over the clips both scored (negative: nearer), its one-sided 95% t bound, and whether it is
+    an improvement or a worsening beyond it."""
+    from finetune.reporting.selection import paired as paired_comparison
+
+    better, worse = paired_comparison(before, after), paired_comparison(after, before)
+    shared = [k for k in after if k in before]
+    return {
+        "before": float(np.mean([before[k] for k in shared])) if shared else math.nan,
+        "after": float(np.mean([after[k] for k in shared])) if shared else math.nan,
+        "change_db": -better.advantage_db,
+        "noise_bound_db": better.bound_db,
+        "clips": better.clips,
+        "improved_beyond_noise": better.beyond_noise,
+        "worse_beyond_noise": worse.beyond_noise,
+    }
+
+
+def nearer_right(judged: dict) -> dict:
+    """Whether the voice is nearer the right reading than the mistaken one on the mistake's frames, beyond the
+    noise: the clips' (to right - to mistaken), its mean and one-sided 95% bound; "half way" when below zero."""
+    from finetune.reporting.selection import paired as paired_comparison
+
+    right, mistaken = judged["mean"]["mistake_right"], judged["mean"]["mistake_mistaken"]
+    comparison = paired_comparison(mistaken, right)  # how much lower (nearer) the right reading is
+    return {
+        "right_minus_mistaken_db": -comparison.advantage_db,
+        "noise_bound_db": comparison.bound_db,
+        "clips": comparison.clips,
+        "half_way": comparison.beyond_noise,
+    }
+
+
+def non_inferior(before: dict, after: dict, noise_db: float) -> dict:
+    """after - before against `noise_db` (non-inferiority, finetune/feedback/decision.py)."""
+    from finetune.feedback.decision import non_inferiority
+
+    test = non_inferiority(before["mean"], after["mean"], noise_db)
+    return {
+        "change_db": test.change,
+        "upper_db": test.upper,
+        "margin_db": noise_db,
+        "clips": test.clips,
+        "holds": test.holds,
+    }
+
+
+def retest_noise(judged: dict, name: str) -> float:
+    """A clip's own noise in `name` between two seeds of the same model (sd of the differences / sqrt 2)."""
+    first, second = judged["by_seed"][name][0], judged["by_seed"][name][1] if len(judged["by_seed"][name]) > 1 else {}
+    values = [first[k] - second[k] for k in first if k in second]
+    return float(np.std(values, ddof=1) / math.sqrt(2)) if len(values) > 1 else math.nan
+
+
+def judge_case(before_dir: Path, after_dir: Path, folders: dict, mistake, seeds: int) -> dict:
+    from bench.learnt_voice import safe
+
+    readings = {"right": folders["judge_right"], "mistaken": folders["judge_mistaken"]}
+    listing = f"with_{safe(mistake.name)}.csv"
+    unseen = {
+        "before": judge(before_dir, readings, listing, seeds),
+        "after": judge(after_dir, readings, listing, seeds),
+    }
+    other = {
+        "before": judge(before_dir, {"right": folders["judge_right"]}, "other.csv", seeds),
+        "after": judge(after_dir, {"right": folders["judge_right"]}, "other.csv", seeds),
+    }
+    part = lambda judged, name: {"mean": judged["mean"][name]}  # noqa: E731
+    return {
+        "mistake_to_right": paired(unseen["before"]["mean"]["mistake_right"], unseen["after"]["mean"]["mistake_right"]),
+        "mistake_to_mistaken": paired(
+            unseen["before"]["mean"]["mistake_mistaken"], unseen["after"]["mean"]["mistake_mistaken"]
+        ),
+        "half_way_before": nearer_right(unseen["before"]),
+        "half_way_after": nearer_right(unseen["after"]),
+        "rest": non_inferior(
+            part(unseen["before"], "rest"), part(unseen["after"], "rest"), retest_noise(unseen["before"], "rest")
+        ),
+        "other_sentences": non_inferior(
+            part(other["before"], "sentence"),
+            part(other["after"], "sentence"),
+            retest_noise(other["before"], "sentence"),
+        ),
+    }
+
+
+# ---------------------------------------------------------------- the bench
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work_dir", default=None, help="keep everything here (a voice made there is reused)")
     parser.add_argument(
-        "--work_dir",
-        default=None,
-        help="keep everything here (default: a temporary folder); a voice already pretrained there is reused",
+        "--mistakes", nargs="+", default=list(learnt_voice.DEFAULT_MISTAKES), help="RIGHT:SAID, each a case"
     )
     parser.add_argument(
-        "--cases", nargs="+", default=list(DEFAULT_CASES), help="LETTER:SAID_AS:READERS, each a planted case"
+        "--pretrain_hours", type=float, default=0.25, help="the start: the demo corpus, from new weights"
     )
-    parser.add_argument("--pretrain_hours", type=float, default=0.17)
-    parser.add_argument("--round_minutes", type=float, default=6.0)
     parser.add_argument(
-        "--round_lr",
-        type=float,
-        default=5e-4,
-        help="the round's learning rate (the demo voice's: make demo-feedback uses 5e-4)",
+        "--voice_hours", type=float, default=0.5, help="the voice: the start fine-tuned on its recordings"
     )
+    parser.add_argument(
+        "--only", nargs="*", default=[], help="run only these cases, RIGHT:SAID (the voice still says every --mistakes)"
+    )
+    parser.add_argument("--corrections", type=int, default=24, help="corrections a case (at most)")
     parser.add_argument(
         "--round_flags",
         default="",
-        help='more train_feedback.py flags for the round, one string (--round_flags="--acoustics trained")',
+        help='more train_feedback.py flags, one string (--round_flags="--acoustics embeddings")',
     )
     parser.add_argument("--judge_seeds", type=int, default=3)
-    parser.add_argument(
-        "--smoke", action="store_true", help="the pipeline on 32 clips with tiny budgets (figures mean nothing)"
-    )
+    parser.add_argument("--smoke", action="store_true", help="the pipeline with tiny budgets (figures mean nothing)")
     args = parser.parse_args()
     print(f"machine: {describe()}", flush=True)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_corrections_"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"work folder: {work}", flush=True)
-    prepared = prepare_all(work, 32 if args.smoke else 0)
-    cases = [parse_case(text) for text in (args.cases[:1] if args.smoke else args.cases)]
-    if args.smoke:
-        cases = [(letter, said_as, "stretch1.4") for letter, said_as, _ in cases]  # no espeak-ng in the tests
+    mistakes = learnt_voice.parse_mistakes(args.mistakes[:1] if args.smoke else args.mistakes)
+    sentences = learnt_voice.read_sentences()[: 60 if args.smoke else None]
+    roles = learnt_voice.assign_roles(
+        sentences,
+        mistakes,
+        corrections=6 if args.smoke else args.corrections,
+        unseen=3 if args.smoke else 20,
+        held_out=3 if args.smoke else 16,
+        other=3 if args.smoke else 20,
+    )
+    unknown = [name for name in args.only if name not in {m.name for m in mistakes}]
+    if unknown:
+        raise SystemExit(f"--only {' '.join(unknown)}: not among --mistakes {' '.join(m.name for m in mistakes)}")
+    print(f"sentences: {json.dumps(learnt_voice.counts(roles))}", flush=True)
+    voice, data, folders = make_voice(args, work, mistakes, roles, sentences)
+    flags = shlex.split(args.round_flags)
     results = {}
-    for letter, said_as, readers in cases:
-        results[f"{letter}:{said_as}:{readers}"] = one_case(
-            args, prepared, work / f"case_{letter}", letter, said_as, readers
-        )
-    print_summary(results)
-    (work / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False), encoding="utf-8")
-
-
-def one_case(args, prepared: Path, work: Path, letter: str, said_as: str, readers: str) -> dict:
-    """One planted case: split, voice, plant, round, judge."""
-    work.mkdir(parents=True, exist_ok=True)
-    print(f"\n== {letter!r} said as {said_as!r}, corrections read by {readers} ({work})", flush=True)
-    parts = split(prepared, work, letter, readers)
-    print(f"clips: {json.dumps(parts['counts'])}", flush=True)
-    voice = pretrain(parts["voice"], work, 0.1 if args.smoke else args.pretrain_hours, args.smoke)
-    planted = plant(voice, work / "planted", letter, said_as)
-    print(f"planted: {letter!r} is said as {said_as!r} by {planted}", flush=True)
-    report = feedback_round(
-        planted,
-        parts["voice"],
-        parts["corrections"],
-        work,
-        1.0 if args.smoke else args.round_minutes,
-        args.round_lr,
-        args.smoke,
-        shlex.split(args.round_flags),
-    )
-    print(
-        f"round: {'ACCEPTED' if report['accepted'] else 'REJECTED'} ({report['reason']})\n  decided by "
-        f"{report['decided_by']}: {report['improvement']}",
-        flush=True,
-    )
-    seeds = 1 if args.smoke else args.judge_seeds
-    results = {
-        "counts": parts["counts"],
-        "round": {k: report[k] for k in ("accepted", "reason", "decided_by", "improvement", "before", "after")},
-    }
-    from finetune.reporting import judges as judging
-
-    phonetic = judging.load_judges(["phonetic", "phone_errors"]) if judging.available("phonetic") else {}
-    speaker = judging.load_judges(["speaker"]) if judging.available("speaker") else {}
-    if speaker:
-        held = voice_recordings(parts["judge"], "voice_held_out.csv")
-        speaker["speaker"].set_voice(held)
-    for name, listing, asked in (
-        ("unseen sentences with the letter", "with_letter.csv", phonetic),
-        ("the voice's own held-out clips", "voice_held_out.csv", speaker),
-    ):
-        before = judge(planted, parts["judge"], listing, letter, seeds, asked)
-        after = judge(Path(report["candidate_dir"]), parts["judge"], listing, letter, seeds, asked)
-        results[name] = {
-            "sentence": paired(before["sentence"], after["sentence"]),
-            "letter_frames": paired(before["letter"], after["letter"]),
-            **{j: paired(before[j], after[j], higher_is_better=asked[j].higher_is_better) for j in asked},
-            "length_ratio": [before["length_ratio"], after["length_ratio"]],
-        }
-    print_table(results)
-    results["verdict"] = verdict(results)
-    return results
-
-
-def voice_recordings(judge_dir: Path, listing: str) -> dict:
-    import soundfile as sf
-
-    items = [line.split("|", 1)[0] for line in (judge_dir / listing).read_text(encoding="utf-8").splitlines() if line]
-    return {item: sf.read(judge_dir / "wavs" / f"{item}.wav", dtype="float32") for item in items}
-
-
-def verdict(results: dict) -> dict:
-    """What the case shows: the letter fixed on unseen sentences (its frames nearer beyond the noise), the voice's
-    other sentences not worse beyond their noise, its identity held (the speaker judge: not worse beyond noise)."""
-    unseen, own = results["unseen sentences with the letter"], results["the voice's own held-out clips"]
-    return {
-        "accepted": results["round"]["accepted"],
-        "fixed_on_unseen": bool(unseen["letter_frames"]["improved_beyond_noise"]),
-        "voice_unmoved": not own["sentence"]["worse_beyond_noise"],
-        "identity_held": not own["speaker"]["worse_beyond_noise"] if "speaker" in own else None,
-    }
-
-
-def print_summary(results: dict) -> None:
-    print(
-        "\n| case | round | letter on unseen sentences (change, bound) | fixed | voice's other sentences | identity |"
-    )
-    print("| --- | --- | ---: | --- | --- | --- |")
-    for case, r in results.items():
-        v, frames = r["verdict"], r["unseen sentences with the letter"]["letter_frames"]
-        identity = {None: "(not judged)", True: "held", False: "MOVED"}[v["identity_held"]]
+    for mistake in [m for m in mistakes if not args.only or m.name in args.only]:
+        case = work / f"case_{learnt_voice.safe(mistake.name)}"
+        case.mkdir(parents=True, exist_ok=True)
+        print(f"\n== {mistake.right!r} said as {mistake.said!r} ({mistake.kind}; {case})", flush=True)
+        report = feedback_round(voice, data, folders[f"corrections_{mistake.name}"], case, args.smoke, flags)
         print(
-            f"| {case} | {'accepted' if v['accepted'] else 'rejected'} | {frames['change_db']:+.3f} dB, "
-            f"{frames['noise_bound_db']:.3f} | {'yes' if v['fixed_on_unseen'] else 'no'} | "
-            f"{'unmoved' if v['voice_unmoved'] else 'MOVED'} | {identity} |",
+            f"round: {'ACCEPTED' if report['accepted'] else 'REJECTED'} ({report['reason']})\n  decided by "
+            f"{report['decided_by']}: {report['improvement']}\n  what it corrects: {report.get('focus')}",
+            flush=True,
+        )
+        before = voice / "checkpoints" / "best_model"
+        after = Path(report["app_dir"] if report["accepted"] else report["candidate_dir"])
+        judged = judge_case(before, after, folders, mistake, 1 if args.smoke else args.judge_seeds)
+        results[mistake.name] = {
+            "round": {
+                k: report.get(k)
+                for k in (
+                    "accepted",
+                    "reason",
+                    "decided_by",
+                    "improvement",
+                    "voice_check",
+                    "focus",
+                    "learning_rate",
+                    "steps",
+                )
+            },
+            **judged,
+        }
+        print_case(mistake, results[mistake.name])
+    print_summary(results)
+    (work / f"results{'_' + '_'.join(map(learnt_voice.safe, args.only)) if args.only else ''}.json").write_text(
+        json.dumps(results, indent=2, ensure_ascii=False), encoding="utf-8"
+    )
+
+
+def print_case(mistake, result: dict) -> None:
+    print("\n| judged on unseen sentences | before | after | after - before | 95% bound | clips |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for key, label in (
+        ("mistake_to_right", "mistake's frames to the right reading (dB)"),
+        ("mistake_to_mistaken", "mistake's frames to the mistaken reading (dB)"),
+    ):
+        r = result[key]
+        print(
+            f"| {label} | {r['before']:.3f} | {r['after']:.3f} | {r['change_db']:+.3f} | {r['noise_bound_db']:.3f} | {r['clips']} |"
+        )
+    for key in ("half_way_before", "half_way_after"):
+        r = result[key]
+        print(
+            f"| {key.replace('_', ' ')}: to right - to mistaken (dB) | | | {r['right_minus_mistaken_db']:+.3f} | {r['noise_bound_db']:.3f} | {r['clips']} |"
+        )
+    for key in ("rest", "other_sentences"):
+        r = result[key]
+        print(
+            f"| {key.replace('_', ' ')}: after - before (at most), noise | | | {r['change_db']:+.3f} ({r['upper_db']:+.3f}) | {r['margin_db']:.3f} | {r['clips']} |",
             flush=True,
         )
 
 
-def print_table(results: dict) -> None:
-    print("\n| judged on | measure | before | after | after - before | 95% noise bound | clips |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
-    for name in ("unseen sentences with the letter", "the voice's own held-out clips"):
-        for measure in ("sentence", "letter_frames", "phonetic", "phone_errors", "speaker"):
-            r = results[name].get(measure)
-            if not r or not r["clips"]:
-                continue
-            label = (
-                f"{measure.replace('_', ' ')} MCD (dB)"
-                if measure in ("sentence", "letter_frames")
-                else f"{measure} judge"
-            )
-            print(
-                f"| {name} | {label} | {r['before']:.3f} | {r['after']:.3f} | "
-                f"{r['change_db']:+.3f} | {r['noise_bound_db']:.3f} | {r['clips']} |"
-            )
-        lengths = results[name]["length_ratio"]
-        print(f"| {name} | median length vs recordings | x{lengths[0]:.3f} | x{lengths[1]:.3f} | | | |", flush=True)
+def print_summary(results: dict) -> None:
+    print("\n| case | round | nearer the right reading (half way) | rest of those sentences | other sentences |")
+    print("| --- | --- | --- | --- | --- |")
+    for case, r in results.items():
+        half = r["half_way_after"]
+        print(
+            f"| {case} | {'accepted' if r['round']['accepted'] else 'rejected'} | "
+            f"{'yes' if half['half_way'] else 'no'} ({half['right_minus_mistaken_db']:+.3f} dB, bound {half['noise_bound_db']:.3f}) | "
+            f"{'within' if r['rest']['holds'] else 'MOVED'} | {'within' if r['other_sentences']['holds'] else 'MOVED'} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

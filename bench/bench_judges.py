@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Which judges hear what a listener hears? Each judge of finetune/reporting/judges.py scores ladders whose order
 is known, and may vote (decide which model is kept, whether a round of corrections is accepted) only where it
-ranks every ladder of its kind right: Kendall tau >= 0.8 on each, its test-retest noise measured.
+ranks every ladder of its kind right: Kendall tau >= 0.8 on each, its test-retest noise below half the smallest gap
+between neighbouring rungs of each ladder.
 
     .venv/bin/python bench/bench_judges.py --model demo/work/checkpoints/best_model --data_dir demo/work/data \\
         --work_dir W                   # about 15 minutes on 2 CPU cores
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
 import subprocess
 import tempfile
@@ -503,7 +503,7 @@ def main() -> None:
         results[name] = {
             "kind": judge.kind,
             "higher_is_better": judge.higher_is_better,
-            "votes": judging.votes(ranked, math.isfinite(noise)),
+            "votes": judging.votes(ranked, noise),
             "ladders": ranked,
             "retest_sd": round(noise, 4),
             "tempo": tempo_effect(judge, stretched, data_dir, voices[0][0], args.clips),

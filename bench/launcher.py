@@ -39,7 +39,7 @@ PRELOAD = [
     "check_transcripts",
     "finetune.recipes.shared",
     "finetune.recipes.train",
-    "finetune.recipes.feedback",
+    "finetune.feedback.recipe",
     "finetune.training.loop",
     "finetune.reporting.evaluation",
     "finetune.reporting.run_report",

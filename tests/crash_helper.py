@@ -46,7 +46,7 @@ def on_nth(n: int, real, fault):
 
 
 def accept_every_round(real_decide):
-    """feedback.decide, made to accept: a test of what follows acceptance need not train until it is earned."""
+    """decision.decide, made to accept: a test of what follows acceptance need not train until it is earned."""
     import dataclasses
 
     def accept(*args, **kwargs):
@@ -58,8 +58,9 @@ def accept_every_round(real_decide):
 def inject(fault: str, n: int) -> None:
     import torch
 
+    from finetune.feedback import decision, versions
     from finetune.system import atomic
-    from finetune.training import checkpoint, feedback, versions
+    from finetune.training import checkpoint
     from finetune.vits import model_folder
 
     if fault == "checkpoint-write":
@@ -126,7 +127,7 @@ def inject(fault: str, n: int) -> None:
 
         evaluation.Evaluator.score_clips = improving
     elif fault == "accept-rounds":
-        feedback.decide = accept_every_round(feedback.decide)
+        decision.decide = accept_every_round(decision.decide)
     elif fault == "slow-stop":
         import time
 

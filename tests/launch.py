@@ -33,7 +33,7 @@ PRELOAD = [
     "tests.crash_helper",
     "finetune.recipes.shared",
     "finetune.recipes.train",
-    "finetune.recipes.feedback",
+    "finetune.feedback.recipe",
     "finetune.training.loop",
     "finetune.reporting.evaluation",
     "finetune.reporting.run_report",

@@ -3,7 +3,6 @@ corrections made from other demo clips, accepted and rejected rounds, rollback, 
 
 import hashlib
 import json
-import re
 import shutil
 from pathlib import Path
 
@@ -13,14 +12,18 @@ import torch
 
 import train_feedback
 import train_vits
-from finetune.data.corrections import FeedbackError, replay_sample
+from finetune.feedback.corrections import FeedbackError, replay_sample
+from finetune.feedback.decision import decide
+from finetune.feedback.report import summary_text
+from finetune.feedback.versions import Versions
 from finetune.reporting import evaluation
 from finetune.reporting.evaluation import ClipScore, EvalResult
-from finetune.training.feedback import decide, summary_text
-from finetune.training.versions import Versions
 from tests.conftest import DEMO_CORPUS, TEST_SIZE, built_once, clock_for, demo_texts
 
-CORRECTION_IDS = ["kmr_demo_0101", "kmr_demo_0102", "kmr_demo_0103", "kmr_demo_0104"]
+# Corrections as a user records them: sentences that share what they correct, here the word "gund" (demo clips outside
+# the training slice, read by the crowd's other voices). The rounds name it (--focus gund): finding it is tested apart.
+CORRECTION_IDS = ["kmr_demo_0049", "kmr_demo_0114", "kmr_demo_0236", "kmr_demo_0242"]
+FOCUS = ["--focus", "gund"]
 
 
 def folder_digest(folder) -> dict[str, str]:
@@ -123,6 +126,11 @@ def feedback_args(prepared_demo, base_run, tmp_path, feedback, *extra, relaxed_t
         "60",
         "--judges",
         "none",  # the judges have tests of their own (test_judges.py, and one round below with them)
+        *FOCUS,
+        "--holdout_share",  # four corrections: too few to hold some out (the tests with seven hold three out)
+        "0",
+        "--learning_rate",
+        "1e-3",
         *(["--max_length_ratio", "100"] if relaxed_timing else []),
         *extra,
     ]
@@ -139,14 +147,19 @@ def test_a_round_whose_corrections_improve_is_accepted_as_a_version(
     improving_scores(monkeypatch)
     fake, _ = timed_work
     feedback = make_feedback(tmp_path / "feedback")
+    run = tmp_path / "run"  # a copy of the base run (its output folder is what the app loads: the round replaces it)
+    shutil.copytree(base_run, run)
+    args = json.loads((run / "checkpoints" / "training_args.json").read_text())
+    app = run / "final_model"
+    args["output_dir"] = str(app)
+    (run / "checkpoints" / "training_args.json").write_text(json.dumps(args))
+    app_before = folder_digest(app)
     code = train_feedback.main(
         feedback_args(
             prepared_demo,
-            base_run,
+            run,
             tmp_path,
             feedback,
-            "--learning_rate",
-            "1e-3",
             "--max_epochs",
             "1",  # the benchmark's 3 steps fill it; the final evaluation is the round's best
             "--val_every",
@@ -172,22 +185,32 @@ def test_a_round_whose_corrections_improve_is_accepted_as_a_version(
         }
     )
     assert "as another speaker's recordings" in report["decided_by"] and "noise bound" in report["improvement"]
+    assert "the frames that say what the corrections correct" in report["decided_by"] and report["focus"]
+    assert "against their noise" in report["voice_check"]
     assert report["counts"] == {"corrections": 4, "held_out": 0, "originals": 4, "replay": 8}
     versions = Versions(tmp_path / "voices")
     assert versions.versions() == ["v000", "v001"] and versions.history()["current"] == "v001"
     assert folder_digest(versions.current) == folder_digest(tmp_path / "voices" / "v001")
+    # The voice the app loads is the run's output folder (found from the run the base came from): now v001.
+    assert report["app_model_dir"] == str(app) and folder_digest(app) == folder_digest(tmp_path / "voices" / "v001")
     text = (round_dir / "feedback_report.txt").read_text()
     assert "ACCEPTED as v001" in text and "Corrections it trained on, as the voice says them (4 clips)" in text
     assert "The voice's held-out originals (4 clips)" in text and "Decided by the voice's MCD" in text
+    assert "The corrections correct the word 'gund'." in text and f"The app's voice, {app}, is now v001" in text
+    assert "What the voice said differently from each recording (before -> after):" in text
     assert f"Undo: python train_feedback.py --output_dir {tmp_path / 'voices'} --rollback previous" in text
     for item_id in CORRECTION_IDS:
         for suffix in ("_0_recording", "_1_before", "_2_after"):
             assert (round_dir / "listen" / f"{item_id}{suffix}.wav").is_file()
+        assert set(report["words_said_differently"][item_id]) == {"before", "after"}
+    page = (round_dir / "listen" / "listen.html").read_text()
+    assert page.count("<audio") == 3 * len(CORRECTION_IDS) and "ACCEPTED as v001" in page
 
-    # Rollback restores the previous version byte for byte.
+    # Rollback restores the previous version byte for byte, and the app's folder as it was.
     assert train_feedback.main(["--output_dir", str(tmp_path / "voices"), "--rollback", "previous"]) == 0
     assert folder_digest(versions.current) == folder_digest(tmp_path / "voices" / "v000")
-    assert folder_digest(tmp_path / "voices" / "v000") == folder_digest(base_run / "checkpoints" / "best_model")
+    assert folder_digest(tmp_path / "voices" / "v000") == folder_digest(run / "checkpoints" / "best_model")
+    assert folder_digest(app) == app_before
     assert versions.history()["current"] == "v000"
     with pytest.raises(FeedbackError, match="no version before v000"):
         train_feedback.main(["--output_dir", str(tmp_path / "voices"), "--rollback", "previous"])
@@ -263,19 +286,19 @@ def tempo_centred_voice(prepared_demo, base_run, tmp_path_factory) -> Path:
     return folder / "voice"
 
 
-@pytest.mark.parametrize("stretch", [1.4, 1 / 1.4])
+@pytest.mark.parametrize("stretch", [1.5, 1 / 1.5])
 def test_corrections_read_at_another_tempo_are_not_held_to_the_voices_timing(
     prepared_demo, base_run, tmp_path, timed_work, tempo_centred_voice, stretch
 ):
-    """The default timing rule, corrections by readers 1.4x slower (or faster) than the voice: the voice speaks
-    them at about 1/1.4 (or 1.4) of their length, outside 0.80-1.25, and that must not count against it.
+    """The default timing rule, corrections by readers 1.5x slower (or faster) than the voice: the voice speaks
+    them at about 1/1.5 (or 1.5) of their length, outside 0.80-1.25, and that must not count against it.
     The round's models are judged on the voice's own held-out clips for timing (the 3 its tempo was fitted on,
     so the starting voice passes the rule there)."""
     fake, _ = timed_work
     feedback = read_at_another_tempo(tmp_path / "feedback", stretch)
     # Centred on the voice's held-out clips and on the corrections' sentences as the voice's corpus recorded
-    # them: read 1.4x slower (or faster), the corrections fall outside 0.80-1.25 by a margin (x0.72-0.76 and
-    # x1.38-1.46 for the two voices seen; centred on the held-out clips alone, x0.81 had failed).
+    # them: read 1.5x slower (or faster), the corrections fall outside 0.80-1.25 (the "gund" sentences sit at
+    # about x1.12 of the centre: read 1.4x slower they came to x0.80, the rule's edge).
     voice = tempo_centred_voice
     args = feedback_args(
         prepared_demo, base_run, tmp_path, feedback, "--max_epochs", "1", "--val_samples", "3", relaxed_timing=False
@@ -293,64 +316,107 @@ def test_corrections_read_at_another_tempo_are_not_held_to_the_voices_timing(
         if '"kind": "eval"' in line
     ]
     assert evaluations and all(e["eligible"] for e in evaluations), evaluations
-    # --acoustics embeddings (the default): what each letter is learns; how the voice reads and sounds does not.
+    # --acoustics focus (the default), on a word: the text encoder's layers learn how it is read; how the voice
+    # sounds (the acoustic model) and its tempo (the duration predictor) do not, and no letter's embedding moves.
     from safetensors.torch import load_file
 
     before = load_file(str(voice / "model.safetensors"))
     after = load_file(
         str(tmp_path / "voices" / "rounds" / "round_001" / "checkpoints" / "last_model" / "model.safetensors")
     )
-    for prefix in ("text_encoder.encoder.", "text_encoder.project.", "decoder.", "flow.", "posterior_encoder."):
+    for prefix in ("decoder.", "flow.", "posterior_encoder.", "duration_predictor.", "text_encoder.embed_tokens."):
         changed = {
             k: float((before[k] - after[k]).abs().max()) for k in before if k.startswith(prefix) and ".cond" not in k
         }
         assert max(changed.values()) < 1e-5, sorted(changed.items(), key=lambda kv: -kv[1])[:3]
-    assert not torch.equal(before["text_encoder.embed_tokens.weight"], after["text_encoder.embed_tokens.weight"])
+    encoder = [k for k in before if k.startswith("text_encoder.encoder.")]
+    assert any(not torch.equal(before[k], after[k]) for k in encoder)
 
 
-def round_scores(step: int, corrections: list[float], originals: float) -> EvalResult:
-    per_clip = {f"correction/c{i}": ClipScore(v, 1.0, 0.0, False) for i, v in enumerate(corrections)}
-    return EvalResult(
-        step,
-        float(np.mean(corrections)),
-        per_clip,
-        {},
-        0.0,
-        extra={"corrections_mcd_db": float(np.mean(corrections)), "originals_mcd_db": originals},
-    )
+def round_scores(step: int, corrections: list[float], originals: list[float], noise: float = 0.2) -> EvalResult:
+    """A round's evaluation: the corrections it trained on and the voice's own clips, each clip's MCD; the
+    baseline's originals' noise (one clip's score between two draws) as `noise`."""
+    per_clip = {
+        **{f"correction/c{i}": ClipScore(v, 1.0, 0.0, False) for i, v in enumerate(corrections)},
+        **{f"original/o{i}": ClipScore(v, 1.0, 0.0, False) for i, v in enumerate(originals)},
+    }
+    extra = {
+        "corrections_mcd_db": float(np.mean(corrections)),
+        "originals_mcd_db": float(np.mean(originals)),
+        "originals_noise_db": noise,
+    }
+    return EvalResult(step, float(np.mean(corrections)), per_clip, {}, 0.0, extra=extra)
 
 
-def best_record(step: int, corrections: list[float], originals: float, **extra) -> dict:
+def best_record(step: int, corrections: list[float], originals: list[float], **extra) -> dict:
     result = round_scores(step, corrections, originals)
     return {"step": step, **result.extra, "per_clip": result.per_clip_dict(), **extra}
 
 
-def test_the_decision_accepts_only_an_improvement_beyond_the_noise_within_tolerance():
-    base = round_scores(0, [10.0, 9.0, 11.0, 10.5], 8.0)
+def evaluator_deciding_on(part: str = "said", measure: str = "mcd", identity: str = ""):
+    from types import SimpleNamespace
+
+    from finetune.feedback.evaluator import Deciding
+
+    return SimpleNamespace(deciding=Deciding(part, measure), measure=f"the {measure}", identity=identity)
+
+
+VOICE = [8.0, 7.6, 8.4, 8.1, 7.9]  # the voice's own held-out clips at the start
+
+
+def test_the_decision_accepts_only_an_improvement_beyond_the_noise_and_a_voice_no_worse_beyond_its_own():
+    on = evaluator_deciding_on()
+    base = round_scores(0, [10.0, 9.0, 11.0, 10.5], VOICE)
     better = [9.0, 8.2, 9.8, 9.6]  # each clip 0.8-1.2 dB lower
-    decision = decide(base, best_record(6, better, 8.1), round_scores(8, better, 8.0), 2.0)
+    same_voice = [v + d for v, d in zip(VOICE, [0.05, -0.04, 0.02, -0.03, 0.01])]  # within their noise of 0.2
+    decision = decide(base, best_record(6, better, same_voice), round_scores(8, better, VOICE), on)
     assert (
         decision.accepted and "improved beyond the noise" in decision.reason and "noise bound" in decision.improvement
     )
-    assert "the voice moved" in decide(base, best_record(6, better, 8.3), base, 2.0).reason  # +3.75%
+    assert "against their noise of 0.200 dB on 5 clips" in decision.voice
+    worse_voice = [v + d for v, d in zip(VOICE, [0.30, 0.25, 0.35, 0.28, 0.32])]  # every clip worse beyond 0.2
+    moved = decide(base, best_record(6, better, worse_voice), base, on)
+    assert not moved.accepted and moved.reason.startswith("the voice moved: its own held-out clips are not shown")
+    scattered = [v + d for v, d in zip(VOICE, [0.6, -0.5, 0.4, -0.6, 0.5])]  # no worse on average, but unknowable
+    assert "the voice moved" in decide(base, best_record(6, better, scattered), base, on).reason
+    unknown = round_scores(0, [10.0, 9.0, 11.0, 10.5], VOICE, noise=float("nan"))  # the noise never measured
+    assert "noise was not measured" in decide(unknown, best_record(6, better, VOICE), unknown, on).reason
     mixed = [9.0, 9.9, 10.0, 10.7]  # lower on average, but clip by clip within the noise
-    assert "did not improve beyond the noise" in decide(base, best_record(6, mixed, 8.0), base, 2.0).reason
+    assert "did not improve beyond the noise" in decide(base, best_record(6, mixed, VOICE), base, on).reason
     same_shift = [9.9, 8.9, 10.9, 10.4]  # every clip exactly 0.1 dB lower: no spread, so no noise to pass
-    assert "cannot tell" in decide(base, best_record(6, same_shift, 8.0), base, 2.0).reason
-    two = round_scores(0, [10.0, 9.0], 8.0)
-    assert "at least 3" in decide(two, best_record(6, [8.0, 7.5], 8.0), two, 2.0).reason
-    drifted = best_record(6, better, 8.0, eligible=False, ineligible_reason="originals: median length ratio 0.70")
-    assert "timing drifted" in decide(base, drifted, base, 2.0).reason
-    assert not decide(base, None, round_scores(8, [float("nan")] * 4, 8.0), 2.0).accepted
-    assert not decide(base, best_record(6, better, float("nan")), base, 2.0).accepted
+    assert "cannot tell" in decide(base, best_record(6, same_shift, VOICE), base, on).reason
+    two = round_scores(0, [10.0, 9.0], VOICE)
+    assert "at least 3" in decide(two, best_record(6, [8.0, 7.5], VOICE), two, on).reason
+    drifted = best_record(6, better, VOICE, eligible=False, ineligible_reason="originals: median length ratio 0.70")
+    assert "timing drifted" in decide(base, drifted, base, on).reason
+    assert not decide(base, None, round_scores(8, [float("nan")] * 4, VOICE), on).accepted
+    assert not decide(base, best_record(6, better, [float("nan")] * 5), base, on).accepted
     # The round's last evaluation cut short by the deadline: named as that (a 60 s round's was "the voice's timing
     # drifted"), and the flag that gives it room.
-    cut = round_scores(8, better[:3], 8.0)
+    cut = round_scores(8, better[:3], VOICE)
     cut.cut_short, cut.clips_planned = "the deadline", 13
     cut.eligible, cut.ineligible_reason = False, "originals: cut short by the deadline after 3 of 5 clips"
-    reason = decide(base, None, cut, 2.0).reason
-    assert "cut short by the deadline (3 of 13 clips scored)" in reason and "--target_minutes" in reason
+    reason = decide(base, None, cut, on).reason
+    assert "cut short by the deadline (8 of 13 clips scored)" in reason and "--target_minutes" in reason
     assert "timing" not in reason
+
+
+def test_the_held_out_corrections_decide_once_on_the_chosen_model():
+    """The round's model is chosen on the corrections it trained on; the held-out ones, scored on it once
+    (`held_after`), decide: a model that learnt its corrections but says the held-out ones no better is rejected."""
+    on = evaluator_deciding_on("held")
+    base = round_scores(0, [10.0, 9.0, 11.0, 10.5], VOICE)
+    base.per_clip.update({f"held/h{i}": ClipScore(v, 1.0, 0.0, False) for i, v in enumerate([9.0, 9.5, 10.0])})
+    best = best_record(6, [9.0, 8.2, 9.8, 9.6], VOICE)
+
+    def held(values: list[float]) -> EvalResult:
+        per_clip = {f"held/h{i}": ClipScore(v, 1.0, 0.0, False) for i, v in enumerate(values)}
+        return EvalResult(-1, float(np.mean(values)), per_clip, {}, 0.0)
+
+    assert decide(base, best, base, on, held([8.1, 8.4, 9.2])).accepted
+    carried_not = decide(base, best, base, on, held([9.0, 9.6, 9.9]))
+    assert not carried_not.accepted and "the held-out corrections did not improve" in carried_not.reason
+    assert carried_not.after["held_out_mcd_db"] == pytest.approx(np.mean([9.0, 9.6, 9.9]))
 
 
 def test_rollback_previous_follows_what_each_version_was_trained_from(tmp_path):
@@ -402,10 +468,8 @@ def test_a_round_that_damages_the_originals_is_rejected_and_the_voice_untouched(
             "--learning_rate",
             "1e-4",
             "--max_epochs",
-            "1",  # 3 damaging updates: far past the 2% allowed
+            "1",  # 3 damaging updates: far past the voice's noise
             "--val_every",
-            "2",
-            "--max_regression",
             "2",
         ),
         clock=clock_for(fake),
@@ -413,7 +477,7 @@ def test_a_round_that_damages_the_originals_is_rejected_and_the_voice_untouched(
     assert code == 0
     report = json.loads((tmp_path / "voices" / "rounds" / "round_001" / "feedback_report.json").read_text())
     assert not report["accepted"] and "the voice moved" in report["reason"]
-    assert report["after"]["originals_mcd_db"] > 1.02 * report["before"]["originals_mcd_db"]
+    assert report["after"]["originals_mcd_db"] > report["before"]["originals_mcd_db"]
     assert folder_digest(voices.current) == before and voices.versions() == ["v000"]
     assert voices.history()["events"][-1]["event"] == "rejected"
 
@@ -538,7 +602,7 @@ def test_a_round_killed_while_making_its_version_leaves_the_voice_and_the_next_r
 ):
     import signal
 
-    from finetune.training import feedback as feedback_module
+    from finetune.feedback import decision as feedback_module
     from tests import launch
     from tests.crash_helper import accept_every_round
 
@@ -563,16 +627,62 @@ def test_a_round_killed_while_making_its_version_leaves_the_voice_and_the_next_r
     assert folder_digest(voices.current) == folder_digest(tmp_path / "voices" / "v001")
 
 
-def test_the_letters_the_corrections_are_about_are_those_they_hold_twice_as_often():
-    from finetune.data.corrections import letters_in_focus
+def test_what_the_corrections_correct_is_what_they_share_far_more_often_than_the_voices_sentences():
+    from finetune.feedback.focus import Focus, find_focus
 
-    blank, space = 0, 9
-    voice = [[1, 0, 2, 0, 9, 0, 3, 0, 4], [1, 0, 2, 0, 3, 0, 5]]  # 'x' (7) never read by the voice
-    corrections = [[7, 0, 1, 0, 9, 0, 2], [7, 0, 5, 0, 5, 0, 5]]
-    # shares, blank and space aside: voice 1: 2/8, 2: 2/8, 3: 2/8, 4: 1/8, 5: 1/8; corrections 7: 2/8, 1: 1/8,
-    # 2: 1/8, 5: 3/8 -> 7 (never read) and 5 (3x its share); 1 and 2 (half their share) are not
-    assert letters_in_focus(corrections, voice, {blank, space}) == [5, 7]
-    assert letters_in_focus(voice, voice, {blank, space}) == []
+    corpus = [
+        "ez li mal im",
+        "tu li bajêr î",
+        "ew li wir e",
+        "em baş in",
+        "roj hat",
+        "av sar e",
+        "ba tê",
+        "dar mezin e",
+    ]
+    # a word: "gund" in every correction, never in the corpus; "li" in two of four, in three of eight sentences
+    # of the corpus (a share not three times as high): not what they correct
+    words = ["ez li gund im", "gund mezin e", "tu li gund î", "gund xweş e"]
+    assert find_focus(words, corpus) == Focus(words=("gund",))
+    # a letter: "z" in every correction, in 2 of the corpus's 22 letters; its words each once
+    letters = ["zarok hat", "ez baz im", "roz e", "zer e"]
+    assert find_focus(letters, corpus) == Focus(letters=("z",))
+    assert find_focus(["ez baş im", "tu çawa yî", "av sar e", "roj hat"], corpus) == Focus()  # nothing shared
+    assert find_focus(words[:2], corpus) == Focus()  # two cannot show anything shared
+
+
+def test_the_tokens_of_what_a_round_corrects_are_its_letters_and_words_with_the_blanks_around_them():
+    from finetune.feedback.focus import Focus
+
+    decoder = {0: "<pad>", 1: " ", 2: "e", 3: "z", 4: "g", 5: "u", 6: "n", 7: "d"}
+    encoder = {c: i for i, c in decoder.items()}
+    text = "ez gund"
+    ids = [0]
+    for character in text:
+        ids += [encoder[character], 0]
+    ids = np.array(ids)  # <pad> e <pad> z <pad> ' ' <pad> g <pad> u <pad> n <pad> d <pad>
+    assert Focus(letters=("z",)).token_mask(ids, decoder).nonzero()[0].tolist() == [2, 3, 4]
+    assert Focus(words=("gund",)).token_mask(ids, decoder).nonzero()[0].tolist() == list(range(6, 15))
+    assert not Focus(words=("gun",)).token_mask(ids, decoder).any()  # whole words only
+    assert Focus(words=("gund",), letters=("z",)).in_text("Ez li gund im.") == ["gund", "z"]
+
+
+def test_the_text_anchor_holds_the_voices_prior_on_the_tokens_it_holds_and_lets_the_rest_move(prepared_demo):
+    from finetune.feedback.anchor import TextAnchor
+    from tests.conftest import tiny_generator
+
+    loaded = tiny_generator(prepared_demo, seed=0)
+    model = loaded.model
+    texts = [np.array(loaded.tokenizer("ez li gund im").input_ids), np.array(loaded.tokenizer("roj hat").input_ids)]
+    held = [np.arange(len(t)) % 2 == 0 for t in texts]  # the blanks held, the letters free
+    anchor = TextAnchor(model, texts, held, weight=10.0, batch=2)
+    assert float(anchor.loss(model).detach()) == pytest.approx(0.0, abs=1e-6)  # at the start, nothing moved
+    with torch.no_grad():
+        model.text_encoder.embed_tokens.weight[texts[1][1]] += 1.0  # a letter's embedding moved
+    moved = anchor.loss(model)
+    assert float(moved) > 0  # its neighbours (the held blanks) moved with it, through attention
+    moved.backward()
+    assert model.text_encoder.embed_tokens.weight.grad is not None
 
 
 def test_training_only_some_token_rows_leaves_every_other_row_exactly_where_it_was(prepared_demo):
@@ -601,42 +711,66 @@ def test_training_only_some_token_rows_leaves_every_other_row_exactly_where_it_w
     assert moved == focus, (moved, focus)  # used rows outside the focus had gradients: they were held
 
 
-def test_a_letters_round_trains_only_the_letters_it_names_and_judges_on_them(
-    prepared_demo, base_run, tmp_path, timed_work
-):
-    """--acoustics letters end to end: the log names the letters, only their embedding rows move (the base's
-    own rows elsewhere stay bit-exact: the AdamW decay is held off by --anchor_weight), the report says the
-    corrections were judged on those letters' frames."""
+def test_a_round_on_a_letter_trains_only_that_letters_embedding(prepared_demo, base_run, tmp_path, timed_work):
+    """--acoustics focus on a letter end to end: the log names it, only its embedding row moves (every other
+    row and every layer stays bit-exact: the AdamW decay held off by --anchor_weight), the report says the
+    corrections were judged on the frames that say it."""
     from safetensors.torch import load_file
 
     fake, _ = timed_work
     feedback = make_feedback(tmp_path / "feedback", CORRECTION_IDS[:3])
-    args = feedback_args(
-        prepared_demo,
-        base_run,
-        tmp_path,
-        feedback,
-        "--max_epochs",
-        "1",
-        "--acoustics",
-        "letters",
-        "--anchor_weight",
-        "1",
-    )
+    args = feedback_args(prepared_demo, base_run, tmp_path, feedback, "--max_epochs", "1", "--anchor_weight", "1")
+    args[args.index("--focus") + 1] = "g"
     assert train_feedback.main(args, clock=clock_for(fake)) == 0
     round_dir = tmp_path / "voices" / "rounds" / "round_001"
-    named = [line for line in (round_dir / "train.log").read_text().splitlines() if "but for the embeddings of" in line]
-    assert named, "the log names the letters the round teaches"
+    assert "but for the embeddings of 'g'" in (round_dir / "train.log").read_text()
     report = json.loads((round_dir / "feedback_report.json").read_text())
-    assert "frames of the letters the corrections are about" in report["decided_by"]
+    assert "the frames that say what the corrections correct" in report["decided_by"]
     before = load_file(str(base_run / "checkpoints" / "best_model" / "model.safetensors"))
     after = load_file(str(round_dir / "checkpoints" / "last_model" / "model.safetensors"))
     rows = (before["text_encoder.embed_tokens.weight"] != after["text_encoder.embed_tokens.weight"]).any(dim=1)
-    letters = re.findall(r"'([^']*)'", named[0].split("but for the embeddings of", 1)[1].split(" and ", 1)[0])
-    assert 0 < int(rows.sum()) <= len(letters), (int(rows.sum()), letters)  # every other row held
+    vocab = json.loads((base_run / "checkpoints" / "best_model" / "vocab.json").read_text())
+    assert rows.nonzero().flatten().tolist() == [vocab["g"]]
+    for key in before:
+        if key.startswith("text_encoder.encoder."):
+            assert torch.equal(before[key], after[key]), key
 
 
-MORE_CORRECTIONS = [*CORRECTION_IDS, "kmr_demo_0106", "kmr_demo_0107", "kmr_demo_0109"]
+def test_too_few_corrections_of_what_they_correct_stop_the_round_before_it_trains(prepared_demo, base_run, tmp_path):
+    """Four corrections of "gund" with a third held out: four sentences cannot be split into enough to learn from
+    and enough to decide on; seven, of which three hold "gund", hold too few of it on one side. The round says how
+    many more to record before any training. Corrections that share nothing, or repeat one sentence, say so too."""
+    feedback = make_feedback(tmp_path / "feedback")
+    args = feedback_args(prepared_demo, base_run, tmp_path, feedback)
+    args[args.index("--holdout_share") + 1] = "0.34"
+    with pytest.raises(FeedbackError, match="the 4 corrections hold 4 different sentences.*record 2 or more other"):
+        train_feedback.main(args)
+    mixed = make_feedback(tmp_path / "mixed", [*CORRECTION_IDS[:3], "kmr_demo_0101", "kmr_demo_0102", "kmr_demo_0103"])
+    args = feedback_args(prepared_demo, base_run, tmp_path, mixed)
+    args[args.index("--holdout_share") + 1] = "0.5"
+    with pytest.raises(
+        FeedbackError, match=r"'gund' stands in \d of the corrections .* record \d+ or more sentences with 'gund'"
+    ):
+        train_feedback.main(args)
+    assert not (tmp_path / "voices" / "rounds" / "round_001" / "checkpoints").exists()
+    unrelated = make_feedback(tmp_path / "unrelated", [f"kmr_demo_{i:04d}" for i in range(100, 108)])
+    args = feedback_args(prepared_demo, base_run, tmp_path, unrelated)
+    args.remove("--focus"), args.remove("gund")
+    with pytest.raises(FeedbackError, match="share no word or letter"):
+        train_feedback.main(args)
+    same = make_feedback(tmp_path / "same", CORRECTION_IDS[:1])  # six recordings of one sentence
+    text = demo_texts()[CORRECTION_IDS[0]]
+    for copy in range(1, 6):
+        shutil.copy(same / "wavs" / f"{CORRECTION_IDS[0]}.mp3", same / "wavs" / f"again_{copy}.mp3")
+    rows = [f"{CORRECTION_IDS[0]}|{text}", *(f"again_{copy}|{text}" for copy in range(1, 6))]
+    (same / "metadata.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    args = feedback_args(prepared_demo, base_run, tmp_path, same)
+    args[args.index("--holdout_share") + 1] = "0.34"
+    with pytest.raises(FeedbackError, match="the 6 corrections hold 1 different sentence"):
+        train_feedback.main(args)
+
+
+MORE_CORRECTIONS = [*CORRECTION_IDS, "kmr_demo_0243", "kmr_demo_0269", "kmr_demo_0278"]  # seven with "gund"
 
 
 def held_out_stays(monkeypatch) -> None:
@@ -656,49 +790,77 @@ def held_out_stays(monkeypatch) -> None:
     monkeypatch.setattr(evaluation.Evaluator, "score_clips", scores)
 
 
-@pytest.mark.parametrize("carries", [True, False])
-def test_a_round_decides_on_corrections_it_did_not_train_on(
-    prepared_demo, base_run, tmp_path, timed_work, monkeypatch, carries
+def test_a_round_decides_on_corrections_it_did_not_train_on_which_never_choose_its_model(
+    prepared_demo, base_run, tmp_path, timed_work, monkeypatch
 ):
-    """Seven corrections: three are held out of the training and decide. Forced both ways: every part improves
-    (accepted), or everything but the held-out ones does (the corrections it learnt are said better, the others
-    not: rejected, named as such)."""
+    """Seven corrections of "gund": three are held out of the training and decide, by sentence. Forced both ways:
+    every part improves (accepted), or everything but the held-out ones does (the corrections it learnt are said
+    better, the others not: rejected, named as such). Whatever the held-out clips say, the round's model is the
+    same (the same step, the same weights): they judge it once, after it was chosen."""
     from tests.test_reliability import improving_scores
 
-    improving_scores(monkeypatch) if carries else held_out_stays(monkeypatch)
     fake, _ = timed_work
     feedback = make_feedback(tmp_path / "feedback", ids=MORE_CORRECTIONS)
-    argv = feedback_args(prepared_demo, base_run, tmp_path, feedback, "--max_epochs", "1", "--val_every", "3")
-    assert train_feedback.main(argv, clock=clock_for(fake)) == 0
-    round_dir = tmp_path / "voices" / "rounds" / "round_001"
-    report = json.loads((round_dir / "feedback_report.json").read_text())
-    assert report["counts"]["held_out"] == 3 and report["counts"]["corrections"] == 7
-    assert "held out of the round's training" in report["decided_by"]
-    log = (round_dir / "train.log").read_text()
-    assert "training data: 4 corrections + 8 replayed original clips; 3 corrections held out" in log
-    text = (round_dir / "feedback_report.txt").read_text()
-    assert "Corrections held out of the training, as the voice says them (3 clips)" in text
-    assert "3 corrections held out to decide on" in text
-    if carries:
-        assert report["accepted"], report["reason"]
-        assert report["after"]["held_out_mcd_db"] < report["before"]["held_out_mcd_db"]
-    else:
-        assert not report["accepted"]
-        assert "the held-out corrections did not improve beyond the noise" in report["reason"]
-        assert report["after"]["corrections_mcd_db"] < report["before"]["corrections_mcd_db"]  # learnt, not carried
-        assert Versions(tmp_path / "voices").versions() == ["v000"]
+    chosen = {}
+    for carries in (True, False):
+        improving_scores(monkeypatch) if carries else held_out_stays(monkeypatch)
+        fake.t = 0.0
+        out = tmp_path / f"carries_{carries}"
+        argv = feedback_args(prepared_demo, base_run, out, feedback, "--max_epochs", "1", "--val_every", "3")
+        argv[argv.index("--holdout_share") + 1] = "0.34"
+        assert train_feedback.main(argv, clock=clock_for(fake)) == 0
+        round_dir = out / "voices" / "rounds" / "round_001"
+        report = json.loads((round_dir / "feedback_report.json").read_text())
+        assert report["counts"]["held_out"] == 3 and report["counts"]["corrections"] == 7
+        assert "held out of the round's training" in report["decided_by"]
+        log = (round_dir / "train.log").read_text()
+        assert "training data: 4 corrections + 8 replayed original clips; 3 corrections held out" in log
+        text = (round_dir / "feedback_report.txt").read_text()
+        assert "Corrections held out of the training, as the voice says them (3 clips)" in text
+        assert "3 corrections held out to decide on" in text
+        assert len(Versions(out / "voices").held_out_sentences()) == 3  # held out for good, by sentence
+        held = {k for k in report["per_clip_before"] if k.startswith("held/")}
+        assert len(held) == 3 and held <= set(report["per_clip_after"])  # each judged once on the round's model
+        candidate = round_dir / "checkpoints" / ("best_model" if report["candidate_step"] > 0 else "last_model")
+        chosen[carries] = (report["candidate_step"], folder_digest(candidate)["model.safetensors"])
+        if carries:
+            assert report["accepted"], report["reason"]
+            assert report["after"]["held_out_mcd_db"] < report["before"]["held_out_mcd_db"]
+        else:
+            assert not report["accepted"]
+            assert "the held-out corrections did not improve beyond the noise" in report["reason"]
+            assert report["after"]["corrections_mcd_db"] < report["before"]["corrections_mcd_db"]  # learnt, not carried
+            assert Versions(out / "voices").versions() == ["v000"]
+    assert chosen[True] == chosen[False]
 
 
-def test_too_few_corrections_to_hold_some_out_decide_on_the_trained_ones_and_say_so():
-    from finetune.data.corrections import hold_out
+def test_a_sentence_is_never_on_both_sides_and_held_out_sentences_stay_held_out():
+    from finetune.feedback.corrections import hold_out, sentence_key
 
-    assert hold_out(list(range(5)), 0.34, 0) == ([], [0, 1, 2, 3, 4])
-    held, trained = hold_out(list(range(7)), 0.34, 0)
+    texts = ["Ez li gund im.", "ez li gund im", "Gund mezin e.", "Tu li gund î?", "Gund xweş e.", "Roj li gund e."]
+    texts += ["Av li gund e.", "Dar li gund e.", "Ba li gund e."]
+    for seed in range(20):
+        held, trained = hold_out(texts, 0.34, seed)
+        assert {sentence_key(texts[i]) for i in held}.isdisjoint({sentence_key(texts[i]) for i in trained})
+        assert len(held) >= 3 and len(trained) >= 3
+    lineage = {sentence_key(texts[i]) for i in hold_out(texts, 0.34, 0)[0]}
+    for seed in range(1, 10):  # a later round, drawn otherwise: what was held out before is held out again
+        held, _ = hold_out(texts, 0.34, seed, lineage)
+        assert lineage <= {sentence_key(texts[i]) for i in held}
+    assert hold_out(texts, 0.0, 0, lineage)[0] == sorted(i for i, t in enumerate(texts) if sentence_key(t) in lineage)
+
+
+def test_too_few_corrections_to_hold_some_out_decide_on_the_trained_ones():
+    from finetune.feedback.corrections import hold_out
+
+    texts = [f"gund {i}" for i in range(30)]
+    assert hold_out(texts[:5], 0.34, 0) == ([], [0, 1, 2, 3, 4])
+    held, trained = hold_out(texts[:7], 0.34, 0)
     assert len(held) == 3 and len(trained) == 4 and sorted(held + trained) == list(range(7))
-    assert hold_out(list(range(7)), 0.34, 0) == (held, trained)  # seeded
-    held, trained = hold_out(list(range(30)), 0.34, 0)
+    assert hold_out(texts[:7], 0.34, 0) == (held, trained)  # seeded
+    held, trained = hold_out(texts, 0.34, 0)
     assert len(held) == 10 and len(trained) == 20
-    assert hold_out(list(range(30)), 0.0, 0) == ([], list(range(30)))
+    assert hold_out(texts, 0.0, 0) == ([], list(range(30)))
 
 
 def judged_round(step: int, held: list[float], speaker: list[float], originals: float = 8.0) -> EvalResult:
@@ -707,26 +869,28 @@ def judged_round(step: int, held: list[float], speaker: list[float], originals: 
     per_clip = {
         **{f"held/h{i}": ClipScore(6.0, 1.0, 0.0, False, judged={"phonetic": v}) for i, v in enumerate(held)},
         **{
-            f"original/o{i}": ClipScore(originals, 1.0, 0.0, False, judged={"speaker": v})
+            f"original/o{i}": ClipScore(originals + 0.01 * (i % 2), 1.0, 0.0, False, judged={"speaker": v})
             for i, v in enumerate(speaker)
         },
         **{f"correction/c{i}": ClipScore(7.0, 1.0, 0.0, False) for i in range(3)},
     }
-    extra = {"corrections_mcd_db": 7.0, "originals_mcd_db": originals, "held_out_mcd_db": 6.0}
+    extra = {
+        "corrections_mcd_db": 7.0,
+        "originals_mcd_db": originals,
+        "held_out_mcd_db": 6.0,
+        "originals_noise_db": 0.2,
+    }
     return EvalResult(step, float(np.mean(held)), per_clip, {}, 0.0, extra=extra)
 
 
 def test_a_voting_judge_of_what_is_said_decides_and_the_speaker_judge_keeps_the_voice():
     """Where the phonetic judge votes it decides on the held-out corrections (MCD unmoved here), and where the
     speaker judge votes a voice further from its own recordings beyond that judge's noise is rejected."""
-    from types import SimpleNamespace
-
-    from finetune.training.feedback import Deciding
-
-    evaluator = SimpleNamespace(deciding=Deciding("held", "phonetic"), measure="the phonetic judge", identity="speaker")
+    evaluator = evaluator_deciding_on("held", "phonetic", identity="speaker")
+    evaluator.measure = "the phonetic judge"
     base = judged_round(0, [3.0, 3.2, 2.9, 3.1], [0.80, 0.82, 0.79, 0.81])
     said_better = judged_round(6, [2.5, 2.8, 2.3, 2.6], [0.80, 0.82, 0.79, 0.81])
-    decision = decide(base, None, said_better, 2.0, evaluator)
+    decision = decide(base, None, said_better, evaluator)
     assert decision.accepted and "held-out corrections improved beyond the noise" in decision.reason
     assert "still its voice by the speaker judge" in decision.reason and " dB" not in decision.improvement
     assert (
@@ -734,14 +898,14 @@ def test_a_voting_judge_of_what_is_said_decides_and_the_speaker_judge_keeps_the_
         and "+0.000" in decision.identity
     )
     counts = {"held_out": 4, "corrections": 7, "originals": 4, "replay": 8}
-    text = summary_text("round_001", decision, "v001", counts, 2.0, Path("listen"), [])
+    text = summary_text("round_001", decision, "v001", counts, Path("listen"), [])
     assert "Decided by the phonetic judge: " in text and "Identity checked by the speaker judge on the voice's" in text
     moved = judged_round(6, [2.5, 2.8, 2.3, 2.6], [0.70, 0.73, 0.68, 0.72])
-    reason = decide(base, None, moved, 2.0, evaluator).reason
+    reason = decide(base, None, moved, evaluator).reason
     assert reason.startswith("the voice moved: the speaker judge finds its held-out clips further")
-    assert "+0.000" not in decide(base, None, moved, 2.0, evaluator).identity
-    without = SimpleNamespace(deciding=Deciding("held", "phonetic"), measure="the phonetic judge", identity="")
-    assert decide(base, None, said_better, 2.0, without).identity == ""  # no speaker judge votes: nothing said
+    assert "+0.000" not in decide(base, None, moved, evaluator).identity
+    without = evaluator_deciding_on("held", "phonetic")
+    assert decide(base, None, said_better, without).identity == ""  # no speaker judge votes: nothing said
 
 
 def test_a_voting_judge_keeps_out_a_model_the_mcd_would_let_in():
@@ -762,16 +926,21 @@ class TimedPart:
 
     def __init__(self, name: str, clips: int, asked: list, cut_at: int | None = None, gain: float = 0.5):
         self.name, self.clips, self.asked, self.cut_at, self.gain = name, clips, asked, cut_at, gain
-        self.judges, self.rule, self.across_speakers, self.focus_tokens = None, None, name != "originals", ()
+        self.judges, self.rule, self.across_speakers, self.focus, self.speaker = None, None, name != "originals", {}, 0
 
     def evaluate(self, model, step, stop=None, limit=None) -> EvalResult:
         self.asked.append(self.name)
         scored = self.clips if step == 0 or self.cut_at is None else self.cut_at
         values = [7.0 + 0.1 * i + 0.05 * (i % 3) - (self.gain * (1 + 0.1 * i) if step else 0.0) for i in range(scored)]
+        if self.name == "retest":  # the baseline's second draw: each clip a little off the first
+            values = [v + 0.02 * (-1) ** i for i, v in enumerate(values)]
         result = EvalResult(
             step,
             float(np.mean(values)),
-            {f"{self.name}{i}": ClipScore(v, 1.0, 0.0, False) for i, v in enumerate(values)},
+            {
+                f"{self.name if self.name != 'retest' else 'originals'}{i}": ClipScore(v, 1.0, 0.0, False)
+                for i, v in enumerate(values)
+            },
             {},
             0.1,
             clips_planned=self.clips,
@@ -782,33 +951,39 @@ class TimedPart:
 
 
 def round_evaluator(asked: list, cut: str | None):
-    from finetune.training.feedback import FeedbackEvaluator
+    from finetune.feedback.evaluator import FeedbackEvaluator
 
-    parts = {n: TimedPart(n, 5, asked, cut_at=2 if n == cut else None) for n in ("said", "originals", "learnt", "held")}
+    names = ("said", "originals", "learnt", "held", "retest")
+    parts = {n: TimedPart(n, 5, asked, cut_at=2 if n == cut else None) for n in names}
     parts["originals"].gain = 0.0  # the voice's own clips unmoved
-    return FeedbackEvaluator(parts["said"], parts["originals"], 2.0, learnt=parts["learnt"], held=parts["held"])
+    return FeedbackEvaluator(
+        parts["said"], parts["originals"], learnt=parts["learnt"], held=parts["held"], retest=parts["retest"]
+    )
 
 
-@pytest.mark.parametrize("cut", ["said", "learnt", "originals", "held"])
+@pytest.mark.parametrize("cut", ["said", "learnt", "originals"])
 def test_a_deadline_that_cuts_a_reported_part_leaves_the_round_decidable(cut):
-    """What decides is scored first (the held-out corrections, then the voice's own clips), what is only reported
-    after: a final evaluation the deadline cuts in a reported part (the corrections it trained on, or in their own
-    voice) is whole where it matters and decides the round, saying what went unscored; cut in a part that decides,
+    """What chooses is scored first (the corrections it trained on, then the voice's own clips), what is only
+    reported after; the held-out corrections and the retest only at the baseline (they judge the round's model
+    once, after its training). A last evaluation the deadline cuts in a reported part (the corrections in their own
+    voice) is whole where it matters and decides the round, saying what went unscored; cut in a part that chooses,
     it is not compared, and the rejection says so."""
     asked = []
     evaluator = round_evaluator(asked, cut)
     baseline = evaluator.evaluate(None, 0)
-    assert asked[:2] == ["held", "originals"] and sorted(asked[2:]) == ["learnt", "said"]
+    assert asked == ["held", "said", "originals", "learnt", "retest"]
+    assert baseline.extra["originals_noise_db"] == pytest.approx(
+        0.0155, rel=0.01
+    )  # sd of the draws' differences / sqrt 2
+    asked.clear()
     last = evaluator.evaluate(None, 40)
-    decision = decide(baseline, None, last, 2.0, evaluator)
-    if cut in ("said", "learnt"):
+    assert asked == ["said", "originals", "learnt"]
+    held_after = evaluator.judge_held(None)
+    decision = decide(baseline, None, last, evaluator, held_after)
+    if cut == "learnt":
         assert not last.cut_short and last.clips_scored == last.clips_planned and last.eligible
         assert "cut short by the deadline (3 clips unscored; reported only)" in evaluator.describe(last)
         assert decision.accepted, decision.reason
-        counts = {"held_out": 5, "corrections": 10 if cut == "said" else 5, "originals": 5, "replay": 10}
-        text = summary_text("round_001", decision, "v001", counts, 2.0, Path("listen"), [])
-        assert "(5 clips; after: 2 of them, the deadline cut the rest)" in text  # its mean is over those
     else:
         assert last.cut_short and not last.eligible
         assert not decision.accepted and "cut short by the deadline" in decision.reason
-        assert "--target_minutes" in decision.reason

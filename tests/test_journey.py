@@ -37,13 +37,19 @@ def pretrained_voice(folder) -> None:
 
 
 def app_corrections(folder, data) -> list[str]:
-    """Three recordings by other volunteers than the voice, as a recording app saves them: audio_NNN.wav +
-    audio_NNN.txt in training/feedback/."""
-    rows = [(i, who, text) for i, who, text in read_rows(data / "metadata.csv") if who != "aaa111"][:3]
+    """Six recordings by other volunteers than the voice, as a recording app saves them: audio_NNN.wav +
+    audio_NNN.txt in training/feedback/, each a sentence that starts with the word the voice says wrong
+    ("kevir", a word its corpus never holds, of its letters), recorded as a hiss before the volunteer's clip: a
+    sound the voice's reading of it is far from, as a mistake is (the round hears that before it learns)."""
+    import numpy as np
+
+    rows = [(i, who, f"kevir {text}") for i, who, text in read_rows(data / "metadata.csv") if who != "aaa111"][:6]
     folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
     for number, (item_id, _, text) in enumerate(rows, 1):
         audio, rate = sf.read(data / "wavs" / f"{item_id}.wav")
-        sf.write(folder / f"audio_{number:03d}.wav", audio, rate)
+        hiss = 0.3 * rng.standard_normal(int(0.4 * rate))
+        sf.write(folder / f"audio_{number:03d}.wav", np.concatenate([hiss, audio]), rate)
         (folder / f"audio_{number:03d}.txt").write_text(text + "\n", encoding="utf-8")
     return [text for _, _, text in rows]
 
@@ -71,7 +77,8 @@ def test_prepare_train_correct_and_speak_with_the_defaults(tmp_path, monkeypatch
     assert train_feedback.main(["--target_minutes", "60", "--batch_size", "4", *QUICK], clock=clock_for(fake)) == 0
     round_dir = data / "voices" / "rounds" / "round_001"
     report = json.loads((round_dir / "feedback_report.json").read_text(encoding="utf-8"))
-    assert report["voice"] == "aaa111" and report["counts"]["corrections"] == len(texts) == 3
+    assert report["voice"] == "aaa111" and report["counts"]["corrections"] == len(texts) == 6
+    assert report["counts"]["held_out"] == 3 and "'kevir'" in report["focus"]  # found by itself, held out by sentence
     assert report["accepted"] in (True, False) and report["reason"]  # a decision, with its reason
 
     shutil.rmtree(data / "feedback")  # the app's recordings are the user's; speaking needs none of them

@@ -1,6 +1,6 @@
 """The layers finetune/__init__.py states hold in the code: each sub-package imports only those below it
-(system <- data <- vits <- reporting <- training <- the recipes' shared modules), and no modules import each
-other in a circle. Every import counts, function-local ones included; only those under `if TYPE_CHECKING:`
+(system <- data <- vits <- reporting <- training <- the recipes' shared modules <- feedback), and no modules
+import each other in a circle. Every import counts, function-local ones included; only those under `if TYPE_CHECKING:`
 (annotations, never run) may close a circle."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from tests.conftest import REPO
 
 LAYERS = ("system", "data", "vits", "reporting", "training")  # bottom to top
 TOP = len(LAYERS)  # finetune/__init__.py, cli.py, settings.py, recipes/: what the recipe scripts build on
+FEATURES = ("feedback",)  # above them all: a feature's own package may import every layer; none imports it
 
 
 def package_sources(root: Path = REPO) -> dict[str, str]:
@@ -25,6 +26,8 @@ def package_sources(root: Path = REPO) -> dict[str, str]:
 
 def rank(module: str) -> int:
     parts = module.split(".")
+    if len(parts) > 1 and parts[1] in FEATURES:
+        return TOP + 1
     return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else TOP
 
 
@@ -105,6 +108,25 @@ def test_a_planted_upward_import_fails_even_inside_a_function():
     problems = layer_problems(sources)
     assert "upward import: finetune.data.audio imports finetune.training.loop" in problems
     assert all("finetune.data.audio" in problem for problem in problems)  # and the circle it closes
+
+
+def test_the_loop_names_no_feature():
+    """The generic loop takes a round's evaluator through a declared interface (RunEvaluator), never by
+    importing the feature or probing it: nothing below finetune/feedback/ imports it, and a planted import fails."""
+    sources = package_sources()
+    assert any(name.startswith("finetune.feedback.") for name in sources)
+    sources["finetune.training.loop"] += "\nfrom finetune.feedback import evaluator\n"
+    assert "upward import: finetune.training.loop imports finetune.feedback.evaluator" in layer_problems(sources)
+    sources = package_sources()
+    sources["finetune.recipes.shared"] += "\nfrom finetune.feedback import versions\n"
+    assert "upward import: finetune.recipes.shared imports finetune.feedback.versions" in layer_problems(sources)
+    probes = [
+        f"{path.name}: {line.strip()}"
+        for path in (REPO / "finetune" / "training").glob("*.py")
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if "evaluator" in line and ("getattr(" in line or "hasattr(" in line)
+    ]
+    assert not probes, probes
 
 
 def test_a_planted_circle_fails_unless_one_side_is_for_annotations_only():

@@ -119,9 +119,9 @@ def test_focus_frames_are_the_frames_that_speak_the_focus_tokens_widened():
     from finetune.reporting.measures import focus_frames
 
     tokens, frames = np.array([0, 5, 0, 7, 0]), np.array([2, 3, 1, 2, 4])  # token 7 spoken at frames 6-7
-    mask = focus_frames(tokens, frames, {7}, 13, widen=1)
+    mask = focus_frames(tokens == 7, frames, 13, widen=1)
     assert np.flatnonzero(mask).tolist() == [5, 6, 7, 8]
-    assert focus_frames(tokens, frames, {9}, 13) is None
+    assert focus_frames(tokens == 9, frames, 13) is None
 
 
 def test_the_focus_distance_counts_only_the_focus_frames():

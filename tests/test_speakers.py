@@ -430,7 +430,7 @@ def test_a_feedback_round_keeps_the_corrections_apart_and_judges_the_target(
         "corrections": 1,
     }
     # A corpus of several speakers with a base model exported for none of them: the flag that fixes it.
-    from finetune.data.corrections import FeedbackError
+    from finetune.feedback.corrections import FeedbackError
 
     with pytest.raises(FeedbackError, match="--target_speaker nobody is not one of them: name the voice"):
         train_feedback.main(

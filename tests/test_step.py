@@ -455,3 +455,33 @@ def test_with_duration_every_2_a_step_without_it_leaves_the_duration_predictor_a
     with pytest.raises(SystemExit):
         parse_config(TrainConfig, ["--duration_every", "0"], "")
     assert "--duration_every 0: must be positive" in capsys.readouterr().err
+
+
+def test_token_weights_count_in_the_prior_loss_only_on_the_frames_aligned_to_those_tokens(prepared_demo):
+    """A round's clip weighs its tokens: the KL runs over the frames the alignment gives the weighted tokens only.
+    Weighting every token alike is the plain loss; weighting none gives a loss of 0; weighting one letter counts
+    exactly the frames aligned to it."""
+    from dataclasses import replace
+
+    from finetune.vits import losses
+
+    loaded = tiny_generator(prepared_demo)
+    model, batch = loaded.model.train(), demo_batch(prepared_demo, loaded.tokenizer)
+    features = Features(FeatureConfig())
+
+    def kl(weights):
+        torch.manual_seed(0)
+        out = generator_forward(model, replace(batch, token_weights=weights), features, 8)
+        mask = out.frame_mask if out.kl_weights is None else out.kl_weights
+        return out, losses.kl_loss(out.z_p, out.logs_q, out.m_p, out.logs_p, mask)
+
+    plain = kl(None)[1]
+    ones = batch.attention_mask.float()
+    assert torch.allclose(kl(ones)[1], plain, atol=1e-5)
+    assert float(kl(torch.zeros_like(ones))[1].detach()) == 0.0
+    token = int(batch.input_ids[0, 1])  # a letter of the first clip
+    only = ones * (batch.input_ids == token).float()
+    out, loss = kl(only)
+    aligned = float((out.durations[:, 0] * only).sum())  # the frames the alignment gave that letter, every clip
+    assert float(out.kl_weights.sum()) == pytest.approx(aligned) and 0 < aligned < float(out.frame_mask.sum())
+    assert torch.isfinite(loss) and not torch.allclose(loss, plain)

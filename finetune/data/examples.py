@@ -24,6 +24,9 @@ class Example:
     linear: torch.Tensor | None = None  # [bins, frames] float16 when precomputed
     mel: torch.Tensor | None = None  # [n_mels, frames] float16 when precomputed
     speaker: int = 0  # index into the run's speaker list (0 for a single-speaker corpus)
+    # [tokens] float32: how much each token's frames count in the prior's loss (None: all alike). A feedback round
+    # learns a correction's reading on the tokens it corrects only, and the voice's on every other token.
+    token_weights: np.ndarray | None = None
 
     def frame_count(self, hop: int) -> int:
         return int(self.audio.shape[0]) // hop
@@ -44,6 +47,7 @@ class Batch:
     linear: torch.Tensor | None = None  # [batch, bins, frames]
     mel: torch.Tensor | None = None  # [batch, n_mels, frames]
     speaker_ids: torch.Tensor | None = None  # [batch] int64
+    token_weights: torch.Tensor | None = None  # [batch, tokens] float32, 0 past each text (None: all 1)
 
     def __len__(self) -> int:
         return len(self.item_ids)
@@ -66,6 +70,7 @@ class Batch:
             linear=None if self.linear is None else self.linear[:count, :, :frames],
             mel=None if self.mel is None else self.mel[:count, :, :frames],
             speaker_ids=None if self.speaker_ids is None else self.speaker_ids[:count],
+            token_weights=None if self.token_weights is None else self.token_weights[:count, :tokens],
         )
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
@@ -116,7 +121,20 @@ def collate(examples: list[Example], hop: int) -> Batch:
         linear=_pad_features([e.linear for e in examples], max_frames),
         mel=_pad_features([e.mel for e in examples], max_frames),
         speaker_ids=torch.tensor([e.speaker for e in examples], dtype=torch.long),
+        token_weights=_pad_token_weights(examples, max_tokens),
     )
+
+
+def _pad_token_weights(examples: list[Example], max_tokens: int) -> torch.Tensor | None:
+    """[batch, tokens] of the examples' token weights (1 on each token of one without), None when none has any."""
+    if all(e.token_weights is None for e in examples):
+        return None
+    out = torch.zeros(len(examples), max_tokens, dtype=torch.float32)
+    for i, example in enumerate(examples):
+        count = len(example.token_ids)
+        weights = example.token_weights if example.token_weights is not None else np.ones(count, np.float32)
+        out[i, :count] = torch.from_numpy(np.asarray(weights, dtype=np.float32))
+    return out
 
 
 def _pad_features(features: list[torch.Tensor | None], max_frames: int) -> torch.Tensor | None:

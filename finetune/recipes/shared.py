@@ -30,7 +30,14 @@ from finetune.training.machinery import SaveExtras, TrainingParts, build_machine
 from finetune.training.run_settings import CheckpointSettings, LoopSettings
 from finetune.training.session import DiscriminatorChoice, pick_device
 from finetune.training.state import TrainingState
-from finetune.training.step import Precision, StepSettings, TrainStep, precision_warning, resolve_precision
+from finetune.training.step import (
+    Precision,
+    Regulariser,
+    StepSettings,
+    TrainStep,
+    precision_warning,
+    resolve_precision,
+)
 from finetune.vits.generator import hop_length
 from finetune.vits.losses import LossWeights
 
@@ -194,6 +201,7 @@ class StartingPoint:
     frozen_parts: list[str]
     features: Features
     discriminator: DiscriminatorChoice
+    regulariser: Regulariser | None = None  # a loss on the generator alone beside the objective (a round's anchor)
 
 
 @dataclass
@@ -226,6 +234,7 @@ def build_loop(
     discriminator = start.discriminator.discriminator.to(run.device)
     run.stop.check()  # building and moving the models takes seconds
     step = train_step(flags, run, model, discriminator, start.features)
+    step.generator_objective.regulariser = start.regulariser
     state, plan = TrainingState(), None
     if run.payload:
         step.load_state_dict(run.payload["train_step"])

@@ -118,6 +118,8 @@ def build_model(config, run: shared.Run) -> Model:
         loaded.model.config.speaker_names = list(found.names)
     elif found is not None:  # target_only or pooled: a plain model that names the voice it speaks as (for feedback)
         loaded.model.config.speaker = found.target
+    # Every model folder the run writes says the rate it was trained at: a round of corrections fits its own to it.
+    loaded.model.config.trained_learning_rate = config.learning_rate
     frozen_parts = generator.freeze(loaded.model, config.freeze)
     from_scratch = parse_scratch(config.model_name) is not None  # a resumed scratch run's too
     dropout_off = config.dropout == "off" or (config.dropout == "auto" and not from_scratch)

@@ -325,7 +325,7 @@ class Evaluator:
         speaker: int | None = None,
         others: dict[str, "Evaluator"] | None = None,
         across_speakers: bool = False,
-        focus_tokens: set[int] | None = None,
+        focus: dict[str, np.ndarray] | None = None,
         judges=None,
     ):
         self.examples, self.features, self.device = examples, features, device
@@ -335,9 +335,9 @@ class Evaluator:
         # (finetune/reporting/measures.py, mcd_across_speakers); their normalised, warped cepstra are kept
         # per clip, made on first use.
         self.across_speakers = across_speakers
-        # With focus_tokens (across speakers only): each clip's distance on the frames that speak those tokens,
-        # the letters a correction round is about (its whole sentence where it has none of them).
-        self.focus_tokens = focus_tokens
+        # With `focus` (across speakers only): clip id -> [tokens] bool, the tokens a correction round is about;
+        # each clip's distance on the frames that speak them (its whole sentence where it has none of them).
+        self.focus = focus
         self.references: dict[str, list[np.ndarray]] = {}
         # Other speakers of a crowd, each scored on a few of its held-out clips in its own voice after the
         # target's: reported beside the target's score, never part of choosing best_model.
@@ -483,6 +483,19 @@ class Evaluator:
         if costs.seen:
             setattr(self, estimate, max(getattr(self, estimate) or 0.0, costs.seen[-1]))
 
+    def cost_estimates(self) -> tuple[float, float, int]:
+        """(seconds of the slowest group of clips, of a test sentence, the group size that fits): what a
+        checkpoint keeps so that a resumed process limits its first evaluation from its first clip on."""
+        return self.group_s or 0.0, self.sentence_s or 0.0, self.batch_size
+
+    def restore_cost_estimates(self, group_s: float, sentence_s: float, batch_size: int) -> None:
+        """What cost_estimates gave, in a resumed process (0: not known; a batch size only ever shrinks: the
+        one that ran out of memory stays out)."""
+        self.group_s = group_s or self.group_s
+        self.sentence_s = sentence_s or self.sentence_s
+        if batch_size:
+            self.batch_size = min(self.batch_size, batch_size)
+
     def expected_s(self) -> float:
         """What a whole evaluation should cost at the latest estimates (0 when none is known yet)."""
         groups = -(-len(self.examples) // self.batch_size)
@@ -571,11 +584,8 @@ class Evaluator:
         tokens' frames when it has focus tokens (`token_frames`: the frames each token was rendered)."""
         if not self.across_speakers:
             return mcd_dtw(synthesised, real)
-        focus = (
-            focus_frames(example.token_ids, token_frames, self.focus_tokens, synthesised.shape[1])
-            if self.focus_tokens and token_frames is not None
-            else None
-        )
+        mask = self.focus.get(example.item_id) if self.focus and token_frames is not None else None
+        focus = focus_frames(mask, token_frames, synthesised.shape[1]) if mask is not None else None
         return mcd_across_speakers(synthesised, self.references_of(example), focus)
 
     def references_of(self, example: Example) -> list[np.ndarray]:

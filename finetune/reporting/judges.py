@@ -466,7 +466,18 @@ def kendall_tau(order: list[float]) -> float:
     return float((concordant - discordant) / denominator) if denominator else float("nan")
 
 
-def votes(ladders: dict[str, dict], retest_known: bool, tau: float = TAU_TO_VOTE) -> bool:
-    """Whether a judge may decide: each of its ladders ranked with Kendall tau >= `tau`, and its noise measured."""
+def votes(ladders: dict[str, dict], retest_sd: float, tau: float = TAU_TO_VOTE) -> bool:
+    """Whether a judge may decide: each of its ladders ranked with Kendall tau >= `tau`, and its test-retest noise
+    small against the steps it is asked to tell apart (below half the smallest gap between neighbouring rungs of
+    each ladder: the same model drawn twice must score nearer itself than the nearest rungs score to each other).
+    A noise merely measured (finite) said nothing: any two clips give one."""
     taus = [ladder["kendall_tau"] for ladder in ladders.values()]
-    return bool(taus) and retest_known and all(np.isfinite(t) and t >= tau for t in taus)
+    if not taus or not all(np.isfinite(t) and t >= tau for t in taus) or not np.isfinite(retest_sd):
+        return False
+    return all(retest_sd < 0.5 * smallest_gap(ladder["means"]) for ladder in ladders.values())
+
+
+def smallest_gap(means: list[float]) -> float:
+    """The smallest difference between neighbouring rungs' mean scores (nan with fewer than two)."""
+    finite = [m for m in means if np.isfinite(m)]
+    return float(min(abs(b - a) for a, b in zip(finite, finite[1:]))) if len(finite) > 1 else float("nan")

@@ -124,10 +124,10 @@ def mcd_across_speakers(
     return cepstral_distance(synthesised, references[int(np.argmin(distances))], focus)
 
 
-def focus_frames(token_ids: np.ndarray, token_frames: np.ndarray, focus: set[int], frames: int, widen: int = 2):
-    """Which of `frames` synthesised frames speak the tokens in `focus` (each token's rendered frames, widened
-    by `widen` on both sides); None when the text has none of them."""
-    spoken = np.repeat(np.isin(token_ids, list(focus)), token_frames)
+def focus_frames(token_mask: np.ndarray, token_frames: np.ndarray, frames: int, widen: int = 2):
+    """Which of `frames` synthesised frames speak the tokens `token_mask` marks ([tokens] bool; each token's
+    rendered frames, widened by `widen` on both sides); None when it marks none that was rendered."""
+    spoken = np.repeat(np.asarray(token_mask, dtype=bool), token_frames)
     if not spoken.any():
         return None
     mask = np.zeros(frames, dtype=bool)

@@ -5,7 +5,10 @@ evaluation costs, measured for the plan. Every process of a data-parallel run th
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from finetune.reporting.evaluation import EvalResult
+from finetune.reporting.measures import TimingRule
 from finetune.reporting.selection import (
     NONE_YET,
     Standing,
@@ -24,11 +27,37 @@ from finetune.training.state import TrainingState
 from finetune.vits.generator import train_mode
 
 
+class RunEvaluator(Protocol):
+    """What the loop asks of the evaluator a recipe brings (finetune/reporting/evaluation.py's Evaluator for a
+    training run, finetune/feedback/evaluator.py's for a round): the loop names no feature."""
+
+    rule: TimingRule  # the timing rule its eligibility applies (the selection rule's band)
+    compares_cut_short: bool  # whether one cut short by the deadline may take part in the choice, clip by clip
+    judges: object | None  # a finetune.reporting.judges.Panel, or None
+    example_mels: tuple | None  # (clip id, synthesised, recorded) log-mels of the latest evaluation, for report.html
+
+    def evaluate(self, model, step: int, stop=None, limit=None) -> EvalResult: ...
+
+    def describe(self, result: EvalResult) -> str: ...
+
+    def pay_once(self, stop=None) -> None: ...
+
+    def prime(self, model, limit) -> None: ...
+
+    def expected_s(self) -> float: ...
+
+    def fit_tempo(self, model): ...
+
+    def cost_estimates(self) -> tuple[float, float, int]: ...
+
+    def restore_cost_estimates(self, group_s: float, sentence_s: float, batch_size: int) -> None: ...
+
+
 class Evaluations:
     def __init__(
         self,
         context: LoopContext,
-        evaluator,
+        evaluator: RunEvaluator,
         exports: Exports,
         state: TrainingState,
         pacer: Pacer,
@@ -47,19 +76,15 @@ class Evaluations:
     def restore_estimates(self) -> None:
         """A resumed run's evaluator starts from what its checkpoint's last evaluation cost, piece by piece
         (its first evaluation is then limited from its first clip on), at the group size that fit."""
-        estimates, evaluator = self.state.estimates, self.evaluator
-        if hasattr(evaluator, "group_s"):  # feedback evaluators keep their own
-            evaluator.group_s = estimates.eval_group_s or evaluator.group_s
-            evaluator.sentence_s = estimates.eval_sentence_s or evaluator.sentence_s
-            if estimates.eval_batch_size:  # smaller than the device's default after one ran out of memory
-                evaluator.batch_size = min(evaluator.batch_size, estimates.eval_batch_size)
+        estimates = self.state.estimates
+        self.evaluator.restore_cost_estimates(
+            estimates.eval_group_s, estimates.eval_sentence_s, estimates.eval_batch_size
+        )
 
     def keep_estimates(self) -> None:
         """What the evaluator learnt about its costs, into the state a checkpoint saves."""
         estimates = self.state.estimates
-        estimates.eval_group_s = getattr(self.evaluator, "group_s", None) or 0.0
-        estimates.eval_sentence_s = getattr(self.evaluator, "sentence_s", None) or 0.0
-        estimates.eval_batch_size = getattr(self.evaluator, "batch_size", 0)
+        estimates.eval_group_s, estimates.eval_sentence_s, estimates.eval_batch_size = self.evaluator.cost_estimates()
 
     def evaluate(self, final: bool = False) -> EvalResult | None:
         """Evaluate on the main process, inside its time limit (the final one leaves room for the final
@@ -107,7 +132,7 @@ class Evaluations:
             improved,
             self.best_note(improved, verdict),
             self.state.best.score,
-            getattr(self.evaluator, "example_mels", None),
+            self.evaluator.example_mels,
             report=not final,
         )
         redraw_s = context.now() - logged if redrawn else 0.0
@@ -177,11 +202,11 @@ class Evaluations:
 
     def voting_scores(self, result: EvalResult) -> dict[str, dict[str, float]]:
         """Each voting judge's score of each clip of `result` (none without an evaluator's judges)."""
-        panel = getattr(self.evaluator, "judges", None)
+        panel = self.evaluator.judges
         return {name: result.judged_clips(name) for name in panel.voting} if panel else {}
 
     def higher_is_better(self) -> dict[str, bool]:
-        panel = getattr(self.evaluator, "judges", None)
+        panel = self.evaluator.judges
         return {name: panel.higher_is_better(name) for name in panel.judges} if panel else {}
 
     def best_note(self, improved: bool, why: str = "") -> str:
@@ -207,7 +232,7 @@ class Evaluations:
         which = "final evaluation" if final else f"evaluation at step {result.step}"
         self.final_skipped = final
         kept = self.pacer.after_evaluation_s(final) + self.pacer.margin_s
-        clip = getattr(self.evaluator, "group_s", None)
+        clip = self.evaluator.cost_estimates()[0]
         context.run_log.logger.warning(
             f"warning: {which} skipped: {max(0.0, context.budget.left_s()):.1f}s were left, "
             f"{kept:.1f}s of them kept for what follows (the final save"
@@ -252,11 +277,9 @@ class Evaluations:
         self.pacer.costs.eval_s = self.context.dist.broadcast(self.pacer.costs.eval_s)
 
     def _prime(self) -> None:
-        prime, context = getattr(self.evaluator, "prime", None), self.context
-        if prime is None:
-            return
+        context = self.context
         started, before = context.now(), self.evaluator.expected_s()
-        prime(self.model, self.pacer.evaluation_limit(final=False))  # room kept for the final save after it
+        self.evaluator.prime(self.model, self.pacer.evaluation_limit(final=False))  # room kept for the final save
         train_mode(self.model, self.frozen_parts)
         # The last evaluation's cost with its clips and sentences re-priced at what they cost now.
         self.pacer.costs.eval_s = max(

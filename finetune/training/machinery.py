@@ -15,16 +15,14 @@ from transformers import VitsTokenizer
 from finetune.data.examples import Example
 from finetune.data.feed import MicroBatchFeed
 from finetune.data.sampler import BucketSampler
-from finetune.reporting.evaluation import Evaluator
 from finetune.reporting.model_card import CardFacts
 from finetune.system.cpu_threads import CpuThreads
 from finetune.training.batch_fit import BatchFitter
 from finetune.training.budget import Plan, StepTimer
 from finetune.training.checkpointing import Checkpoints
 from finetune.training.context import LoopContext
-from finetune.training.evaluating import Evaluations
+from finetune.training.evaluating import Evaluations, RunEvaluator
 from finetune.training.exports import Exports
-from finetune.training.feedback import FeedbackEvaluator
 from finetune.training.pacing import Costs, Pacer
 from finetune.training.recovery import Divergence, LastGoodState
 from finetune.training.run_settings import LoopSettings
@@ -44,7 +42,7 @@ class TrainingParts:
     tokenizer: VitsTokenizer
     examples: list[Example]
     sampler: BucketSampler
-    evaluator: Evaluator | FeedbackEvaluator  # a feedback round's judges the corrections and the voice
+    evaluator: RunEvaluator  # a training run's Evaluator, or a feedback round's (finetune/feedback/evaluator.py)
     frozen_parts: list[str] = field(default_factory=list)
 
 
@@ -94,7 +92,7 @@ def build_machinery(
         after_loop_s=settings.reserve_after_s,
         checkpoints=settings.checkpoints.enabled,
         # An evaluator that cannot use a cut-short final evaluation keeps a quarter more for it (pacing.py).
-        final_eval_cushion=1.0 if getattr(parts.evaluator, "compares_cut_short", True) else 1.25,
+        final_eval_cushion=1.0 if parts.evaluator.compares_cut_short else 1.25,
     )
     pacer = Pacer(
         budget,
@@ -133,7 +131,7 @@ def build_machinery(
         settings.checkpoints.keep,
         context.dist.is_main,
     )
-    fit_tempo = getattr(parts.evaluator, "fit_tempo", None) if settings.evaluation.fit_tempo else None
+    fit_tempo = parts.evaluator.fit_tempo if settings.evaluation.fit_tempo else None
     exports = Exports(saver, saves.card, context.paths, context.run_log, fit_tempo)
     evaluations = Evaluations(
         context,

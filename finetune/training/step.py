@@ -122,6 +122,15 @@ def frozen(module: torch.nn.Module):
             p.requires_grad_(True)
 
 
+class Regulariser(Protocol):
+    """A loss on the generator alone, added to the objective's in every micro-batch (a feedback round's text
+    anchor: finetune/feedback/anchor.py). Reported as the loss term `name`."""
+
+    name: str
+
+    def loss(self, model) -> torch.Tensor: ...
+
+
 class GeneratorObjective(torch.nn.Module):
     """The generator's training forward as one module: what profilers and FLOP counters attribute the
     generator's work to (bench/bench_gpu.py), and what data-parallel training could wrap."""
@@ -131,6 +140,7 @@ class GeneratorObjective(torch.nn.Module):
         self.model = model
         self.features = [features]  # not a submodule: its buffers are constants, not the generator's state
         self.segment_frames = segment_frames
+        self.regulariser: Regulariser | None = None  # a loss beside the objective's (the recipe sets it)
 
     def forward(self, batch: Batch, duration: bool = True):
         return generator_forward(self.model, batch, self.features[0], self.segment_frames, duration)
@@ -312,6 +322,12 @@ class TrainStep:
         with section("generator_backward"):
             g_losses = self.generator_backward(out, mel_real, real_features, scale)
         terms = {k: v.detach() for k, v in g_losses.terms().items()}
+        regulariser = self.generator_objective.regulariser
+        if regulariser is not None:
+            with section("generator_backward"):
+                extra = regulariser.loss(self.model)
+                self.scaler_g.scale(extra * scale).backward()
+            terms[regulariser.name] = extra.detach()
         if not discriminator:
             return terms
         return {**terms, "discriminator": d_loss.detach(), "margin": margin.detach()}

@@ -35,11 +35,12 @@ def kl_loss(
 
     z_p, logs_q: [batch, channels, frames] posterior sample through the flow, posterior log std
     m_p, logs_p: [batch, channels, frames] prior mean and log std expanded to frames
-    mask: [batch, 1, frames]
+    mask: [batch, 1, frames], 1 on valid frames, or each frame's weight (0 everywhere: a loss of 0)
     """
     z_p, logs_q, m_p, logs_p, mask = _fp32(z_p, logs_q, m_p, logs_p, mask)
     kl = logs_p - logs_q - 0.5 + 0.5 * (z_p - m_p) ** 2 * torch.exp(-2.0 * logs_p)
-    return torch.sum(kl * mask) / torch.sum(mask)
+    # a batch has many valid frames, so the floor of 1 changes nothing but a weighting that leaves none
+    return torch.sum(kl * mask) / torch.clamp(torch.sum(mask), min=1.0)
 
 
 @in_fp32

@@ -101,6 +101,9 @@ class GeneratorForward:
     frame_mask: torch.Tensor  # [batch, 1, frames]
     duration_loss: torch.Tensor | None  # scalar; None in a step the duration predictor sits out
     durations: torch.Tensor  # [batch, 1, tokens] frames per token from the alignment
+    # [batch, 1, frames] how much each frame counts in the KL: the batch's token weights through the alignment
+    # (None: every valid frame alike)
+    kl_weights: torch.Tensor | None = None
 
 
 def generator_forward(
@@ -124,6 +127,9 @@ def generator_forward(
         durations = path.sum(1).unsqueeze(1)  # [batch, 1, tokens]
         m_p = torch.matmul(path, text.m_p.float().transpose(1, 2)).transpose(1, 2)  # [batch, flow, frames]
         logs_p = torch.matmul(path, text.logs_p.float().transpose(1, 2)).transpose(1, 2)
+        kl_weights = None
+        if batch.token_weights is not None:  # [batch, frames, tokens] @ [batch, tokens, 1] -> [batch, frames, 1]
+            kl_weights = torch.matmul(path, batch.token_weights.float().unsqueeze(-1)).transpose(1, 2) * frame_mask
     starts = pick_segment_starts(batch.frame_lengths, segment_frames)
     audio = model.decoder(slice_segments(z, starts, segment_frames), g)  # [batch, 1, segment_frames * hop]
     duration_nll = duration_loss(model, text, durations, duration_conditioning(model, g)) if duration else None
@@ -137,6 +143,7 @@ def generator_forward(
         frame_mask=frame_mask,
         duration_loss=duration_nll,
         durations=durations,
+        kl_weights=kl_weights,
     )
 
 
@@ -202,7 +209,8 @@ def generator_losses(
 ) -> GeneratorLosses:
     """Weighted generator loss; without discriminator outputs (warm-up) the adversarial terms are 0."""
     mel = losses.mel_loss(mel_generated, mel_real)
-    kl = losses.kl_loss(out.z_p, out.logs_q, out.m_p, out.logs_p, out.frame_mask)
+    kl_mask = out.frame_mask if out.kl_weights is None else out.kl_weights
+    kl = losses.kl_loss(out.z_p, out.logs_q, out.m_p, out.logs_p, kl_mask)
     zero = torch.zeros((), device=mel.device)
     adversarial = losses.generator_adversarial_loss(fake_scores) if fake_scores is not None else zero
     matching = (

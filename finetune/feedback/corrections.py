@@ -8,6 +8,7 @@ vocabulary and rate, into the round's folder; a bad one is dropped with its reas
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -90,40 +91,39 @@ def prepare_corrections(
     return report
 
 
-FOCUS_RATIO = 2.0  # a letter the corrections hold this many times as often as the voice's clips is what they are about
-
-
-def letters_in_focus(corrections: list, originals: list, ignore: set[int]) -> list[int]:
-    """The token ids the corrections are about: each one's share of the corrections' tokens at least
-    FOCUS_RATIO times its share of the voice's own clips' (a letter the voice never read: always). Token
-    id sequences in; `ignore` (the blank, the space) never counts."""
-
-    def shares(sequences: list) -> dict[int, float]:
-        counts: dict[int, int] = {}
-        for ids in sequences:
-            for token in ids:
-                if int(token) not in ignore:
-                    counts[int(token)] = counts.get(int(token), 0) + 1
-        total = sum(counts.values()) or 1
-        return {token: count / total for token, count in counts.items()}
-
-    wanted, usual = shares(corrections), shares(originals)
-    return sorted(token for token, share in wanted.items() if share >= FOCUS_RATIO * usual.get(token, 0.0))
-
-
 MIN_HELD_OUT = 3  # corrections held out to decide on, and left to train on: fewer cannot tell their noise
 
 
-def hold_out(examples: list, share: float, seed: int) -> tuple[list, list]:
-    """(held out, trained): `share` of the corrections (at least MIN_HELD_OUT), drawn with `seed`, kept out of
-    the round's training so that it is judged on sentences it did not learn; as many at least left to train on.
-    None held out (`share` 0, or fewer than 2 * MIN_HELD_OUT corrections): the round then decides on those it
-    trained on, which says they were learnt, not that the fix carries."""
-    count = max(MIN_HELD_OUT, round(share * len(examples)))
-    if share <= 0 or len(examples) - count < MIN_HELD_OUT:
-        return [], list(examples)
-    chosen = set(np.random.default_rng(seed).choice(len(examples), size=count, replace=False).tolist())
-    return [e for i, e in enumerate(examples) if i in chosen], [e for i, e in enumerate(examples) if i not in chosen]
+def sentence_key(text: str) -> str:
+    """A sentence as the split compares it: lower case, its words alone (punctuation and spacing aside)."""
+    return " ".join(re.findall(r"\w+", text.lower()))
+
+
+def hold_out(
+    texts: list[str], share: float, seed: int, held_before: set[str] = frozenset(), about=None
+) -> tuple[list[int], list[int]]:
+    """(held out, trained): indices of the corrections (their texts), split by sentence, never one sentence on both
+    sides. Sentences the voice's earlier rounds held out (`held_before`, sentence_keys) are held out again; then
+    sentences drawn with `seed` until `share` of the corrections (at least MIN_HELD_OUT) are held out, as many at
+    least left to train on. `about(text)`: whether a sentence holds what the round corrects; drawn from those
+    first (the held-out ones must show the fix). None held out (`share` 0, or too few sentences): the round then
+    decides on those it trained on, which says they were learnt, not that the fix carries."""
+    groups: dict[str, list[int]] = {}
+    for index, text in enumerate(texts):
+        groups.setdefault(sentence_key(text), []).append(index)
+    held_keys = [key for key in groups if key in held_before]  # held out once, held out for good
+    if share > 0:
+        fresh = [key for key in groups if key not in held_before]
+        relevant = [key for key in fresh if about is None or about(key)] or fresh
+        wanted = max(MIN_HELD_OUT, round(share * len(texts)))
+        for position in np.random.default_rng(seed).permutation(len(relevant)):
+            if sum(len(groups[k]) for k in held_keys) >= wanted:
+                break
+            held_keys.append(relevant[position])
+    held = {i for key in held_keys for i in groups[key]}
+    if len(held) < MIN_HELD_OUT or len(texts) - len(held) < MIN_HELD_OUT:  # too few to decide on, or to learn from
+        held = {i for key in groups if key in held_before for i in groups[key]}
+    return sorted(held), [i for i in range(len(texts)) if i not in held]
 
 
 def replay_sample(item_ids: list[str], corrections: int, ratio: float, seed: int) -> list[str]:
