@@ -240,7 +240,8 @@ def load_round_data(config, round_: shared.Run, base: Path, versions) -> RoundDa
         + f"training data: {len(trained)} corrections + {len(replay)} replayed original clips; "
         + (
             f"{len(held)} corrections held out of the training to decide on, by sentence (--holdout_share "
-            f"{config.holdout_share:g}; {len(versions.held_out_sentences())} sentences held out by this voice's rounds)"
+            f"{config.holdout_share:g}; {len(versions.held_out_sentences())} sentences held out for good by this "
+            "voice's rounds, this one's included)"
             if held
             else f"no correction held out ({len(fixed.examples)} came; {2 * corrections.MIN_HELD_OUT} are needed to "
             "hold some out): the round decides on those it trains on, which says they were learnt, not that the fix "
