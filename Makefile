@@ -87,18 +87,19 @@ demo: setup
 	@echo "makes a robotic voice at the corpus's tempo, not good speech: the point is the whole pipeline."
 
 # The feedback workflow on the demo model (after `make demo`; needs espeak-ng, which "records" the
-# corrections): review eight sentences the corpus never spoke, correct them, a 3-minute round (three of the
-# corrections are held out of its training and decide it).
+# corrections): review the six sentences the corpus never spoke with the word "min", correct them, a 3-minute
+# round on that word (three of the corrections are held out of its training and decide it; an accepted round's
+# voice replaces $(DEMO_DIR)/final_model, --rollback restores it).
 demo-feedback: setup
 	@test -f $(DEMO_DIR)/checkpoints/best_model/config.json || (echo "run make demo first"; exit 1)
 	rm -rf $(DEMO_DIR)/review $(DEMO_DIR)/feedback $(DEMO_DIR)/voices
-	head -8 demo/corpus/unspoken.txt > $(DEMO_DIR)/review.txt
+	grep -w min demo/corpus/unspoken.txt > $(DEMO_DIR)/review.txt  # six sentences with the word the round corrects
 	$(BIN)/python train_feedback.py --base_model $(DEMO_DIR)/checkpoints/best_model --review $(DEMO_DIR)/review.txt \
 		--review_dir $(DEMO_DIR)/review
 	$(BIN)/python demo/record_corrections.py --review_dir $(DEMO_DIR)/review --feedback_dir $(DEMO_DIR)/feedback
 	$(BIN)/python train_feedback.py --feedback_dir $(DEMO_DIR)/feedback --data_dir $(DEMO_DIR)/data \
 		--output_dir $(DEMO_DIR)/voices --base_model $(DEMO_DIR)/checkpoints/best_model --target_minutes 3 \
-		--learning_rate 5e-4 --log_every_seconds 30
+		--focus min --log_every_seconds 30
 	@echo
 	@echo "Listen: $(DEMO_DIR)/voices/rounds/round_001/listen/; undo an accepted round with"
 	@echo "  $(BIN)/python train_feedback.py --output_dir $(DEMO_DIR)/voices --rollback previous"

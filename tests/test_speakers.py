@@ -411,6 +411,8 @@ def test_a_feedback_round_keeps_the_corrections_apart_and_judges_the_target(
             "60",
             "--judges",
             "none",  # tested on their own (test_judges.py), and in a round by tests/test_journey.py
+            "--acoustics",
+            "embeddings",  # three unrelated sentences share nothing to focus on (tests/test_feedback.py has focus)
         ],
         clock=clock_for(fake),
     )
