@@ -308,10 +308,11 @@ def non_inferior(before: dict, after: dict, noise_db: float) -> dict:
 
 
 def retest_noise(judged: dict, name: str) -> float:
-    """A clip's own noise in `name` between two seeds of the same model (sd of the differences / sqrt 2)."""
-    first, second = judged["by_seed"][name][0], judged["by_seed"][name][1] if len(judged["by_seed"][name]) > 1 else {}
-    values = [first[k] - second[k] for k in first if k in second]
-    return float(np.std(values, ddof=1) / math.sqrt(2)) if len(values) > 1 else math.nan
+    """A clip's own noise in `name` between two seeds of the same model (the round's own rule, evaluator.py)."""
+    from finetune.feedback.evaluator import retest_noise as between_draws
+
+    seeds = judged["by_seed"][name]
+    return between_draws(seeds[0], seeds[1]) if len(seeds) > 1 else math.nan
 
 
 def judge_case(before_dir: Path, after_dir: Path, folders: dict, mistake, seeds: int) -> dict:

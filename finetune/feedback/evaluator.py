@@ -203,7 +203,10 @@ class FeedbackEvaluator:
         if "held" in scored:
             extra["held_out_mcd_db"] = scored["held"].mcd_db
         if "retest" in scored:
-            extra["originals_noise_db"] = retest_noise(originals.per_clip, scored["retest"].per_clip)
+            extra["originals_noise_db"] = retest_noise(
+                {k: v.mcd_db for k, v in originals.per_clip.items()},
+                {k: v.mcd_db for k, v in scored["retest"].per_clip.items()},
+            )
         for name, part in reported_cut.items():
             extra[f"cut_short_{name}"] = part.clips_planned - part.clips_scored  # clips it left unscored
         if "learnt" in scored:
@@ -287,12 +290,11 @@ class FeedbackEvaluator:
         return reasons
 
 
-def retest_noise(first: dict, second: dict) -> float:
-    """A clip's own noise in the voice's score: the standard deviation of one clip's score between two duration
-    draws of the same model, from the differences of the two draws (sd of the difference / sqrt 2); nan with
-    fewer than two clips scored by both."""
-    shared = [k for k in first if k in second]
-    values = [first[k].mcd_db - second[k].mcd_db for k in shared]
+def retest_noise(first: dict[str, float], second: dict[str, float]) -> float:
+    """A clip's own noise in the voice's score (clip -> score, two draws of the same model): the standard
+    deviation of one clip's score between the draws, from their differences (sd of the difference / sqrt 2); nan
+    with fewer than two clips scored by both."""
+    values = [first[k] - second[k] for k in first if k in second]
     values = [v for v in values if math.isfinite(v)]
     if len(values) < 2:
         return math.nan
