@@ -313,6 +313,25 @@ def test_a_finish_leaves_out_last_model_first_then_its_checkpoint():
     assert last_model_choice(False, True, False, False) == none
 
 
+def test_a_final_evaluation_that_scored_its_clips_slower_than_planned_slows_the_rest_of_the_finish():
+    """The machine got busy during the last step (no micro-batch showed it): the final evaluation, planned at 1.0 s
+    for 16 clips, scored 12 in 3.1 s before its time limit. The parts after it are expected 4x slower: the room a
+    1 s part needs grows with it. An evaluation about as fast as planned leaves the slowdown as it was."""
+    from finetune.training.finishing import FinishTimes
+    from finetune.training.pacing import Costs, Pacer
+
+    now = {"t": 60.0}
+    budget = Budget(target_s=72.0, clock=Clock(lambda: now["t"]), safety_s=1.0)
+    pacer = Pacer(budget, StepTimer(accumulation=4, skip=0), Costs(eval_s=1.0, export_s=1.0, checkpoint_s=1.0), 1e9)
+    idle = FinishTimes.starting(pacer)
+    idle.evaluated(16, 16, 1.2)  # within the spread of evaluations: not a slower machine
+    assert idle.slowdown == 1.0 and idle.room(4.0)
+    busy = FinishTimes.starting(pacer)
+    busy.evaluated(12, 16, 3.1)
+    assert busy.slowdown == pytest.approx(3.1 / 0.75)
+    assert busy.room(1.0) and not busy.room(2.0)  # (1 + 0) x 4.13 + 1 x 4.13 = 8.3 s of the 12 left; 2 s: 12.4
+
+
 def test_the_benchmarks_steps_warm_up_over_the_plan_their_timings_foretell_not_the_whole_warmup():
     """A 225 s fine-tune at the second scale: 3 s steps, 190 s left after the baseline evaluation. Its 25
     benchmark steps warmed up over the whole --warmup_steps (500): 0.2-5% of the rate, for half its steps."""

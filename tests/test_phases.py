@@ -542,6 +542,54 @@ def test_a_window_whose_micro_batches_get_three_times_slower_ends_early_inside_t
     assert "its window ended after" in log and "one more no longer fits before the final save" in log
 
 
+def test_a_micro_batch_that_slows_ten_times_while_it_runs_is_given_up_and_the_run_ends_inside_the_budget(
+    prepared_demo, tmp_path, timed_work
+):
+    """Windows of 4 micro-batches of 3 s; those that start in the last 20 s of a 60 s budget slow down while
+    they run, a fraction of a second of fake time at each module they call, up to 30 s (two processes took the
+    cores under it: on 2 cores a 12 s micro-batch took 40.7 s, and a 72 s run ended 8% over). The deadline
+    asked before the micro-batch could not see it; the watch inside it gives it up at the time the final save
+    needs, what the window ran before it is applied, and the run ends inside its budget."""
+    from finetune.training import step as step_module
+
+    fake, costs = timed_work
+    real_accumulate = step_module.TrainStep.accumulate
+
+    def slows_while_it_runs(self, batch, *args, **kwargs):
+        if fake.t < 40.0:
+            return real_accumulate(self, batch, *args, **kwargs)
+        costs["micro_batch_s"], added = 0.0, {"s": 0.0}
+
+        def busy(*_):
+            step_s = min(0.25, 30.0 - added["s"])
+            fake.t, added["s"] = fake.t + step_s, added["s"] + step_s
+
+        handle = torch.nn.modules.module.register_module_forward_pre_hook(busy)
+        try:
+            return real_accumulate(self, batch, *args, **kwargs)
+        finally:
+            handle.remove()
+            costs["micro_batch_s"] = 3.0
+
+    step_module.TrainStep.accumulate = slows_while_it_runs
+    try:
+        deadline_run(
+            prepared_demo,
+            tmp_path,
+            fake,
+            60.0,
+            "--max_samples",
+            "12",
+            "--gradient_accumulation_steps",
+            "4",
+            "--batch_size",
+            "2",
+        )
+    finally:
+        step_module.TrainStep.accumulate = real_accumulate
+    assert "given up after" in log_of(tmp_path)
+
+
 def test_a_coarse_last_step_is_cut_to_the_clips_that_fit(prepared_demo, tmp_path, timed_work):
     """Steps of one micro-batch of 8 clips, 16 s each (a clip 2 s): the last one is cut to the clips that
     still fit rather than leaving up to 16 s unused; the run ends inside its budget."""

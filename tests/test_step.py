@@ -485,3 +485,68 @@ def test_token_weights_count_in_the_prior_loss_only_on_the_frames_aligned_to_tho
     aligned = float((out.durations[:, 0] * only).sum())  # the frames the alignment gave that letter, every clip
     assert float(out.kl_weights.sum()) == pytest.approx(aligned) and 0 < aligned < float(out.frame_mask.sum())
     assert torch.isfinite(loss) and not torch.allclose(loss, plain)
+
+
+class GivenUpAt(ListSource):
+    """Micro-batches from a list, the one numbered `late` watched by a check that turns late at its `at`-th
+    question (the watch asks before every module's forward and for every trained weight's gradient)."""
+
+    def __init__(self, batches, late: int, at: int):
+        super().__init__(batches)
+        self.late, self.at, self.drawn, self.asked = late, at, 0, 0
+
+    def draw(self, index):
+        self.drawn = index
+        return super().draw(index)
+
+    def late_check(self):
+        if self.drawn != self.late:
+            return None
+
+        def is_late():
+            self.asked += 1
+            return self.asked >= self.at
+
+        return is_late
+
+
+def test_a_micro_batch_given_up_mid_backward_leaves_the_step_the_earlier_ones_made(prepared_demo):
+    """A window of two micro-batches whose second is given up inside its backward (the deadline came while
+    the machine was slow): the update is the one the first micro-batch alone makes, and the step says so."""
+    loaded = tiny_generator(prepared_demo)
+    batch = demo_batch(prepared_demo, loaded.tokenizer)
+    first, second = batch.first(2), batch.first(3)
+    start = copy.deepcopy(loaded.model.state_dict())
+
+    def stepped(source, window):
+        loaded.model.load_state_dict(start)
+        step = make_step(loaded.model.train())
+        torch.manual_seed(7)
+        return step, step.optimizer_step(source, window)
+
+    counting = GivenUpAt([first, second], late=2, at=10**9)  # watched, never late: how many questions a micro-batch asks
+    stepped(counting, WindowShape(2, 2, 1, 1))
+    questions = counting.asked
+    assert questions > 50
+
+    alone_step, alone = stepped(ListSource([first]), WindowShape(1, 1, 1, 1))
+    alone_weights = [p.detach().clone() for p in alone_step.generator_params + list(alone_step.discriminator.parameters())]
+    late_source = GivenUpAt([first, second], late=2, at=questions - 10)  # among the last: the weights' gradients
+    late_step, result = stepped(late_source, WindowShape(2, 2, 1, 1))
+    assert result.cut_by_deadline and result.used == 1 and result.clips == len(first) and result.given_up_s > 0
+    assert result.applied and alone.applied and result.losses == pytest.approx(alone.losses)
+    late_weights = late_step.generator_params + list(late_step.discriminator.parameters())
+    assert all(torch.allclose(a, b, atol=1e-7) for a, b in zip(alone_weights, late_weights))
+    assert not all(torch.equal(p, start[name]) for name, p in loaded.model.state_dict().items())  # it did learn
+
+
+def test_a_first_micro_batch_given_up_applies_nothing_and_leaves_no_gradient(prepared_demo):
+    loaded = tiny_generator(prepared_demo)
+    batch = demo_batch(prepared_demo, loaded.tokenizer)
+    step = make_step(loaded.model.train())
+    before = [p.detach().clone() for p in step.generator_params]
+    result = step.optimizer_step(GivenUpAt([batch.first(2)], late=1, at=1), WindowShape(1, 1, 1, 1))
+    assert not result.applied and result.used == 0 and result.clips == 0 and result.cut_by_deadline
+    assert "given up" in result.reason
+    assert all(p.grad is None for p in step.generator_params + list(step.discriminator.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, step.generator_params))

@@ -150,11 +150,13 @@ class StepTimer:
     def ready(self) -> bool:
         return self.micro_batches.ready
 
-    def record(self, micro_batch_s: list[float], update_s: float) -> None:
-        """A step's timings: each whole micro-batch (a cut one is not what a whole one costs), the update."""
+    def record(self, micro_batch_s: list[float], update_s: float | None) -> None:
+        """A step's timings: each whole micro-batch (a cut one is not what a whole one costs), the update (None:
+        the step made none)."""
         for seconds in micro_batch_s:
             self.micro_batches.add(seconds)
-        self.updates.add(update_s)
+        if update_s is not None:
+            self.updates.add(update_s)
 
     @property
     def micro_batch_s(self) -> float:

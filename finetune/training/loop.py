@@ -162,7 +162,7 @@ class TrainingLoop:
                 result = self.parts.step.optimizer_step(
                     source, self.context.dist.broadcast(pacer.next_window()), generator=False
                 )
-            pacer.timer.record(result.micro_batch_s, result.update_s)
+            pacer.timer.record(result.micro_batch_s, result.update_s if result.used else None)
             self.count_samples(result.clips, result.epoch_ended)
             reached = warmup.record(result, self.context.now() - started)
             failure = self.after_failure(result, f"discriminator warm-up step {progress.done}")
@@ -279,9 +279,13 @@ class TrainingLoop:
         return path is not None
 
     def final_evaluation(self, times: FinishTimes) -> None:
-        """The final evaluation; a best model it exports tells how much slower than planned exports now run."""
+        """The final evaluation; how fast it scored its clips, and a best model it exports, tell how much slower
+        than planned the rest of the finish will run (shared: each process decides the finish's parts alike)."""
         best_before = self.state.best.step
-        self.evaluations.evaluate(final=True)
+        result = self.evaluations.evaluate(final=True)
+        done = self.context.dist.broadcast((result.clips_scored, result.clips_planned, result.seconds) if result else None)
+        if done:
+            times.evaluated(*done)
         if self.state.best.step == self.state.step != best_before:
             times.took(times.planned.export_s, self.pacer.costs.export_s)
 
@@ -382,7 +386,7 @@ class TrainingLoop:
                         discriminator=step.discriminator_learns(number),
                         duration=step.duration_learns(number),
                     )
-                pacer.timer.record(result.micro_batch_s, result.update_s)  # 4
+                pacer.timer.record(result.micro_batch_s, result.update_s if result.used else None)  # 4
                 if not result.oom:
                     break
                 if attempt == 2:  # even the smaller micro-batches: counted toward the next refit (or the stop)
@@ -398,10 +402,16 @@ class TrainingLoop:
                 )
             if result.cut_by_deadline:  # the machine slowed down mid-window: what ran is applied, the run ends
                 last = True
+                why = (
+                    f"micro-batch {result.used + 1} given up after {result.given_up_s:.1f}s, at the time the final "
+                    "save needs (the machine slowed down under it)"
+                    if result.given_up_s
+                    else f"the last one {result.micro_batch_s[-1] if result.micro_batch_s else 0:.1f}s (slower than "
+                    "planned): one more no longer fits before the final save"
+                )
                 self.context.run_log.logger.info(
-                    f"step {number}: its window ended after {result.used} of {window.micro_batches} micro-batches, the "
-                    f"last one {result.micro_batch_s[-1] if result.micro_batch_s else 0:.1f}s (slower than planned): "
-                    "one more no longer fits before the final save; the run's last step"
+                    f"step {number}: its window ended after {result.used} of {window.micro_batches} micro-batches, "
+                    f"{why}; the run's last step"
                 )
             elapsed = self.context.now() - started  # 6
             self.progress.train_s += elapsed

@@ -118,7 +118,17 @@ def build_machinery(
         if step.device.type == "cpu"
         else None
     )
-    windows = WindowRunner(step, feed, parts.sampler, budget.clock, context.stop, cpu_threads, pacer.one_more_fits)
+    windows = WindowRunner(
+        step,
+        feed,
+        parts.sampler,
+        budget.clock,
+        context.stop,
+        cpu_threads,
+        pacer.one_more_fits,
+        pacer.must_end_in_s,
+        lambda: timer.micro_batch_s,
+    )
     fitter = BatchFitter(settings.batch, state.batch, step, parts.sampler, feed, timer, context.run_log)
     timer.clips = fitter.micro_batch  # the last micro-batch may be cut a clip at a time
     saver = Saver(

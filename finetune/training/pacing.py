@@ -163,6 +163,12 @@ class Pacer:
         final save (at its slowdown) and the margin."""
         return self.room_for(last_micro_batch_s + self.timer.update_s)
 
+    def must_end_in_s(self) -> float:
+        """Seconds from now by which a micro-batch under way must end for the update, the final save (at its
+        slowdown) and the margin to still fit: a micro-batch still running then is given up
+        (finetune/training/late.py)."""
+        return self.budget.left_s() - self.final_reserve_s - self.margin_s - self.timer.update_s
+
     def may_start_step(self) -> bool:
         return self.room_for(self.one_more_step_s)
 

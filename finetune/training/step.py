@@ -17,7 +17,9 @@ TrainStep.optimizer_step is the whole step in one place, top to bottom: the micr
 time (finetune/training/window.py draws them, honouring a stop between them), the last one cut to the
 clips that fit, forward and backward through the gradient scaler, the out-of-memory and non-finite
 guards, unscale, clip, step. How many micro-batches it runs and where the last is cut were decided by
-the loop before it started (finetune/training/pacing.py, next_window); an epoch's end ends it early.
+the loop before it started (finetune/training/pacing.py, next_window); an epoch's end ends it early, and
+so does the deadline: asked before each micro-batch, and inside one that runs near it (finetune/training/
+late.py: given up part-way, its gradients put back, when the machine slowed down under it).
 Each clip weighs the same: a micro-batch's mean loss counts in proportion to its clips, and the gradients
 are the mean over every clip the window used (so a micro-batch cut to 2 of 8 clips does not weigh each
 of them 4 times). A CUDA out-of-memory error inside a window drops that window (counted, logged with the
@@ -48,7 +50,7 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 from transformers import VitsModel
@@ -57,6 +59,7 @@ from finetune.data.examples import Batch
 from finetune.data.features import Features
 from finetune.system.profile import section
 from finetune.training.distributed import Distributed
+from finetune.training.late import MicroBatchLate, given_up_when_late
 from finetune.training.pacing import WindowShape
 from finetune.vits.discriminator import Discriminator
 from finetune.vits.losses import LossWeights, discriminator_loss
@@ -181,6 +184,7 @@ class StepResult:
     )  # each whole micro-batch's seconds (data, forward, backward)
     update_s: float = 0.0  # seconds of the update (the finiteness check, averaging, clipping, the optimizers)
     cut_by_deadline: bool = False  # the window ended before its planned micro-batches: they no longer fitted
+    given_up_s: float = 0.0  # seconds a micro-batch ran before it was given up at the deadline (0: none was)
 
 
 @dataclass
@@ -199,6 +203,11 @@ class MicroBatchSource(Protocol):
 
     def draw(self, index: int) -> tuple[Batch | None, bool]: ...
 
+    def late_check(self) -> Callable[[], bool] | None:
+        """For the micro-batch just drawn: what says when it can no longer end in time (then it is given up:
+        finetune/training/late.py), or None where it is not watched."""
+        ...
+
     def now(self) -> float: ...
 
 
@@ -210,6 +219,9 @@ class ListSource:
 
     def draw(self, index: int) -> tuple[Batch, bool]:
         return self.batches[index - 1], False
+
+    def late_check(self) -> None:
+        return None
 
     def now(self) -> float:
         return time.perf_counter()
@@ -437,11 +449,18 @@ class TrainStep:
                 longest, widest = max(longest, int(batch.frame_lengths.max())), max(widest, len(batch))
                 if not result.oom:
                     try:
-                        for name, value in self.accumulate(batch, scale, generator, discriminator, duration).items():
-                            totals[name] = totals.get(name, 0.0) + value * scale
+                        with given_up_when_late(source.late_check(), [self.model, self.discriminator]):
+                            terms = self.accumulate(batch, scale, generator, discriminator, duration)
+                    except MicroBatchLate:  # its gradients are back as the earlier micro-batches left them
+                        result.used, result.clips, result.cut_to = result.used - 1, result.clips - len(batch), 0
+                        result.cut_by_deadline, result.given_up_s = True, source.now() - started
+                        break
                     except torch.OutOfMemoryError:  # torch.cuda.OutOfMemoryError is this type
                         self.zero_grad()
                         result.oom = "out of GPU memory"
+                    else:
+                        for name, value in terms.items():
+                            totals[name] = totals.get(name, 0.0) + value * scale
                 if not result.cut_to:  # a cut micro-batch is not what a whole one costs
                     result.micro_batch_s.append(source.now() - started)
         except BaseException:
@@ -449,6 +468,10 @@ class TrainStep:
             raise
         if result.oom:
             result.oom = f"{result.used} micro-batches of up to {widest} clips (longest {longest} frames)"
+        if result.used == 0:  # its only micro-batch given up: nothing to apply
+            self.zero_grad()
+            result.reason = "its first micro-batch given up: the deadline came before it ended"
+            return result
         started = source.now()
         with section("optimizer"):
             self.update(result, totals, whole, generator, discriminator)
