@@ -23,8 +23,11 @@ people, rounds with exactly the flags a user runs, judged independently of the r
    The rest and the other sentences must stay within their noise: non-inferiority, the margin being a clip's own
    noise between two seeds of the voice before the round.
 
-Printed: each round's decision and what decided it, each case's judge table, one summary line a case. W/results.json
-holds it all.
+4. On the round's own held-out corrections, three measures the round could decide by, before and after, each with
+   its paired bound (bench/deciding_measures.py): which of them sees what the judge heard.
+
+Printed: each round's decision and what decided it, the measures of its held-out corrections, each case's judge
+table, one summary line a case. W/results.json holds it all.
 """
 
 from __future__ import annotations
@@ -40,9 +43,10 @@ from pathlib import Path
 
 import numpy as np
 
-from bench import learnt_voice
+from bench import deciding_measures, learnt_voice
 from bench.launcher import run_script
 from bench.machine import describe
+from finetune.feedback.focus import Focus
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_RECIPE = ["--discriminator_width", "0.0625", "--learning_rate", "2e-3", "--gradient_accumulation_steps", "1"]
@@ -408,6 +412,11 @@ def main() -> None:
         before = voice / "checkpoints" / "best_model"
         after = Path(report["app_dir"] if report["accepted"] else report["candidate_dir"])
         judged = judge_case(before, after, folders, mistake, 1 if args.smoke else args.judge_seeds)
+        held = deciding_measures.held_corrections(folders[f"corrections_{mistake.name}"], case / "voices" / "history.json")
+        focus = Focus(letters=(mistake.right,)) if mistake.kind == "letter" else Focus(words=(mistake.right,))
+        measures = deciding_measures.compared(before, after, held, focus, max(2, 1 if args.smoke else args.judge_seeds))
+        print("what each measure of the round's held-out corrections saw (bench/deciding_measures.py):", flush=True)
+        print("\n".join(deciding_measures.lines(measures)), flush=True)
         results[mistake.name] = {
             "round": {
                 k: report.get(k)
@@ -423,6 +432,7 @@ def main() -> None:
                 )
             },
             **judged,
+            "held_out_measures": measures,
         }
         print_case(mistake, results[mistake.name])
     print_summary(results)

@@ -296,6 +296,10 @@ def test_the_final_save_is_reserved_as_slow_as_the_micro_batches_have_become_sin
     assert timer.micro_batches.slowdown == 1.0 and pacer.slowdown == pytest.approx(2.0)
     pacer.costs_timed()  # an evaluation timed on the busy machine: its costs are the busy ones
     assert pacer.slowdown == 1.0
+    timer.micro_batches.recent.clear()  # a window still mostly idle: its own slowdown says 2x ...
+    timer.micro_batches.recent.extend([1.0] * 30 + [2.0] * 20)
+    assert timer.micro_batches.slowdown == pytest.approx(2.0)
+    assert pacer.slowdown == 1.0  # ... but the costs were timed at the busy speed: not slowed down again
 
 
 def test_a_finish_leaves_out_last_model_first_then_its_checkpoint():
@@ -311,6 +315,22 @@ def test_a_finish_leaves_out_last_model_first_then_its_checkpoint():
     assert last_model_choice(False, True, True, True) == export
     assert last_model_choice(False, True, False, True) == unfitted
     assert last_model_choice(False, True, False, False) == none
+
+
+def test_an_update_not_timed_yet_counts_half_a_micro_batch_in_the_decisions_mid_window():
+    """A run whose first step is its last (10 s micro-batches, 72 s): its update had never been timed and counted 0,
+    and the first AdamW step, making the optimizers' state, took 3.5 s past the point the final save needed."""
+    from finetune.training.pacing import Costs, Pacer
+
+    now = {"t": 50.0}
+    budget = Budget(target_s=72.0, clock=Clock(lambda: now["t"]), safety_s=1.0)
+    pacer = Pacer(budget, StepTimer(accumulation=4, skip=0), Costs(), 1e9)
+    assert pacer.one_more_fits(10.0)  # 22 s left: 10 + 5 (the untimed update) + 1 (the margin)
+    now["t"] = 58.0
+    assert not pacer.one_more_fits(10.0)  # 14 s left
+    assert pacer.must_end_in_s(10.0) == pytest.approx(14.0 - 1.0 - 5.0)
+    pacer.timer.record([10.0], 0.5)
+    assert pacer.one_more_fits(10.0) and pacer.must_end_in_s(10.0) == pytest.approx(14.0 - 1.0 - 0.5)
 
 
 def test_a_final_evaluation_that_scored_its_clips_slower_than_planned_slows_the_rest_of_the_finish():

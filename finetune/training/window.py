@@ -46,7 +46,7 @@ class WindowRunner:
         stop: StopRequest,
         cpu_threads: CpuThreads | None = None,
         one_more_fits: Callable[[float], bool] | None = None,
-        must_end_in_s: Callable[[], float] | None = None,
+        must_end_in_s: Callable[[float], float] | None = None,
         usual_s: Callable[[], float] | None = None,
     ):
         self.step, self.feed, self.sampler, self.clock, self.stop = step, feed, sampler, clock, stop
@@ -103,7 +103,7 @@ class WindowRunner:
         if self.must_end_in_s is None or self.usual_s is None or self.step.dist.active:
             return None
         expected_s = max(self.last_s, self.usual_s())
-        end_in_s = self.must_end_in_s()
+        end_in_s = self.must_end_in_s(expected_s)
         if expected_s <= 0 or end_in_s > AT_RISK * expected_s:
             return None
         end_at = self.clock.now() + end_in_s
