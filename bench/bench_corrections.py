@@ -412,7 +412,9 @@ def main() -> None:
         before = voice / "checkpoints" / "best_model"
         after = Path(report["app_dir"] if report["accepted"] else report["candidate_dir"])
         judged = judge_case(before, after, folders, mistake, 1 if args.smoke else args.judge_seeds)
-        held = deciding_measures.held_corrections(folders[f"corrections_{mistake.name}"], case / "voices" / "history.json")
+        held = deciding_measures.held_corrections(
+            folders[f"corrections_{mistake.name}"], case / "voices" / "history.json"
+        )
         focus = Focus(letters=(mistake.right,)) if mistake.kind == "letter" else Focus(words=(mistake.right,))
         measures = deciding_measures.compared(before, after, held, focus, max(2, 1 if args.smoke else args.judge_seeds))
         print("what each measure of the round's held-out corrections saw (bench/deciding_measures.py):", flush=True)

@@ -73,9 +73,7 @@ def readings(model_dir: Path, clips: list[tuple[str, str, Path]], focus, seeds: 
             found["sentence"][seed][item] = float(per_frame.mean())
             if spoken.any():
                 found["focus"][seed][item] = float(per_frame[spoken].mean())
-                found["relative"][seed][item] = differences.relative_distance(
-                    per_frame, speech.token_frames[0], mask
-                )
+                found["relative"][seed][item] = differences.relative_distance(per_frame, speech.token_frames[0], mask)
     return found
 
 

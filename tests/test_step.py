@@ -524,13 +524,17 @@ def test_a_micro_batch_given_up_mid_backward_leaves_the_step_the_earlier_ones_ma
         torch.manual_seed(7)
         return step, step.optimizer_step(source, window)
 
-    counting = GivenUpAt([first, second], late=2, at=10**9)  # watched, never late: how many questions a micro-batch asks
+    counting = GivenUpAt(
+        [first, second], late=2, at=10**9
+    )  # watched, never late: how many questions a micro-batch asks
     stepped(counting, WindowShape(2, 2, 1, 1))
     questions = counting.asked
     assert questions > 50
 
     alone_step, alone = stepped(ListSource([first]), WindowShape(1, 1, 1, 1))
-    alone_weights = [p.detach().clone() for p in alone_step.generator_params + list(alone_step.discriminator.parameters())]
+    alone_weights = [
+        p.detach().clone() for p in alone_step.generator_params + list(alone_step.discriminator.parameters())
+    ]
     late_source = GivenUpAt([first, second], late=2, at=questions - 10)  # among the last: the weights' gradients
     late_step, result = stepped(late_source, WindowShape(2, 2, 1, 1))
     assert result.cut_by_deadline and result.used == 1 and result.clips == len(first) and result.given_up_s > 0

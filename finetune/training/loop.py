@@ -283,7 +283,9 @@ class TrainingLoop:
         than planned the rest of the finish will run (shared: each process decides the finish's parts alike)."""
         best_before = self.state.best.step
         result = self.evaluations.evaluate(final=True)
-        done = self.context.dist.broadcast((result.clips_scored, result.clips_planned, result.seconds) if result else None)
+        done = self.context.dist.broadcast(
+            (result.clips_scored, result.clips_planned, result.seconds) if result else None
+        )
         if done:
             times.evaluated(*done)
         if self.state.best.step == self.state.step != best_before:
