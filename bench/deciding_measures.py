@@ -46,8 +46,11 @@ def held_corrections(corrections: Path, history: Path) -> list[tuple[str, str, P
     return found
 
 
-def readings(model_dir: Path, clips: list[tuple[str, str, Path]], focus, seeds: int) -> dict[str, list[dict]]:
-    """Each measure, a dict clip id -> value per seed."""
+def readings(
+    model_dir: Path, clips: list[tuple[str, str, Path]], focus, seeds: int, references: dict
+) -> dict[str, list[dict]]:
+    """Each measure, a dict clip id -> value per seed. `references`: each recording's warped cepstra by clip id,
+    made on first use and kept for the next model's readings."""
     import librosa
     import torch
     from transformers import VitsModel, VitsTokenizer
@@ -65,10 +68,11 @@ def readings(model_dir: Path, clips: list[tuple[str, str, Path]], focus, seeds: 
     for index, (item, text, recording) in enumerate(clips):
         ids = np.array(tokenizer(text).input_ids)
         mask = focus.token_mask(ids, decoder)
-        references = measures.warped_references(librosa.load(recording, sr=rate)[0], rate, mel)
+        if item not in references:
+            references[item] = measures.warped_references(librosa.load(recording, sr=rate)[0], rate, mel)
         for seed in range(seeds):
             speech = speak(model, [ids], torch.device("cpu"), 10_000 * seed + index, [ceiling_for_text(len(ids))])
-            per_frame = differences.frame_distances(mel(speech.waveforms[0]), references)
+            per_frame = differences.frame_distances(mel(speech.waveforms[0]), references[item])
             spoken = np.repeat(mask, speech.token_frames[0])[: len(per_frame)]
             found["sentence"][seed][item] = float(per_frame.mean())
             if spoken.any():
@@ -85,7 +89,9 @@ def compared(before_dir: Path, after_dir: Path, clips: list, focus, seeds: int) 
 
     if not clips:
         return {"clips": 0}
-    before, after = readings(before_dir, clips, focus, seeds), readings(after_dir, clips, focus, seeds)
+    references = {}
+    before = readings(before_dir, clips, focus, seeds, references)
+    after = readings(after_dir, clips, focus, seeds, references)
     mean = lambda by_seed: {k: float(np.mean([s[k] for s in by_seed if k in s])) for k in by_seed[0]}  # noqa: E731
     found = {"clips": len(clips)}
     for name in NAMES:

@@ -505,6 +505,18 @@ def test_the_micro_batch_deadline_cuts_the_last_window_short(prepared_demo, tmp_
     assert f"| {last['micro_batches']} of 4 micro-batches" in log_of(tmp_path)
 
 
+def windows_of_four(prepared_demo, run_dir, fake, accumulate) -> None:
+    """A 60 s run (deadline_run) of windows of 4 micro-batches of 2 clips, each micro-batch's forward and backward
+    through `accumulate` in place of TrainStep.accumulate."""
+    real_accumulate = step.TrainStep.accumulate
+    step.TrainStep.accumulate = accumulate
+    try:
+        flags = ["--max_samples", "12", "--gradient_accumulation_steps", "4", "--batch_size", "2"]
+        deadline_run(prepared_demo, run_dir, fake, 60.0, *flags)
+    finally:
+        step.TrainStep.accumulate = real_accumulate
+
+
 def test_a_window_whose_micro_batches_get_three_times_slower_ends_early_inside_the_budget(
     prepared_demo, tmp_path, timed_work
 ):
@@ -512,32 +524,15 @@ def test_a_window_whose_micro_batches_get_three_times_slower_ends_early_inside_t
     middle of a window, after it was decided). The window asks the deadline again before each micro-batch, at the
     speed the last one ran: it ends early, what ran is applied, and the run ends inside its budget. Before, the
     window ran its planned micro-batches whatever they took (a coarse run busy from half-way: 96 s past 180 s)."""
-    from finetune.training import step as step_module
-
     fake, costs = timed_work
-    drawn, real_accumulate = {"n": 0}, step_module.TrainStep.accumulate
+    drawn, real_accumulate = {"n": 0}, step.TrainStep.accumulate
 
     def slower_after_12(self, batch, *args, **kwargs):
         drawn["n"] += 1
         costs["micro_batch_s"] = 9.0 if drawn["n"] > 12 else 3.0
         return real_accumulate(self, batch, *args, **kwargs)
 
-    step_module.TrainStep.accumulate = slower_after_12
-    try:
-        deadline_run(
-            prepared_demo,
-            tmp_path,
-            fake,
-            60.0,
-            "--max_samples",
-            "12",
-            "--gradient_accumulation_steps",
-            "4",
-            "--batch_size",
-            "2",
-        )
-    finally:
-        step_module.TrainStep.accumulate = real_accumulate
+    windows_of_four(prepared_demo, tmp_path, fake, slower_after_12)
     log = log_of(tmp_path)
     assert "its window ended after" in log and "one more no longer fits before the final save" in log
 
@@ -550,10 +545,8 @@ def test_a_micro_batch_that_slows_ten_times_while_it_runs_is_given_up_and_the_ru
     cores under it: on 2 cores a 12 s micro-batch took 40.7 s, and a 72 s run ended 8% over). The deadline
     asked before the micro-batch could not see it; the watch inside it gives it up at the time the final save
     needs, what the window ran before it is applied, and the run ends inside its budget."""
-    from finetune.training import step as step_module
-
     fake, costs = timed_work
-    real_accumulate = step_module.TrainStep.accumulate
+    real_accumulate = step.TrainStep.accumulate
 
     def slows_while_it_runs(self, batch, *args, **kwargs):
         if fake.t < 40.0:
@@ -571,22 +564,7 @@ def test_a_micro_batch_that_slows_ten_times_while_it_runs_is_given_up_and_the_ru
             handle.remove()
             costs["micro_batch_s"] = 3.0
 
-    step_module.TrainStep.accumulate = slows_while_it_runs
-    try:
-        deadline_run(
-            prepared_demo,
-            tmp_path,
-            fake,
-            60.0,
-            "--max_samples",
-            "12",
-            "--gradient_accumulation_steps",
-            "4",
-            "--batch_size",
-            "2",
-        )
-    finally:
-        step_module.TrainStep.accumulate = real_accumulate
+    windows_of_four(prepared_demo, tmp_path, fake, slows_while_it_runs)
     assert "given up after" in log_of(tmp_path)
 
 

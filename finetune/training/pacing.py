@@ -37,8 +37,6 @@ from finetune.system.time_limit import TimeLimit
 from finetune.training.budget import Budget, Plan, StepTimer, learning_rate, make_plan
 
 SLOWER_BY = 1.25  # micro-batches this much slower than when the final save was timed: the machine slowed down
-
-
 UNTIMED_UPDATE = 0.5  # an update not timed yet: this share of a micro-batch
 
 
