@@ -8,10 +8,15 @@ attention; with no audio the voice's own sentences would only hold through the r
 also takes `batch` sentences (the voice's corpus and the corrections' texts, drawn in turn with a seed), runs them
 through the text encoder as it is and as it started (both without dropout: the function, not its noise), and adds
 
-    weight x mean over the tokens held, of the squared difference of the prior's means and log spreads
+    weight x mean over the tokens held, of the squared difference of the prior's means and log spreads, and of
+             what the duration predictor reads of the text there
 
-A text pass costs a small share of a micro-batch (no audio, no flow, no decoder). The duration predictor is not
-held here: a round freezes it (the correctors' tempo is theirs, not the voice's).
+The duration predictor itself is frozen in a round (the correctors' tempo is theirs, not the voice's), but it reads
+the text encoder's hidden states, which a word's round trains: held on the prior alone, the voice's own clips came
+out 12% longer after a round on "min" (bench/log/2026-12-04.md). So what it reads is held too: the stochastic
+predictor's conditioning of its flows (its conv_pre, DDSConv and projection of the hidden states: every input of
+its reverse pass but the noise), the hidden states themselves for a deterministic one. A text pass costs a small
+share of a micro-batch (no audio, no flow, no decoder).
 """
 
 from __future__ import annotations
@@ -43,8 +48,10 @@ class TextAnchor:
             raise ValueError("a text anchor needs at least one text")
         self.texts, self.held, self.weight, self.batch = texts, held, weight, batch
         self.start = copy.deepcopy(model.text_encoder).eval()
-        for parameter in self.start.parameters():
+        self.start_predictor = copy.deepcopy(model.duration_predictor).eval()
+        for parameter in [*self.start.parameters(), *self.start_predictor.parameters()]:
             parameter.requires_grad_(False)
+        self.stochastic = bool(model.config.use_stochastic_duration_prediction)
         self.order = np.random.default_rng(seed).permutation(len(texts))
         self.next = 0
 
@@ -54,6 +61,12 @@ class TextAnchor:
         return picked
 
     def loss(self, model) -> torch.Tensor:
+        prior, durations = self.parts(model)
+        return self.weight * (prior + durations)
+
+    def parts(self, model) -> tuple[torch.Tensor, torch.Tensor]:
+        """The mean squared moves, over the held tokens of the next texts, of the prior (means and log spreads)
+        and of what the duration predictor reads (unweighted)."""
         picked = self.draw()
         device = next(model.text_encoder.parameters()).device
         tokens = max(len(self.texts[i]) for i in picked)
@@ -66,15 +79,31 @@ class TextAnchor:
             attention[row, :count] = 1
             held[row, :count] = torch.from_numpy(self.held[i].astype(np.float32))
         ids, attention, held = ids.to(device), attention.to(device), held.to(device)
-        encoder, was_training = model.text_encoder, model.text_encoder.training
+        encoder, predictor = model.text_encoder, model.duration_predictor
+        modes = encoder.training, predictor.training
         encoder.eval()  # the function without its dropout noise, as the start is read
+        predictor.eval()
         try:
             now = encode_text(model, ids, attention)
+            reading = self.duration_reading(predictor, now.hidden, now.mask)
         finally:
-            encoder.train(was_training)
+            encoder.train(modes[0])
+            predictor.train(modes[1])
         with torch.no_grad():
             start = self.start(input_ids=ids, padding_mask=attention.unsqueeze(-1).float(), attention_mask=attention)
+            start_reading = self.duration_reading(
+                self.start_predictor, start.last_hidden_state.transpose(1, 2), now.mask
+            )
         m_start, logs_start = start.prior_means.transpose(1, 2), start.prior_log_variances.transpose(1, 2)
         squared = (now.m_p.float() - m_start.float()) ** 2 + (now.logs_p.float() - logs_start.float()) ** 2
-        per_token = squared.mean(1)  # [batch, tokens]
-        return self.weight * (per_token * held).sum() / held.sum().clamp(min=1.0)
+        count = held.sum().clamp(min=1.0)
+        prior = (squared.mean(1) * held).sum() / count  # over [batch, tokens]
+        durations = (((reading.float() - start_reading.float()) ** 2).mean(1) * held).sum() / count
+        return prior, durations
+
+    def duration_reading(self, predictor, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """[batch, channels, tokens]: what `predictor` reads of the hidden states, as transformers' reverse pass
+        reads them (without its detach; the voice's speaker conditioning is pinned at zero in a round)."""
+        if not self.stochastic:
+            return hidden * mask
+        return predictor.conv_proj(predictor.conv_dds(predictor.conv_pre(hidden), mask)) * mask
