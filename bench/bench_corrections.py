@@ -162,12 +162,18 @@ def feedback_round(voice: Path, data: Path, corrections: Path, case: Path, smoke
         case / "round.log",
         "the feedback round",
     )
-    round_dir = voices / "rounds" / "round_001"
+    return round_report(case)
+
+
+def round_report(case: Path) -> dict:
+    """A case's round report, with `candidate_dir` (the round's model, accepted or not: its best evaluation
+    after the start, else its last) and `app_dir` (the copy's final_model, which an accepted round replaced)."""
+    round_dir = case / "voices" / "rounds" / "round_001"
     report = json.loads((round_dir / "feedback_report.json").read_text(encoding="utf-8"))
     best = round_dir / "checkpoints" / "best_model"
     trained = (best / "eval.json").is_file() and json.loads((best / "eval.json").read_text())["step"] > 0
     report["candidate_dir"] = str(best if trained else round_dir / "checkpoints" / "last_model")
-    report["app_dir"] = str(run_dir / "final_model")
+    report["app_dir"] = str(case / "run" / "final_model")
     return report
 
 
