@@ -88,9 +88,11 @@ class FeedbackConfig(TrainingFlags):
         "round finds they share (the words and letters they hold far more often than the voice's own sentences)",
     )
     text_anchor_weight: float = flag(
-        10.0,
-        "--acoustics focus: how strongly the voice's prior (the text encoder's output) is held to the start on its own "
-        "sentences and on what the corrections do not correct (finetune/feedback/anchor.py; 0: not held)",
+        -1.0,
+        "--acoustics focus: how strongly the voice's prior (the text encoder's output) and what its duration predictor "
+        "reads of it are held to the start on its own sentences and on what the corrections do not correct "
+        "(finetune/feedback/anchor.py; 0: not held; -1: 100 for a round on a word, whose text encoder layers learn, "
+        "10 on letters alone)",
     )
     app_model_dir: str | None = flag(
         None,
@@ -146,9 +148,13 @@ class FeedbackConfig(TrainingFlags):
             problems.append(f"--timbre_first {self.timbre_first}: give a share from 0 up to (not including) 1")
         if not 0 <= self.holdout_share < 1:
             problems.append(f"--holdout_share {self.holdout_share}: give a share from 0 up to (not including) 1")
-        for name in ("replay_ratio", "target_hours", "text_anchor_weight"):
+        for name in ("replay_ratio", "target_hours"):
             if getattr(self, name) < 0:
                 problems.append(f"--{name} {getattr(self, name)}: must be 0 or more")
+        if self.text_anchor_weight < 0 and self.text_anchor_weight != -1:
+            problems.append(
+                f"--text_anchor_weight {self.text_anchor_weight}: must be 0 or more, or -1 (by what the round trains)"
+            )
         if self.corrections_voice not in ("own", "voice"):
             problems.append(f"--corrections_voice {self.corrections_voice}: choose own or voice")
         if self.rollback and self.review:

@@ -709,6 +709,26 @@ def test_the_text_anchor_holds_what_the_duration_predictor_reads_of_the_voices_t
     assert all(p.grad is None for p in model.duration_predictor.parameters())
 
 
+def test_a_round_on_a_word_holds_the_rest_of_the_voice_harder_than_one_on_letters():
+    """By default (-1) the anchor's weight follows what the round trains: a word's round trains the text encoder's
+    layers, which every sentence passes through (at 10 a learnt word was fixed and the voice's own clips moved beyond
+    their noise; at 100 it was fixed as much and the rest held: bench/log/2026-12-05.md); a weight given is kept."""
+    from types import SimpleNamespace
+
+    from finetune.feedback.focus import Focus
+    from finetune.feedback.recipe import LETTER_ANCHOR_WEIGHT, WORD_ANCHOR_WEIGHT, anchor_weight
+    from finetune.settings import ConfigError
+
+    auto = SimpleNamespace(text_anchor_weight=-1.0)
+    assert anchor_weight(auto, Focus(words=("min",))) == WORD_ANCHOR_WEIGHT == 100.0
+    assert anchor_weight(auto, Focus(words=("min",), letters=("x",))) == WORD_ANCHOR_WEIGHT
+    assert anchor_weight(auto, Focus(letters=("x",))) == LETTER_ANCHOR_WEIGHT == 10.0
+    assert anchor_weight(SimpleNamespace(text_anchor_weight=0.0), Focus(words=("min",))) == 0.0  # not held
+    assert anchor_weight(SimpleNamespace(text_anchor_weight=30.0), Focus(letters=("x",))) == 30.0
+    with pytest.raises(ConfigError, match="--text_anchor_weight -2"):
+        train_feedback.FeedbackConfig(text_anchor_weight=-2.0)
+
+
 def test_training_only_some_token_rows_leaves_every_other_row_exactly_where_it_was(prepared_demo):
     from finetune.data.features import FeatureConfig, Features
     from finetune.training.step import Precision, StepSettings, TrainStep
