@@ -41,6 +41,7 @@ holds:
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -154,8 +155,10 @@ def readings(
     return found
 
 
+@functools.cache
 def phonetic_judges():
-    """The phonetic judge and the phone error rate, sharing one recogniser."""
+    """The phonetic judge and the phone error rate, sharing one recogniser (one a process: the recordings'
+    posteriors are remembered from one model's readings to the next)."""
     from finetune.reporting.judges import PhoneErrorJudge, PhonemeRecogniser, PhoneticJudge
 
     recogniser = PhonemeRecogniser()
@@ -280,6 +283,7 @@ def main() -> None:
         default=True,
         help="also each measure on a letter said as another (letter_ladders)",
     )
+    parser.add_argument("--pairs", type=int, default=3, help="letter ladders a case (the most frequent swaps)")
     args = parser.parse_args()
     print(f"machine: {describe()}", flush=True)
     work, found = Path(args.work_dir), {}
@@ -299,7 +303,7 @@ def main() -> None:
         print("\n".join(lines(found[mistake.name])), flush=True)
         if args.ladders:
             trained = trained_corrections(corrections, case / "voices" / "history.json")
-            ladders = letter_ladders(before, trained, mistake.right + mistake.said, max(2, args.seeds))
+            ladders = letter_ladders(before, trained, mistake.right + mistake.said, max(2, args.seeds), args.pairs)
             found[mistake.name]["letter_ladders"] = ladders
             print("\n".join(ladder_lines(ladders)), flush=True)
     (work / "deciding_measures.json").write_text(json.dumps(found, indent=2, ensure_ascii=False), encoding="utf-8")

@@ -40,7 +40,7 @@ SMOKE = {
     "bench_train.py": ["--target_hours", "0.05", "--max_samples", "24", "--max_epochs", "1"],
 }
 # script -> a helper with a command line of its own, run after it on its work folder
-AFTER = {"bench_corrections.py": ("deciding_measures", ["--mistakes", "x:k", "--seeds", "2"])}
+AFTER = {"bench_corrections.py": ("deciding_measures", ["--mistakes", "x:k", "--seeds", "2", "--pairs", "1"])}
 
 
 def test_every_bench_script_has_a_smoke_setting():
