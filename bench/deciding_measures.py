@@ -82,21 +82,31 @@ def recogniser_frames(spoken: np.ndarray, seconds_a_frame: float, frames: int, w
     return marked
 
 
-def held_corrections(corrections: Path, history: Path) -> list[tuple[str, str, Path]]:
-    """(id, text, recording) of the corrections a round held out: their sentences are in the voices folder's
-    history.json (finetune/feedback/versions.py), by corrections.sentence_key."""
-    import json
-
-    from finetune.feedback.corrections import sentence_key
-
-    held = set(json.loads(history.read_text(encoding="utf-8")).get("held_out", [])) if history.is_file() else set()
+def corrections_of(corrections: Path) -> list[tuple[str, str, Path]]:
+    """(id, text, recording) of every correction in a folder (metadata.csv and wavs/)."""
     found = []
     for line in (corrections / "metadata.csv").read_text(encoding="utf-8").splitlines():
         item, text = line.split("|", 1)[0], line.split("|")[-1]
         recordings = sorted((corrections / "wavs").glob(f"{item}.*"))
-        if sentence_key(text) in held and recordings:
+        if recordings:
             found.append((item, text, recordings[0]))
     return found
+
+
+def held_sentences(history: Path) -> set[str]:
+    """The sentences a voice's rounds held out (finetune/feedback/versions.py's history.json), by
+    corrections.sentence_key."""
+    import json
+
+    return set(json.loads(history.read_text(encoding="utf-8")).get("held_out", [])) if history.is_file() else set()
+
+
+def held_corrections(corrections: Path, history: Path) -> list[tuple[str, str, Path]]:
+    """(id, text, recording) of the corrections a round held out."""
+    from finetune.feedback.corrections import sentence_key
+
+    held = held_sentences(history)
+    return [c for c in corrections_of(corrections) if sentence_key(c[1]) in held]
 
 
 def readings(
@@ -165,6 +175,11 @@ def phonetic_judges():
     return PhoneticJudge(recogniser), PhoneErrorJudge(recogniser)
 
 
+def seed_mean(by_seed: list[dict]) -> dict[str, float]:
+    """Clip id -> its value's mean over the seeds that took it."""
+    return {k: float(np.mean([s[k] for s in by_seed if k in s])) for k in by_seed[0]}
+
+
 def compared(before_dir: Path, after_dir: Path, clips: list, focus, seeds: int) -> dict:
     """Each measure on the held-out corrections: after - before (paired over clips, each a mean over seeds), its
     bound, whether beyond it either way, and the retest noise of a clip between the first two seeds before."""
@@ -176,12 +191,11 @@ def compared(before_dir: Path, after_dir: Path, clips: list, focus, seeds: int) 
     references = {}
     before = readings(before_dir, clips, focus, seeds, references)
     after = readings(after_dir, clips, focus, seeds, references)
-    mean = lambda by_seed: {k: float(np.mean([s[k] for s in by_seed if k in s])) for k in by_seed[0]}  # noqa: E731
     found = {"clips": len(clips)}
     for name in before:
         if not before[name][0]:
             continue  # not taken on any clip (no focus frame rendered)
-        found[name] = paired(mean(before[name]), mean(after[name]))
+        found[name] = paired(seed_mean(before[name]), seed_mean(after[name]))
         found[name]["retest_noise"] = retest_noise(before[name][0], before[name][1]) if seeds > 1 else math.nan
     return found
 
@@ -202,7 +216,6 @@ def letter_ladders(voice_dir: Path, clips: list, avoid: str, seeds: int, pairs: 
     joined = " ".join(text.lower() for _, text, _ in clips)
     usable = [(a, b) for a, b in SWAPS if a not in avoid and b not in avoid]
     chosen = sorted(usable, key=lambda pair: -joined.count(pair[0]))[:pairs]
-    mean = lambda by_seed: {k: float(np.mean([s[k] for s in by_seed if k in s])) for k in by_seed[0]}  # noqa: E731
     found, references = {}, {}
     for right, wrong in chosen:
         focus = Focus(letters=(right,))
@@ -212,7 +225,7 @@ def letter_ladders(voice_dir: Path, clips: list, avoid: str, seeds: int, pairs: 
         changed = readings(voice_dir, subset, focus, seeds, references, said=swapped)
         found[f"{right}->{wrong}"] = {
             name: {
-                **paired(mean(as_is[name]), mean(changed[name])),
+                **paired(seed_mean(as_is[name]), seed_mean(changed[name])),
                 "retest_noise": retest_noise(as_is[name][0], as_is[name][1]) if seeds > 1 else math.nan,
             }
             for name in as_is
@@ -238,14 +251,10 @@ def ladder_lines(found: dict) -> list[str]:
 
 def trained_corrections(corrections: Path, history: Path) -> list[tuple[str, str, Path]]:
     """(id, text, recording) of the corrections a round did not hold out (those it trained on)."""
-    held = {item for item, _, _ in held_corrections(corrections, history)}
-    found = []
-    for line in (corrections / "metadata.csv").read_text(encoding="utf-8").splitlines():
-        item, text = line.split("|", 1)[0], line.split("|")[-1]
-        recordings = sorted((corrections / "wavs").glob(f"{item}.*"))
-        if item not in held and recordings:
-            found.append((item, text, recordings[0]))
-    return found
+    from finetune.feedback.corrections import sentence_key
+
+    held = held_sentences(history)
+    return [c for c in corrections_of(corrections) if sentence_key(c[1]) not in held]
 
 
 def lines(found: dict) -> list[str]:
