@@ -1,5 +1,7 @@
 """The budget's arithmetic: learning-rate curve, plan, fit decisions, step timing."""
 
+import logging
+
 import pytest
 
 from finetune.training.budget import (
@@ -350,6 +352,37 @@ def test_a_final_evaluation_that_scored_its_clips_slower_than_planned_slows_the_
     busy.evaluated(12, 16, 3.1)
     assert busy.slowdown == pytest.approx(3.1 / 0.75)
     assert busy.room(1.0) and not busy.room(2.0)  # (1 + 0) x 4.13 + 1 x 4.13 = 8.3 s of the 12 left; 2 s: 12.4
+
+
+def test_a_best_model_of_a_final_evaluation_that_ran_slow_is_exported_without_its_tempo_fit_when_the_fit_no_longer_fits(
+    caplog,
+):
+    """The figures of a 72 s run the machine got busy under as it ended (bench_deadline.py fine-busy90): its final
+    evaluation, planned at 1.5 s for 16 clips, scored 6 in 3.1 s (5.5x), 2.8 s before the deadline, and its model
+    was the best. Its export with the tempo fit (0.6 s as timed), best_model's copy and the closing report, 5.5x
+    slower, and the margin do not fit: best_model is exported without the fit, said in the log and metrics.jsonl (it
+    had been fitted, 5x slower than timed, and the run ended 5% over). With 20 s left it is fitted."""
+    from types import SimpleNamespace
+
+    from finetune.training.evaluating import Evaluations
+    from finetune.training.pacing import Costs, Pacer
+
+    now, events = {"t": 72.0 - 2.8}, []
+    budget = Budget(target_s=72.0, clock=Clock(lambda: now["t"]), safety_s=1.0)
+    costs = Costs(eval_s=1.5, export_s=0.6, checkpoint_s=0.1, report_s=0.3, tempo_fit_s=0.4)
+    pacer = Pacer(budget, StepTimer(accumulation=1, skip=0), costs, 1e9)
+    logger = logging.getLogger("test_tempo_fits")
+    run_log = SimpleNamespace(logger=logger, event=lambda kind, **fields: events.append((kind, fields)))
+    evaluations = SimpleNamespace(pacer=pacer, context=SimpleNamespace(budget=budget, run_log=run_log))
+    result = SimpleNamespace(clips_scored=6, clips_planned=16, seconds=3.1)
+    with caplog.at_level(logging.INFO, logger="test_tempo_fits"):
+        assert not Evaluations.tempo_fits(evaluations, result)
+    assert events == [
+        ("left_out", {"part": "best_model's tempo fit", "needed_s": events[0][1]["needed_s"], "left_s": 2.8})
+    ]
+    assert events[0][1]["needed_s"] > 2.8 and "best_model's tempo fit left out" in caplog.text
+    now["t"] = 72.0 - 20.0
+    assert Evaluations.tempo_fits(evaluations, result) and len(events) == 1
 
 
 def test_the_benchmarks_steps_warm_up_over_the_plan_their_timings_foretell_not_the_whole_warmup():

@@ -22,6 +22,7 @@ from finetune.reporting.selection import (
 )
 from finetune.training.context import LoopContext
 from finetune.training.exports import Exports
+from finetune.training.finishing import FinishTimes
 from finetune.training.pacing import Pacer
 from finetune.training.state import TrainingState
 from finetune.vits.generator import train_mode
@@ -122,7 +123,7 @@ class Evaluations:
         if result.skipped:
             self.report_skipped(result, final)
             return result
-        improved, verdict, export_s = self.keep_if_best(result)
+        improved, verdict, export_s = self.keep_if_best(result, final)
         self.early_stop = bool(self.patience and self.state.best.evals_since >= self.patience)
         self.last, self.last_step = result, result.step
         logged = context.now()
@@ -146,9 +147,31 @@ class Evaluations:
         context.run_log.eval_s += spent
         return result
 
-    def keep_if_best(self, result: EvalResult) -> tuple[bool, str, float]:
+    def tempo_fits(self, result: EvalResult) -> bool:
+        """The final evaluation's: whether a best model's export with its tempo fit, its copy into the output folder
+        and what must follow still fit in the time left, at the speed the evaluation scored its clips
+        (finishing.py). A machine that got busy under the final evaluation of a 72 s run made the tempo fit after it
+        5x slower than timed, and the run ended 5% over; without the fit best_model keeps the model's own inference
+        settings (those the evaluation judged it with)."""
+        times = FinishTimes.starting(self.pacer)
+        times.evaluated(result.clips_scored, result.clips_planned, result.seconds)
+        if times.room(times.planned.export_s + times.planned.copy_s):
+            return True
+        needed, left = times.needed_s(times.planned.export_s + times.planned.copy_s), self.context.budget.left_s()
+        self.context.run_log.logger.warning(
+            f"warning: best_model's tempo fit left out (its config.json keeps the model's own settings): it needs "
+            f"about {needed:.1f}s with what must follow, the machine running {times.slowdown:.1f}x slower than when "
+            f"it was timed; {max(0.0, left):.1f}s are left: the deadline comes first"
+        )
+        self.context.run_log.event(
+            "left_out", part="best_model's tempo fit", needed_s=round(needed, 2), left_s=round(left, 2)
+        )
+        return False
+
+    def keep_if_best(self, result: EvalResult, final: bool = False) -> tuple[bool, str, float]:
         """The selection rule on an evaluation (one cut short: on the clips it scored, where selection.py
-        allows); its model exported as best_model when it wins. (whether it was kept, what decided, export
+        allows); its model exported as best_model when it wins, with its inference settings fitted (the final
+        evaluation's: where the time left allows, tempo_fits). (whether it was kept, what decided, export
         seconds)."""
         best, step = self.state.best, result.step
         candidate = standing(
@@ -187,7 +210,7 @@ class Evaluations:
                 {"eval.json": {**summary, "per_clip": result.per_clip_dict()}},
                 step,
                 summary,
-                tempo=True,
+                tempo=not final or self.tempo_fits(result),
             )
         if not improved:
             best.evals_since += 1
