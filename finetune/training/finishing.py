@@ -6,17 +6,19 @@ the finish slower than that reserve: so before each part that may be left out, t
 again, with each part's cost as planned times how much slower the machine runs now (the pacer's slowdown,
 and how much longer than planned the finish's own parts have taken so far). In order:
 
-    final evaluation    inside its time limit (pacing.py, evaluation_limit); it may export best_model. How
-                        fast it scored its clips against its planned cost a clip tells how much slower the
-                        parts after it will run (a machine that got busy during the last step is seen here)
+    final evaluation    inside its time limit (pacing.py, evaluation_limit); it may export best_model, with
+                        its tempo fit only where that still fits (evaluating.py, tempo_fits). How fast it
+                        scored its clips against its planned cost a clip tells how much slower the parts
+                        after it will run (a machine that got busy during the last step is seen here)
     final_model         the output folder, a copy of best_model (or the last weights): always written
     last checkpoint     left out when it no longer fits (the previous checkpoint stays)
     last_model          a copy of best_model when best_model holds these very weights (no second export,
                         no second tempo fit); else an export with its inference settings fitted; without
                         the fit when only the export fits; left out when neither does
 
-What the user loads (final_model, and best_model, written by the evaluations) is never left out; last_model
-goes first (its tempo fit before it), then the last checkpoint. Each part left out is said in the log and
+What the user loads (final_model, and best_model, written by the evaluations) is never left out, but the
+final evaluation's best_model may lose its tempo fit; last_model goes first (its tempo fit before it), then the
+last checkpoint. Each part left out is said in the log and
 in metrics.jsonl (`left_out`), with the seconds it needed and the seconds that were left.
 
 Imports only the pacer's module: the loop (finetune/training/loop.py) runs the parts.
