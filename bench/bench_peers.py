@@ -354,8 +354,8 @@ def child(record_dir: str, argv: list[str]) -> int:
     folder = Path(record_dir)
     real = Evaluations.keep_if_best
 
-    def keep_if_best(self, result):
-        kept = real(self, result)
+    def keep_if_best(self, result, final=False):
+        kept = real(self, result, final)
         if result.clips_scored == result.clips_planned:
             saved = folder / "curve" / f"step_{result.step:06d}"
             export_model(self.model, self.exports.saver.tokenizer, saved)

@@ -69,7 +69,7 @@ def child(record_dir: str, argv: list[str]) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     real = Evaluations.keep_if_best
 
-    def keep_if_best(self, result):
+    def keep_if_best(self, result, final=False):
         if result.clips_scored == result.clips_planned:
             export_model(self.model, self.exports.saver.tokenizer, folder / "evaluated" / f"step_{result.step:06d}")
             clips = {
@@ -78,7 +78,7 @@ def child(record_dir: str, argv: list[str]) -> int:
             }
             with open(folder / "evaluations.jsonl", "a", encoding="utf-8") as out:
                 out.write(json.dumps({"step": result.step, "clips": clips}) + "\n")
-        return real(self, result)
+        return real(self, result, final)
 
     Evaluations.keep_if_best = keep_if_best
     return run_script(lambda: train_vits.main(argv))
