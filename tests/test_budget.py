@@ -373,7 +373,8 @@ def test_a_best_model_of_a_final_evaluation_that_ran_slow_is_exported_without_it
     pacer = Pacer(budget, StepTimer(accumulation=1, skip=0), costs, 1e9)
     logger = logging.getLogger("test_tempo_fits")
     run_log = SimpleNamespace(logger=logger, event=lambda kind, **fields: events.append((kind, fields)))
-    evaluations = SimpleNamespace(pacer=pacer, context=SimpleNamespace(budget=budget, run_log=run_log))
+    context = SimpleNamespace(budget=budget, run_log=run_log)
+    evaluations = SimpleNamespace(pacer=pacer, context=context, exports=SimpleNamespace(fit_tempo=lambda model: None))
     result = SimpleNamespace(clips_scored=6, clips_planned=16, seconds=3.1)
     with caplog.at_level(logging.INFO, logger="test_tempo_fits"):
         assert not Evaluations.tempo_fits(evaluations, result)
@@ -382,6 +383,9 @@ def test_a_best_model_of_a_final_evaluation_that_ran_slow_is_exported_without_it
     ]
     assert events[0][1]["needed_s"] > 2.8 and "best_model's tempo fit left out" in caplog.text
     now["t"] = 72.0 - 20.0
+    assert Evaluations.tempo_fits(evaluations, result) and len(events) == 1
+    now["t"] = 72.0 - 2.8  # a run that fits no tempo (--inference_settings model) has none to leave out
+    evaluations.exports.fit_tempo = None
     assert Evaluations.tempo_fits(evaluations, result) and len(events) == 1
 
 

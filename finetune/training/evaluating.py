@@ -153,6 +153,8 @@ class Evaluations:
         (finishing.py). A machine that got busy under the final evaluation of a 72 s run made the tempo fit after it
         5x slower than timed, and the run ended 5% over; without the fit best_model keeps the model's own inference
         settings (those the evaluation judged it with)."""
+        if self.exports.fit_tempo is None:  # --inference_settings model: no fit to leave out
+            return True
         times = FinishTimes.starting(self.pacer)
         times.evaluated(result.clips_scored, result.clips_planned, result.seconds)
         if times.room(times.planned.export_s + times.planned.copy_s):
