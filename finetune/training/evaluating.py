@@ -157,17 +157,10 @@ class Evaluations:
             return True
         times = FinishTimes.starting(self.pacer)
         times.evaluated(result.clips_scored, result.clips_planned, result.seconds)
-        if times.room(times.planned.export_s + times.planned.copy_s):
+        part_s = times.planned.export_s + times.planned.copy_s
+        if times.room(part_s):
             return True
-        needed, left = times.needed_s(times.planned.export_s + times.planned.copy_s), self.context.budget.left_s()
-        self.context.run_log.logger.warning(
-            f"warning: best_model's tempo fit left out (its config.json keeps the model's own settings): it needs "
-            f"about {needed:.1f}s with what must follow, the machine running {times.slowdown:.1f}x slower than when "
-            f"it was timed; {max(0.0, left):.1f}s are left: the deadline comes first"
-        )
-        self.context.run_log.event(
-            "left_out", part="best_model's tempo fit", needed_s=round(needed, 2), left_s=round(left, 2)
-        )
+        times.left_out(self.context.run_log, "best_model's tempo fit", part_s)
         return False
 
     def keep_if_best(self, result: EvalResult, final: bool = False) -> tuple[bool, str, float]:

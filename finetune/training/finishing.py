@@ -104,3 +104,16 @@ class FinishTimes:
 
     def needed_s(self, part_s: float) -> float:
         return (part_s + self.then_s) * self.slowdown + self.margin_s
+
+    def left_out(self, run_log, what: str, planned_s: float) -> None:
+        """Said in the log and in metrics.jsonl: a part of the finish (planned at `planned_s`) the time left could
+        not hold."""
+        left_s, needed_s = self.pacer.budget.left_s(), self.needed_s(planned_s)
+        slower = (
+            f", the machine running {self.slowdown:.1f}x slower than when it was timed" if self.slowdown > 1 else ""
+        )
+        run_log.logger.warning(
+            f"warning: {what} left out: it needs about {needed_s:.1f}s with what must follow "
+            f"and the safety margin{slower}; {max(0.0, left_s):.1f}s are left: the deadline comes first"
+        )
+        run_log.event("left_out", part=what.split(" (")[0], needed_s=round(needed_s, 2), left_s=round(left_s, 2))

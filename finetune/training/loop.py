@@ -271,7 +271,9 @@ class TrainingLoop:
         if not self.pacer.costs.checkpoints:
             return False
         if not self.context.dist.broadcast(times.room(times.planned.checkpoint_s)):
-            self.leave_out("the last checkpoint (the one before it stays)", times, times.planned.checkpoint_s)
+            times.left_out(
+                self.context.run_log, "the last checkpoint (the one before it stays)", times.planned.checkpoint_s
+            )
             return False
         started = self.context.now()
         path = self.checkpoints.write(end_of_epoch=self.parts.sampler.state.position == 0, final=True)
@@ -306,28 +308,18 @@ class TrainingLoop:
             self.exports.copy_best_as_last(summary, step)
         elif choice == LAST_MODEL_CHOICES[3]:
             held = "the last checkpoint holds its weights" if checkpointed else "its weights are not kept"
-            self.leave_out(f"last_model ({held})", times, costs.copy_s if same_as_best else costs.export_s)
+            times.left_out(
+                self.context.run_log, f"last_model ({held})", costs.copy_s if same_as_best else costs.export_s
+            )
         else:
             fitted = choice == LAST_MODEL_CHOICES[1]
             if not fitted:
-                self.leave_out(
-                    "last_model's tempo fit (its config.json keeps the model's own settings)", times, costs.export_s
+                times.left_out(
+                    self.context.run_log,
+                    "last_model's tempo fit (its config.json keeps the model's own settings)",
+                    costs.export_s,
                 )
             self.exports.export(paths.last_dir, summary, step, self.last_evaluation_here(), tempo=fitted)
-
-    def leave_out(self, what: str, times: FinishTimes, planned_s: float) -> None:
-        """Said in the log and in metrics.jsonl: a part of the finish the time left could not hold."""
-        left_s = self.context.budget.left_s()
-        slower = (
-            f", the machine running {times.slowdown:.1f}x slower than when it was timed" if times.slowdown > 1 else ""
-        )
-        self.context.run_log.logger.warning(
-            f"warning: {what} left out: it needs about {times.needed_s(planned_s):.1f}s with what must follow "
-            f"and the safety margin{slower}; {max(0.0, left_s):.1f}s are left: the deadline comes first"
-        )
-        self.context.run_log.event(
-            "left_out", part=what.split(" (")[0], needed_s=round(times.needed_s(planned_s), 2), left_s=round(left_s, 2)
-        )
 
     def stop_cleanly(self) -> LoopResult:
         """After a stop request: back to the last completed step if it came mid-window, then a checkpoint
