@@ -36,63 +36,35 @@ import json
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from bench.launcher import run_script
 from bench.machine import describe
+from finetune.reporting.judge_ladders import (
+    LADDERS_OF,
+    Clip,
+    Ladder,
+    Rung,
+    as_recorded,
+    held_out,
+    rank_ladder,
+    recording_ladders,
+    render,
+    retest_sd,
+    score_rung,
+    set_reference,
+    tempo,
+    text_ladders,
+    with_noise,
+)
 
 REPO = Path(__file__).resolve().parent.parent
-LADDERS_OF = {
-    "speaker": ("checkpoints", "noise", "lowpass", "pitch", "other_speaker"),
-    "phonetic": ("checkpoints", "noise", "lowpass", "text_swaps", "words_dropped"),
-    "asr": ("checkpoints", "noise", "lowpass", "text_swaps", "words_dropped"),
-    "spectral": ("checkpoints", "noise", "lowpass", "text_swaps", "words_dropped"),
-    "naturalness": ("checkpoints", "noise", "lowpass"),
-}
-PAIRWISE = ("phonetic", "spectral")  # kinds that compare a clip with its own recording
 JUDGES = ("speaker", "phonetic", "phone_errors", "asr", "mcd", "naturalness")
 
 
-@dataclass
-class Clip:
-    """One rung's rendering of one held-out clip: the audio to judge, and what it should be."""
-
-    item_id: str
-    wave: np.ndarray
-    rate: int
-    reference: tuple  # (waveform, rate) of the clip's recording
-    text: str
-
-
-@dataclass
-class Rung:
-    label: str
-    clips: list
-    is_recording: bool = False  # the recordings themselves: no test for a judge comparing a clip with its own
-
-
-@dataclass
-class Ladder:
-    name: str
-    kind_of: str  # which LADDERS_OF entry it belongs to ("checkpoints" for checkpoints/V)
-    voice: str  # whose centroid the speaker judge measures against
-    rungs: list  # worst first
-
-
 # ---------------------------------------------------------------- the voices and their clips
-
-
-def held_out(data_dir: Path, speaker: str | None, count: int) -> list[tuple[str, str, np.ndarray, int]]:
-    """(id, text, recording, rate) of `count` held-out clips of `speaker` (all speakers' when None)."""
-    import soundfile as sf
-
-    from finetune.data.metadata import read_rows
-
-    rows = [r for r in read_rows(data_dir / "metadata_val.csv") if speaker is None or r[1] == speaker][:count]
-    return [(item, text, *sf.read(data_dir / "wavs" / f"{item}.wav", dtype="float32")) for item, _, text in rows]
 
 
 def pick_voices(model: Path, data_dir: Path) -> list[tuple[str, str | None]]:
@@ -188,84 +160,6 @@ def voice_of(folder: Path, speaker: str | None):
     return load_voice(folder, torch.device("cpu"), speaker=speaker)
 
 
-def render(voice, clips: list, texts: list[str] | None = None, seed: int = 0) -> list[Clip]:
-    """The voice saying each clip's text (or `texts`), one seeded request a clip."""
-    from finetune.vits.synthesis import numbered, prepare_lines, speak
-
-    said = []
-    for index, (item, text, audio, rate) in enumerate(clips):
-        line = prepare_lines(voice, numbered([texts[index] if texts else text]))[0]
-        wave = speak(voice, line.token_ids, seed + index) if line.token_ids is not None else np.zeros(1600, np.float32)
-        said.append(Clip(item, wave, voice.sample_rate, (audio, rate), text))
-    return said
-
-
-def as_recorded(clips: list, change=None) -> list[Clip]:
-    """The recordings themselves, each through `change(audio, rate)` when given."""
-    return [
-        Clip(item, change(audio, rate) if change else audio, rate, (audio, rate), text)
-        for item, text, audio, rate in clips
-    ]
-
-
-# ---------------------------------------------------------------- degradations
-
-
-def with_noise(snr_db: float, seed: int):
-    def change(audio, rate):
-        power = float(np.mean(audio**2)) or 1e-8
-        noise = np.random.default_rng(seed).standard_normal(len(audio)).astype(np.float32)
-        return np.clip(audio + noise * np.sqrt(power / 10 ** (snr_db / 10)), -1, 1).astype(np.float32)
-
-    return change
-
-
-def low_passed(cutoff_hz: float):
-    def change(audio, rate):
-        from scipy.signal import butter, sosfiltfilt
-
-        return sosfiltfilt(butter(8, cutoff_hz, fs=rate, output="sos"), audio).astype(np.float32)
-
-    return change
-
-
-def pitch_shifted(semitones: float):
-    def change(audio, rate):
-        import librosa
-
-        return librosa.effects.pitch_shift(audio, sr=rate, n_steps=semitones).astype(np.float32)
-
-    return change
-
-
-def tempo(length_factor: float):
-    def change(audio, rate):
-        import librosa
-
-        return librosa.effects.time_stretch(audio, rate=1.0 / length_factor).astype(np.float32)
-
-    return change
-
-
-def swap_letters(text: str, share: float, seed: int) -> str:
-    """`share` of the text's letters each replaced by another letter of the text."""
-    rng = np.random.default_rng(seed)
-    letters = sorted({c for c in text if c.isalpha()})
-    chars = list(text)
-    positions = [i for i, c in enumerate(chars) if c.isalpha()]
-    for i in rng.choice(positions, size=int(round(share * len(positions))), replace=False) if positions else []:
-        others = [c for c in letters if c != chars[i]] or letters
-        chars[i] = others[rng.integers(len(others))]
-    return "".join(chars)
-
-
-def drop_words(text: str, share: float, seed: int) -> str:
-    words = text.split()
-    drop = set(np.random.default_rng(seed).choice(len(words), size=int(share * len(words)), replace=False))
-    kept = [w for i, w in enumerate(words) if i not in drop]
-    return " ".join(kept or words[:1])
-
-
 # ---------------------------------------------------------------- the ladders
 
 
@@ -318,16 +212,7 @@ def build_ladders(
         else (lambda clips, texts=None, seed=0: render(kept_voice, clips, texts, seed))
     )
 
-    def degraded(label, changes):
-        return [Rung(f"{label} {c}", as_recorded(clips, f)) for c, f in changes] + [
-            Rung("as recorded", as_recorded(clips))
-        ]
-
-    ladders.append(
-        Ladder("noise", "noise", name, degraded("SNR dB", [(s, with_noise(s, seed)) for s in (0, 10, 20, 30)]))
-    )
-    ladders.append(Ladder("lowpass", "lowpass", name, degraded("Hz", [(c, low_passed(c)) for c in (1000, 2000, 4000)])))
-    ladders.append(Ladder("pitch", "pitch", name, degraded("+semitones", [(s, pitch_shifted(s)) for s in (6, 4, 2)])))
+    ladders += recording_ladders(clips, name, seed, {"noise", "lowpass", "pitch"})
     if len(voices) > 1:
         other = held_out(data_dir, voices[1][0], count)
         ladders.append(
@@ -338,66 +223,13 @@ def build_ladders(
                 [Rung(voices[1][0], as_recorded(other)), Rung(name, as_recorded(clips))],
             )
         )
-    texts = [text for _, text, _, _ in clips]
-    ladders.append(
-        Ladder(
-            "text_swaps",
-            "text_swaps",
-            name,
-            [
-                Rung(
-                    f"{int(100 * s)}% swapped",
-                    say(clips, [swap_letters(t, s, seed + i) for i, t in enumerate(texts)], seed),
-                )
-                for s in (0.4, 0.2, 0.1, 0.0)
-            ],
-        )
-    )
-    ladders.append(
-        Ladder(
-            "words_dropped",
-            "words_dropped",
-            name,
-            [
-                Rung(
-                    f"{int(100 * s)}% dropped",
-                    say(clips, [drop_words(t, s, seed + i) for i, t in enumerate(texts)], seed),
-                )
-                for s in (0.5, 0.25, 0.0)
-            ],
-        )
-    )
+    ladders += text_ladders(say, clips, name, seed, {"text_swaps", "words_dropped"})
     return ladders
 
 
 def set_voice(judge, data_dir: Path, voice: str, count: int) -> None:
     """The speaker judge's reference: the voice's held-out recordings."""
-    if hasattr(judge, "set_voice"):
-        judge.set_voice(
-            {
-                item: (audio, rate)
-                for item, _, audio, rate in held_out(data_dir, voice if voice != "voice" else None, count)
-            }
-        )
-
-
-def score_rung(judge, rung: Rung) -> list[float]:
-    return [judge.score(c.wave, c.rate, item_id=c.item_id, reference=c.reference, text=c.text) for c in rung.clips]
-
-
-def rank_ladder(judge, ladder: Ladder) -> dict:
-    """The judge's mean on each rung (those it can be tested on) and its Kendall tau against the rungs' order."""
-    from finetune.reporting.judges import kendall_tau
-
-    rungs = [r for r in ladder.rungs if not (r.is_recording and judge.kind in PAIRWISE)]
-    means = [float(np.mean(score_rung(judge, r))) for r in rungs]
-    oriented = means if judge.higher_is_better else [-m for m in means]
-    return {
-        "kendall_tau": kendall_tau(oriented),
-        "clips": len(rungs[0].clips) if rungs else 0,
-        "rungs": [r.label for r in rungs],
-        "means": [round(m, 4) for m in means],
-    }
+    set_reference(judge, held_out(data_dir, voice if voice != "voice" else None, count))
 
 
 def validate(judge, ladders: list, data_dir: Path, count: int) -> dict:
@@ -422,8 +254,7 @@ def retest_draws(kept: Path, voice, data_dir: Path, count: int, seed: int) -> tu
 def retest(judge, draws: tuple[Rung, Rung], data_dir: Path, voice: str, count: int) -> float:
     """The standard deviation of the per-clip difference between the judge's scores of the two draws."""
     set_voice(judge, data_dir, voice, count)
-    differences = np.array(score_rung(judge, draws[0])) - np.array(score_rung(judge, draws[1]))
-    return float(np.std(differences, ddof=1)) if len(differences) > 1 else float("nan")
+    return retest_sd(judge, draws)
 
 
 def tempo_rungs(data_dir: Path, voice: str, count: int) -> list[Rung]:

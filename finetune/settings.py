@@ -138,7 +138,7 @@ class TrainingFlags:
         None,
         "a results.json of bench/bench_judges.py run on your voice: the judges it found ranking every ladder right "
         "vote in this run (decide what is kept, and a feedback round); without it, those finetune/reporting/judges.py "
-        "names (today none beside MCD)",
+        "names (today none beside MCD), and in a feedback round those it validates on its voice by itself",
         on_resume="may_change",
     )
     asr_model: str | None = flag(

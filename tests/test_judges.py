@@ -53,7 +53,7 @@ class NoiseJudge(LoudnessJudge):
 
 
 def test_a_judge_that_ranks_a_ladder_wrongly_is_kept_from_voting(tmp_path):
-    from bench.bench_judges import Ladder, Rung, as_recorded, rank_ladder, with_noise
+    from finetune.reporting.judge_ladders import Ladder, Rung, as_recorded, rank_ladder, with_noise
 
     clips = [(item, "", audio, rate) for item, audio, rate in crowd_clips("ciya", 3)]
     rungs = [Rung(f"SNR {snr}", as_recorded(clips, with_noise(snr, 0))) for snr in (0, 10, 20)]

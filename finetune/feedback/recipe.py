@@ -19,11 +19,11 @@ from finetune.cli import config_to_dict
 from finetune.data import audio, sampler, speakers
 from finetune.data.corpus import tokenize
 from finetune.data.metadata import texts_of
-from finetune.feedback import corrections, decision, differences, hearing, listen_page, round_data
+from finetune.feedback import corrections, decision, differences, hearing, judge_check, listen_page, round_data
 from finetune.feedback import versions as versions_folder
 from finetune.feedback.anchor import TextAnchor
 from finetune.feedback.evaluator import FeedbackEvaluator
-from finetune.feedback.report import summary_text
+from finetune.feedback.report import judges_line, judges_record, summary_text
 from finetune.recipes import shared
 from finetune.reporting import evaluation, logs, measures, model_card
 from finetune.system import atomic
@@ -205,7 +205,8 @@ def fit_round(config, round_: shared.Run, data: round_data.RoundData, start, bas
     voice = speakers.TARGET_SPEAKER if speaker_layers.speaker_count(data.model) > 1 else None  # the corrections': 1
     rule = measures.TimingRule(config.max_length_ratio)
     texts = {**texts_of(Path(config.data_dir)), **texts_of(round_.folder / "corrections")}
-    judges = shared.judges_panel(config, round_, data.originals.examples, texts, data.rate)
+    validation = judge_check.VoiceValidation(base, Path(config.data_dir), data.voice, round_, config.seed)
+    judges = shared.judges_panel(config, round_, data.originals.examples, texts, data.rate, validation)
     common = dict(seed=config.seed, batch_size=session.eval_batch_size(round_.device), judges=judges)
     on_corrections = dict(speaker=voice, rule=None if own else rule, across_speakers=own, focus=data.masks or None)
     said = evaluation.Evaluator(
@@ -360,6 +361,7 @@ def conclude_round(
         "steps": result.state.step,
         "stop_reason": result.stop_reason,
         "time_used_s": round(round_.budget.used_s(), 1),
+        "judges": judges_record(evaluator.said.judges),
     }
     version = versions.accept(candidate, round_.folder.name, record) if verdict.accepted else None
     if not verdict.accepted:
@@ -399,6 +401,7 @@ def conclude_round(
         undo,
         words,
         data.focus.describe() if data.focus else "",
+        judges_line(evaluator.said.judges),
     )
     if version and versions.app_folder:
         text += (

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from finetune.feedback.decision import Decision
 from finetune.feedback.evaluator import change_pct, judge_keys
+from finetune.reporting.judges import CAN_VOTE
 
 
 def judged_change(decision: Decision, label: str) -> str:
@@ -18,6 +19,33 @@ def judged_change(decision: Decision, label: str) -> str:
     return f"; judges: {', '.join(pairs)}" if pairs else ""
 
 
+def judges_line(panel) -> str:
+    """Which judges voted in the round and why the others did not (a judges.Panel; "" without one)."""
+    if panel is None:
+        return ""
+    parts = [
+        f"{name} voted" if name in panel.voting else f"{name} only reported ({why_not(panel, name)})"
+        for name in panel.judges
+    ]
+    return "Judges: " + "; ".join(parts) + "."
+
+
+def why_not(panel, name: str) -> str:
+    if name in panel.why:
+        return panel.why[name]
+    return "it never decides" if name not in CAN_VOTE else "not found voting on this voice"
+
+
+def judges_record(panel) -> dict:
+    """name -> {"votes", "why"} of the round's judges (feedback_report.json)."""
+    if panel is None:
+        return {}
+    return {
+        name: {"votes": name in panel.voting, "why": "" if name in panel.voting else why_not(panel, name)}
+        for name in panel.judges
+    }
+
+
 def summary_text(
     round_name: str,
     decision: Decision,
@@ -28,6 +56,7 @@ def summary_text(
     undo_flags: str = "",
     words: list[str] = (),
     focus: str = "",
+    judges: str = "",
 ) -> str:
     """The readable report of a round; `undo_flags` are what the undo command needs besides --rollback
     (the versions folder when it is not the default); `words`: a line a correction, the words the voice said
@@ -81,6 +110,8 @@ def summary_text(
         lines.append(f"Checked: {decision.voice}.")
     if decision.identity:
         lines.append(f"Identity checked by {decision.identity}.")
+    if judges:
+        lines.append(judges)
     lines.append(
         f"Candidate: the model at step {decision.candidate_step}. Trained on {trained} corrections "
         f"+ {counts['replay']} replayed original clips"

@@ -152,14 +152,17 @@ def run_log(
     )
 
 
-def judges_panel(flags: TrainingFlags, run: Run, clips: list, texts: dict[str, str], sample_rate: int):
+def judges_panel(flags: TrainingFlags, run: Run, clips: list, texts: dict[str, str], sample_rate: int, validation=None):
     """The judges each evaluation asks (finetune/reporting/judges.py), with `clips` (Examples: the voice's own
     recordings) as the speaker judge's reference; None when off. --judges auto: speaker and phonetic where their
-    extra is installed, on a GPU, or on a CPU where one of them votes (validated: judges.VOTES or
-    --judges_validation), and any other judge validated to vote; on a CPU they double a small voice's evaluation
-    (a 6-minute round's took 60 s), which buys nothing while they only report. On the main process only, the one
-    that evaluates."""
+    extra is installed, on a GPU, or on a CPU where one of them votes (validated: judges.VOTES, --judges_validation
+    or `validation`), and any other judge validated to vote; on a CPU they double a small voice's evaluation (a
+    6-minute round's took 60 s), which buys nothing while they only report. `validation` (a feedback round's
+    finetune/feedback/judge_check.VoiceValidation): its known() votes, and each judge that can vote validated on
+    the voice by it, where no --judges_validation file says. On the main process only, the one that evaluates."""
+    validation = None if flags.judges_validation else validation
     votes = {**judging.VOTES, **(judging.validated_votes(flags.judges_validation) if flags.judges_validation else {})}
+    votes.update(validation.known() if validation else {})
     names = [name for name in flags.judges if name not in ("auto", "none")]
     if "auto" in flags.judges and (run.device.type == "cuda" or any(votes.get(n) for n in judging.DEFAULT)):
         names += [name for name in judging.DEFAULT if name not in names]
@@ -175,7 +178,9 @@ def judges_panel(flags: TrainingFlags, run: Run, clips: list, texts: dict[str, s
         run.logger.info(f"judges not measured: {', '.join(missing)} ({judging.INSTALL_HINT} to have them)")
     if not made:
         return None
-    panel = judging.Panel(made, texts, votes)
+    found = validation({n: j for n, j in made.items() if n in judging.CAN_VOTE}) if validation else {}
+    votes.update({name: bool(entry["votes"]) for name, entry in found.items()})
+    panel = judging.Panel(made, texts, votes, {n: e["why"] for n, e in found.items() if e.get("why")})
     try:
         panel.set_voice({e.item_id: (e.audio / 32768.0, sample_rate) for e in clips})  # int16 at the model's rate
     except judging.NoSpeech as error:
@@ -185,10 +190,17 @@ def judges_panel(flags: TrainingFlags, run: Run, clips: list, texts: dict[str, s
             return None
     run.logger.info(
         "judges: "
-        + ", ".join(f"{name}{' (votes)' if name in panel.voting else ' (reported)'}" for name in made)
+        + "; ".join(describe_vote(panel, name, name in found) for name in made)
         + f"; the voice's {len(clips)} held-out recordings are the speaker judge's reference"
     )
     return panel
+
+
+def describe_vote(panel, name: str, validated_here: bool) -> str:
+    """`phonetic (votes: validated on this voice)`, `speaker (reported: its pitch ladder ranked wrong ...)`."""
+    if name in panel.voting:
+        return f"{name} (votes{': validated on this voice' if validated_here else ''})"
+    return f"{name} (reported{': ' + panel.why[name] if name in panel.why else ''})"
 
 
 @dataclass

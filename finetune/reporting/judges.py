@@ -378,6 +378,7 @@ class Panel:
     judges: dict
     texts: dict = field(default_factory=dict)  # clip id -> its text
     votes: dict = field(default_factory=lambda: dict(VOTES))  # name -> whether it votes (validated_votes may add)
+    why: dict = field(default_factory=dict)  # name -> why it does not vote, where a validation on the voice said
 
     def set_voice(self, recordings: dict[str, tuple[np.ndarray, int]]) -> None:
         """The voice's own recordings (id -> (waveform, rate)): the speaker judge's reference."""
@@ -467,14 +468,31 @@ def kendall_tau(order: list[float]) -> float:
 
 
 def votes(ladders: dict[str, dict], retest_sd: float, tau: float = TAU_TO_VOTE) -> bool:
-    """Whether a judge may decide: each of its ladders ranked with Kendall tau >= `tau`, and its test-retest noise
-    small against the steps it is asked to tell apart (below half the smallest gap between neighbouring rungs of
-    each ladder: the same model drawn twice must score nearer itself than the nearest rungs score to each other).
-    A noise merely measured (finite) said nothing: any two clips give one."""
-    taus = [ladder["kendall_tau"] for ladder in ladders.values()]
-    if not taus or not all(np.isfinite(t) and t >= tau for t in taus) or not np.isfinite(retest_sd):
-        return False
-    return all(retest_sd < 0.5 * smallest_gap(ladder["means"]) for ladder in ladders.values())
+    """Whether a judge may decide (why_not_voting finds nothing against it)."""
+    return not why_not_voting(ladders, retest_sd, tau)
+
+
+def why_not_voting(ladders: dict[str, dict], retest_sd: float, tau: float = TAU_TO_VOTE) -> str:
+    """Why a judge may not decide, in words ("" when it may): each of its ladders must be ranked with Kendall tau
+    >= `tau`, and its test-retest noise small against the steps it is asked to tell apart (below half the smallest
+    gap between neighbouring rungs of each ladder: the same model drawn twice must score nearer itself than the
+    nearest rungs score to each other). A noise merely measured (finite) says nothing: any two clips give one."""
+    if not ladders:
+        return "no ladder ranked"
+    for name, ladder in ladders.items():
+        t = ladder["kendall_tau"]
+        if not (np.isfinite(t) and t >= tau):
+            return f"its {name} ladder ranked wrong (Kendall tau {t:+.2f}, at least {tau:g} needed)"
+    if not np.isfinite(retest_sd):
+        return "its test-retest noise could not be measured"
+    for name, ladder in ladders.items():
+        gap = smallest_gap(ladder["means"])
+        if not retest_sd < 0.5 * gap:
+            return (
+                f"two draws of the voice differ by {retest_sd:.3g} (test-retest), not below half the smallest step "
+                f"of its {name} ladder ({gap:.3g})"
+            )
+    return ""
 
 
 def smallest_gap(means: list[float]) -> float:
