@@ -755,10 +755,13 @@ def test_training_only_some_token_rows_leaves_every_other_row_exactly_where_it_w
     assert moved == focus, (moved, focus)  # used rows outside the focus had gradients: they were held
 
 
-def test_a_round_on_a_letter_trains_only_that_letters_embedding(prepared_demo, base_run, tmp_path, timed_work):
+def test_a_round_on_a_letter_trains_only_that_letters_embedding_and_the_flow(
+    prepared_demo, base_run, tmp_path, timed_work
+):
     """--acoustics focus on a letter end to end: the log names it, only its embedding row moves (every other
-    row and every layer stays bit-exact: the AdamW decay held off by --anchor_weight), the report says the
-    corrections were judged on the frames that say it."""
+    row and every text encoder layer stays bit-exact: the AdamW decay held off by --anchor_weight), and the flow
+    (a letter's sound the voice may never have made alone), not the decoder, the posterior encoder or the duration
+    predictor; the report says the corrections were judged on the frames that say it."""
     from safetensors.torch import load_file
 
     fake, _ = timed_work
@@ -778,6 +781,13 @@ def test_a_round_on_a_letter_trains_only_that_letters_embedding(prepared_demo, b
     for key in before:
         if key.startswith("text_encoder.encoder."):
             assert torch.equal(before[key], after[key]), key
+        if key.startswith(("decoder.", "posterior_encoder.", "duration_predictor.")) and ".cond" not in key:
+            assert torch.allclose(before[key], after[key], rtol=0, atol=1e-6), key  # weight norm recomposed: ~1e-8
+
+    def moved(key: str) -> float:
+        return float((before[key] - after[key]).abs().max())
+
+    assert max(moved(k) for k in before if k.startswith("flow.") and "cond" not in k) > 1e-4
 
 
 def test_too_few_corrections_of_what_they_correct_stop_the_round_before_it_trains(prepared_demo, base_run, tmp_path):

@@ -105,8 +105,9 @@ def starting_point(config, round_: shared.Run, data: round_data.RoundData, base:
     parts = list(config.freeze)
     own = config.corrections_voice == "own"
     learn_pronunciation = own and config.acoustics != "trained"
+    flow_learns = config.acoustics == "focus" and bool(data.focus.letters)
     if learn_pronunciation:
-        extra = [*generator.ACOUSTIC_PARTS, "duration_predictor"]
+        extra = [p for p in (*generator.ACOUSTIC_PARTS, "duration_predictor") if not (flow_learns and p == "flow")]
         extra += ["text_encoder"] if config.acoustics != "frozen" and not data.focus.words else []
         parts += [part for part in extra if part not in parts]
     frozen_parts = generator.freeze(data.model, parts)
@@ -121,7 +122,10 @@ def starting_point(config, round_: shared.Run, data: round_data.RoundData, base:
         if config.acoustics == "focus":
             rows = [data.tokenizer.encoder[c] for c in data.focus.letters if c in data.tokenizer.encoder]
             trained = (
-                f"the embeddings of {', '.join(repr(c) for c in data.focus.letters)}, " if data.focus.letters else ""
+                f"the embeddings of {', '.join(repr(c) for c in data.focus.letters)}, the flow (a letter's sound the "
+                "voice never made alone), "
+                if data.focus.letters
+                else ""
             ) + ("the text encoder's layers (a word is read in its context), " if data.focus.words else "")
             regulariser = text_anchor(config, data)
         if config.acoustics in ("embeddings", "focus"):
