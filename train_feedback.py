@@ -58,7 +58,8 @@ class FeedbackConfig(TrainingFlags):
     timbre_first: float = flag(
         0.0,
         "--acoustics focus or embeddings: for this share of the round's planned steps only the corrections' own "
-        "speaker conditioning learns (their readers' timbre and tempo), then the letters too",
+        "speaker conditioning learns (their readers' timbre and tempo), then the letters' embeddings too (the flow, "
+        "which a round on letters trains, learns from the start)",
     )
     holdout_share: float = flag(
         0.34,
@@ -75,10 +76,11 @@ class FeedbackConfig(TrainingFlags):
         "focus",
         "with --corrections_voice own, what the round may move: focus (the default) learns what the corrections "
         "correct (the words and letters they share that the voice's own sentences hold less often: a letter's "
-        "embedding, the text encoder's layers for a word), from those tokens' frames alone, with the voice's prior "
-        "held to the start everywhere else (--text_anchor_weight); embeddings trains every token embedding on whole "
-        "sentences; frozen also the text encoder's layers; each keeps the acoustic model and the duration "
-        "predictor (the voice's sound and tempo) but for the corrections' own conditioning; trained lets every part "
+        "embedding and the flow, the text encoder's layers for a word), from those tokens' frames alone, with the "
+        "voice's prior held to the start everywhere else (--text_anchor_weight); embeddings trains every token "
+        "embedding on whole sentences; frozen also the text encoder's layers; each keeps the decoder, the posterior "
+        "encoder and the duration predictor (the voice's sound and tempo; the flow too but for focus on letters) "
+        "but for the corrections' own conditioning; trained lets every part "
         "learn (bench/bench_corrections.py compares them; docs/feedback.md)",
         choices=["focus", "embeddings", "frozen", "trained"],
     )
