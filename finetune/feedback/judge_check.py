@@ -5,7 +5,7 @@ it only judges.VOTES (none today) or --judges_validation's file say which judges
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from finetune.reporting import judge_ladders
@@ -27,7 +27,6 @@ class VoiceValidation:
     run: object  # shared.Run: its budget's clock, device, logger
     seed: int = 0
     clips: int = judge_ladders.CLIPS  # held-out clips of the voice on every rung
-    found: dict = field(default_factory=dict)
 
     def known(self) -> dict[str, bool]:
         return {name: bool(entry.get("votes")) for name, entry in judge_ladders.cached(self.folder).items()}
@@ -54,5 +53,4 @@ class VoiceValidation:
                 judge_ladders.keep(self.folder, complete, len(clips))
             self.run.logger.info(f"judges validated in {clock.now() - started:.1f}s")
             kept = {**kept, **found}
-        self.found = {name: kept[name] for name in judges if name in kept}
-        return self.found
+        return {name: kept[name] for name in judges if name in kept}

@@ -6,7 +6,6 @@ from pathlib import Path
 
 from finetune.feedback.decision import Decision
 from finetune.feedback.evaluator import change_pct, judge_keys
-from finetune.reporting.judges import CAN_VOTE
 
 
 def judged_change(decision: Decision, label: str) -> str:
@@ -24,26 +23,17 @@ def judges_line(panel) -> str:
     if panel is None:
         return ""
     parts = [
-        f"{name} voted" if name in panel.voting else f"{name} only reported ({why_not(panel, name)})"
+        f"{name} voted" if name in panel.voting else f"{name} only reported ({panel.why_not(name)})"
         for name in panel.judges
     ]
     return "Judges: " + "; ".join(parts) + "."
-
-
-def why_not(panel, name: str) -> str:
-    if name in panel.why:
-        return panel.why[name]
-    return "it never decides" if name not in CAN_VOTE else "not found voting on this voice"
 
 
 def judges_record(panel) -> dict:
     """name -> {"votes", "why"} of the round's judges (feedback_report.json)."""
     if panel is None:
         return {}
-    return {
-        name: {"votes": name in panel.voting, "why": "" if name in panel.voting else why_not(panel, name)}
-        for name in panel.judges
-    }
+    return {name: {"votes": name in panel.voting, "why": panel.why_not(name)} for name in panel.judges}
 
 
 def summary_text(

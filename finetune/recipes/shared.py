@@ -200,7 +200,7 @@ def describe_vote(panel, name: str, validated_here: bool) -> str:
     """`phonetic (votes: validated on this voice)`, `speaker (reported: its pitch ladder ranked wrong ...)`."""
     if name in panel.voting:
         return f"{name} (votes{': validated on this voice' if validated_here else ''})"
-    return f"{name} (reported{': ' + panel.why[name] if name in panel.why else ''})"
+    return f"{name} (reported: {panel.why_not(name)})"
 
 
 @dataclass

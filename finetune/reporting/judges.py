@@ -403,6 +403,12 @@ class Panel:
     def voting(self) -> list[str]:
         return [name for name in self.judges if self.votes.get(name)]
 
+    def why_not(self, name: str) -> str:
+        """Why `name` does not vote, in words ("" when it does)."""
+        if name in self.voting:
+            return ""
+        return self.why.get(name) or ("it never decides" if name not in CAN_VOTE else "not found voting on this voice")
+
     def higher_is_better(self, name: str) -> bool:
         return self.judges[name].higher_is_better
 
