@@ -145,7 +145,7 @@ def readings(
         for seed in range(seeds):
             speech = speak(model, [ids], torch.device("cpu"), 10_000 * seed + index, [ceiling_for_text(len(ids))])
             wave = speech.waveforms[0]
-            per_frame = differences.frame_distances(mel(wave), warped)
+            per_frame = measures.frame_distances(mel(wave), warped)
             spoken = np.repeat(mask, speech.token_frames[0])
             found["sentence"][seed][item] = float(per_frame.mean())
             if spoken[: len(per_frame)].any():

@@ -177,6 +177,7 @@ def test_a_round_whose_corrections_improve_is_accepted_as_a_version(
         == set(report["after"])
         == {
             "corrections_mcd_db",
+            "corrections_focus_ratio",
             "originals_mcd_db",
             "corrections_learnt_mcd_db",
             "corrections_learnt_length_ratio",
@@ -184,7 +185,7 @@ def test_a_round_whose_corrections_improve_is_accepted_as_a_version(
             "originals_length_ratio",
         }
     )
-    assert "as another speaker's recordings" in report["decided_by"] and "noise bound" in report["improvement"]
+    assert "compared as another speaker's" in report["decided_by"] and "noise bound" in report["improvement"]
     assert "the frames that say what the corrections correct" in report["decided_by"] and report["focus"]
     assert "against their noise" in report["voice_check"]
     assert report["counts"] == {"corrections": 4, "held_out": 0, "originals": 4, "replay": 8}
@@ -195,7 +196,9 @@ def test_a_round_whose_corrections_improve_is_accepted_as_a_version(
     assert report["app_model_dir"] == str(app) and folder_digest(app) == folder_digest(tmp_path / "voices" / "v001")
     text = (round_dir / "feedback_report.txt").read_text()
     assert "ACCEPTED as v001" in text and "Corrections it trained on, as the voice says them (4 clips)" in text
-    assert "The voice's held-out originals (4 clips)" in text and "Decided by the voice's MCD" in text
+    assert "The voice's held-out originals (4 clips)" in text and "Decided by how much further" in text
+    assert "(4 clips): MCD" in text and "; the focus x" in text  # what decided, before -> after
+    assert "Checked before training: the focus ratio" in text and report["measure_check"]  # the measure, on this voice
     assert "The corrections correct the word 'gund'." in text and f"The app's voice, {app}, is now v001" in text
     assert "What the voice said differently from each recording (before -> after):" in text
     assert f"Undo: python train_feedback.py --output_dir {tmp_path / 'voices'} --rollback previous" in text
@@ -417,6 +420,76 @@ def test_the_held_out_corrections_decide_once_on_the_chosen_model():
     carried_not = decide(base, best, base, on, held([9.0, 9.6, 9.9]))
     assert not carried_not.accepted and "the held-out corrections did not improve" in carried_not.reason
     assert carried_not.after["held_out_mcd_db"] == pytest.approx(np.mean([9.0, 9.6, 9.9]))
+
+
+def test_with_focus_tokens_the_held_out_corrections_decide_by_their_focus_frames_against_the_rest():
+    """Where a round knows what it corrects, its held-out corrections decide by how much further the voice is
+    from each recording on those frames than on the rest of the sentence (the focus ratio): a round whose whole
+    sentences came nearer (the MCD) but whose focus stands out as much as before is rejected; one whose focus came
+    nearer the rest is accepted; the ratios before and after are in the decision's figures."""
+    from finetune.feedback.evaluator import FOCUS_RATIO
+
+    on = evaluator_deciding_on("held", FOCUS_RATIO)
+    base = round_scores(0, [10.0, 9.0, 11.0, 10.5], VOICE)
+    before = [1.60, 1.45, 1.70, 1.52]
+    base.per_clip.update(
+        {f"held/h{i}": ClipScore(9.0, 1.0, 0.0, False, focus_relative=v) for i, v in enumerate(before)}
+    )
+    best = best_record(6, [9.0, 8.2, 9.8, 9.6], VOICE)
+
+    def held(mcd: list[float], ratios: list[float]) -> EvalResult:
+        per_clip = {
+            f"held/h{i}": ClipScore(m, 1.0, 0.0, False, focus_relative=r) for i, (m, r) in enumerate(zip(mcd, ratios))
+        }
+        return EvalResult(-1, float(np.mean(mcd)), per_clip, {}, 0.0)
+
+    nearer = [1.21, 1.12, 1.35, 1.16]  # each clip's focus 0.3-0.4 nearer the rest
+    accepted = decide(base, best, base, on, held([9.0] * 4, nearer))
+    assert accepted.accepted and accepted.after["held_out_focus_ratio"] == pytest.approx(np.mean(nearer))
+    same_focus = [v + d for v, d in zip(before, [0.01, -0.02, 0.0, 0.01])]
+    whole_nearer = decide(base, best, base, on, held([8.0, 8.1, 7.9, 8.2], same_focus))  # 1 dB nearer, not there
+    assert not whole_nearer.accepted and "did not improve beyond the noise" in whole_nearer.reason
+    assert " dB" not in whole_nearer.improvement  # a ratio, not decibels
+    no_focus = decide(base, best, base, on, held([8.0] * 4, [None] * 4))  # none of the tokens rendered
+    assert not no_focus.accepted and "cannot tell" in no_focus.reason
+
+
+def test_the_clips_that_decide_are_scored_on_several_draws_each_the_mean_of_one_draw_at_each_seed(prepared_demo):
+    """An evaluator of the corrections with focus tokens, at 3 synthesis draws a clip: each clip's MCD and focus
+    ratio are the means of what three one-draw evaluators find at the seeds of those draws."""
+    from finetune.data.corpus import load_examples
+    from finetune.data.features import FeatureConfig, Features
+    from finetune.reporting.evaluation import SYNTHESIS_DRAW_STRIDE
+    from tests.conftest import tiny_generator
+
+    loaded = tiny_generator(prepared_demo)
+    examples, _ = load_examples(
+        prepared_demo, "metadata.csv", loaded.tokenizer, hop=256, sample_rate=16000, max_samples=3
+    )
+    shared = set.intersection(*(set(e.token_ids[1::2].tolist()) for e in examples))  # a letter in each (no blank)
+    focus = {e.item_id: e.token_ids == min(shared) for e in examples}
+
+    def scored(seed: int, draws: int) -> dict:
+        evaluator = evaluation.Evaluator(
+            examples,
+            Features(FeatureConfig()),
+            torch.device("cpu"),
+            16000,
+            across_speakers=True,
+            focus=focus,
+            seed=seed,
+            synthesis_draws=draws,
+            duration_draws=1,
+        )
+        return evaluator.score_clips(loaded.model)[0]
+
+    three = scored(5, 3)
+    ones = [scored(5 + k * SYNTHESIS_DRAW_STRIDE, 1) for k in range(3)]
+    for item, score in three.items():
+        assert score.focus_relative is not None
+        assert score.mcd_db == pytest.approx(np.mean([one[item].mcd_db for one in ones]), rel=1e-5)
+        assert score.focus_relative == pytest.approx(np.mean([one[item].focus_relative for one in ones]), rel=1e-5)
+    assert len({round(one[examples[0].item_id].focus_relative, 6) for one in ones}) > 1  # the draws differ
 
 
 def test_rollback_previous_follows_what_each_version_was_trained_from(tmp_path):
@@ -838,7 +911,10 @@ def held_out_stays(monkeypatch) -> None:
     def scores(self, model, stop=None, limit=None):
         per_clip, losses, cut = improving(self, model, stop, limit)
         if self.across_speakers and self.samples_dir is None:  # the held-out corrections' evaluator
-            per_clip = {name: ClipScore(5.0 + 0.1 * i, 1.0, 0.0, False) for i, name in enumerate(per_clip)}
+            per_clip = {
+                name: ClipScore(5.0 + 0.1 * i, 1.0, 0.0, False, focus_relative=1.5 + 0.1 * i)
+                for i, name in enumerate(per_clip)
+            }
         return per_clip, losses, cut
 
     monkeypatch.setattr(evaluation.Evaluator, "score_clips", scores)
@@ -869,6 +945,7 @@ def test_a_round_decides_on_corrections_it_did_not_train_on_which_never_choose_i
         assert "held out of the round's training" in report["decided_by"]
         log = (round_dir / "train.log").read_text()
         assert "training data: 4 corrections + 8 replayed original clips; 3 corrections held out" in log
+        assert "against a noise bound of" in log and "dB against a noise bound" not in log  # a ratio chooses
         text = (round_dir / "feedback_report.txt").read_text()
         assert "Corrections held out of the training, as the voice says them (3 clips)" in text
         assert "3 corrections held out to decide on" in text

@@ -134,3 +134,25 @@ def test_the_focus_distance_counts_only_the_focus_frames():
     assert cepstral_distance(synthesised, real, np.arange(40) < 20) == 0.0
     focus = np.arange(40) >= 30
     assert abs(cepstral_distance(synthesised, real, focus) - MCD_SCALE * 5.0) < MCD_SCALE * 1.0
+
+
+def test_the_focus_ratio_is_the_focus_frames_distance_over_the_sentences_median_frame():
+    from finetune.reporting.measures import focus_over_sentence
+
+    per_frame = np.array([2.0, 2.0, 1.0, 3.0, 6.0, 6.0])  # median 2.5
+    assert focus_over_sentence(per_frame, np.array([0, 0, 0, 0, 1, 1], dtype=bool)) == pytest.approx(6.0 / 2.5)
+    assert focus_over_sentence(per_frame * 3.0, np.array([0, 0, 0, 0, 1, 1], dtype=bool)) == pytest.approx(2.4)
+    assert math.isnan(focus_over_sentence(per_frame, np.zeros(6, dtype=bool)))
+
+
+def test_a_clips_frame_distances_to_its_own_recording_are_zero_and_a_changed_stretch_stands_out():
+    from finetune.reporting.measures import focus_over_sentence, frame_distances, normalised_cepstrum
+
+    rng = np.random.default_rng(1)
+    log_mel = rng.normal(size=(80, 60))
+    references = [normalised_cepstrum(log_mel)]
+    assert np.allclose(frame_distances(log_mel, references), 0.0)
+    changed = log_mel.copy()
+    changed[:, 40:50] = rng.normal(size=(80, 10)) * 3.0  # ten frames said otherwise
+    per_frame = frame_distances(changed, references)
+    assert focus_over_sentence(per_frame, np.arange(60) >= 40) > 1.5  # that stretch, against the sentence's median

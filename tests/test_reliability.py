@@ -299,17 +299,21 @@ def test_a_nan_storm_that_persists_stops_with_the_last_good_weights(
 
 def improving_scores(monkeypatch) -> None:
     """Every evaluation scores better than the one before, beyond the noise (each clip by a little more than
-    the one before it: clip by clip, the improvements vary), so each becomes best_model, whatever the run."""
+    the one before it: clip by clip, the improvements vary), so each becomes best_model, whatever the run; its
+    focus ratio too, on the clips that have one (a feedback round's corrections)."""
     real_score, scores = evaluation.Evaluator.score_clips, iter(range(1000, 0, -1))
 
     def improving(self, model, stop=None, limit=None):
         per_clip, losses, cut = real_score(self, model, stop, limit)
         value = float(next(scores))
-        return (
-            {name: evaluation.ClipScore(value * (1 + 0.01 * i), 1.0, 0.0, False) for i, name in enumerate(per_clip)},
-            losses,
-            cut,
+        forced = lambda i, real: evaluation.ClipScore(  # noqa: E731
+            value * (1 + 0.01 * i),
+            1.0,
+            0.0,
+            False,
+            focus_relative=value * (1 + 0.01 * i) / 500 if real.focus_relative is not None else None,
         )
+        return ({name: forced(i, real) for i, (name, real) in enumerate(per_clip.items())}, losses, cut)
 
     monkeypatch.setattr(evaluation.Evaluator, "score_clips", improving)
 

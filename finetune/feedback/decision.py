@@ -13,6 +13,7 @@ from finetune.feedback.evaluator import (
     Deciding,
     FeedbackEvaluator,
     clip_values,
+    focus_ratio,
     judge_keys,
     oriented,
 )
@@ -130,6 +131,9 @@ def decide(
     after.update({k: v for k, v in source.items() if k.startswith("cut_short_")})  # reported parts cut short
     if held_after is not None:
         after["held_out_mcd_db"] = held_after.mcd_db
+        ratio = focus_ratio(held_after)
+        if ratio is not None:
+            after["held_out_focus_ratio"] = ratio
         after.update({f"held_out_{judge}": value for judge, value in held_after.judged.items()})
     if from_best:
         step, after_clips = int(best["step"]), dict(best["per_clip"])

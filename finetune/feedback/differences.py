@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from finetune.reporting.measures import MCD_SCALE, normalised_cepstrum
+from finetune.reporting.measures import focus_over_sentence
 
 DIFFERENT = 1.5  # a word this many times the sentence's median word distance is said differently
 
@@ -48,25 +48,6 @@ def word_spans(token_ids: np.ndarray, decoder: dict[int, str]) -> list[tuple[str
     ]
 
 
-def frame_distances(synthesised_log_mel: np.ndarray, references: list[np.ndarray]) -> np.ndarray:
-    """[frames] of the synthesised speech: each frame's cepstral distance (dB) to the recording's frames the DTW
-    path pairs it with, at the warp that fits the whole sentence best."""
-    import librosa
-
-    synthesised = normalised_cepstrum(synthesised_log_mel)
-    best = None
-    for reference in references:
-        cost, path = librosa.sequence.dtw(X=synthesised, Y=reference, metric="euclidean")
-        if best is None or cost[-1, -1] < best[0]:
-            best = (cost[-1, -1], path, reference)
-    _, path, reference = best
-    distances = MCD_SCALE * np.linalg.norm(synthesised[:, path[:, 0]] - reference[:, path[:, 1]], axis=0)
-    per_frame, pairs = np.zeros(synthesised.shape[1]), np.zeros(synthesised.shape[1])
-    np.add.at(per_frame, path[:, 0], distances)
-    np.add.at(pairs, path[:, 0], 1.0)
-    return per_frame / np.maximum(pairs, 1.0)
-
-
 def word_distances(
     per_frame: np.ndarray, token_frames: np.ndarray, token_ids: np.ndarray, decoder: dict[int, str]
 ) -> list[WordDistance]:
@@ -87,10 +68,7 @@ def word_distances(
 def relative_distance(per_frame: np.ndarray, token_frames: np.ndarray, mask: np.ndarray) -> float:
     """The mean frame distance on the tokens `mask` marks, over the sentence's median frame distance (nan when it
     marks no rendered frame): how differently from the recording the voice says them, against the rest."""
-    spoken = np.repeat(np.asarray(mask, dtype=bool), token_frames)[: len(per_frame)]
-    if not spoken.any():
-        return float("nan")
-    return float(per_frame[spoken].mean() / max(float(np.median(per_frame)), 1e-9))
+    return focus_over_sentence(per_frame, np.repeat(np.asarray(mask, dtype=bool), token_frames))
 
 
 def said_differently(distances: list[WordDistance], factor: float = DIFFERENT) -> list[WordDistance]:

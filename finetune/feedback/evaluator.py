@@ -18,6 +18,7 @@ def change_pct(before: float, after: float) -> float:
 class Deciding:
     """What decides a round: the clips of `part` ("held": corrections held out of its training; "said": the
     corrections it trained on, when too few came to hold some out) by `measure` ("mcd": MCD across speakers;
+    FOCUS_RATIO: where a round has focus tokens, the distance on their frames over the sentence's median frame;
     else a voting judge of what is said, finetune/reporting/judges.py)."""
 
     part: str
@@ -31,6 +32,13 @@ class Deciding:
             else "the corrections it trained on (too few to hold some out: this says they were learnt, not that the "
             "fix carries)"
         )
+        if self.measure == FOCUS_RATIO:
+            return (
+                f"how much further from the recording the voice is on the frames that say what the corrections "
+                f"correct than on the rest of each sentence (their distance over the sentence's median frame; the "
+                "recordings compared as another speaker's: normalised cepstra at the best frequency warp; the mean of "
+                f"{DECIDING_DRAWS} draws a clip), on {clips}"
+            )
         if self.measure == "mcd":
             where = "the frames that say what the corrections correct" if focus else "the corrected sentences"
             return (
@@ -40,18 +48,31 @@ class Deciding:
         return f"the {self.measure} judge (what is said, whoever says it) on {clips}"
 
 
+FOCUS_RATIO = "focus_ratio"  # the measure: measures.focus_over_sentence, each clip's ClipScore.focus_relative
+DECIDING_DRAWS = 4  # synthesis draws a clip of the part that decides is scored on (Evaluator.synthesis_draws)
+
 PREFIX = {"said": "correction/", "held": "held/", "originals": "original/", "learnt": "learnt/"}
 REPORTED = {"said": "the corrections it trained on", "learnt": "the corrections in their own voice"}
 
 
 def clip_values(per_clip: dict, part: str, measure: str = "mcd") -> dict[str, float]:
-    """Clip id -> one part's per-clip figure (ClipScores or their dicts): its MCD, or a judge's score."""
+    """Clip id -> one part's per-clip figure (ClipScores or their dicts): its MCD, its FOCUS_RATIO, or a judge's
+    score."""
     values = {}
     for name, score in per_clip.items():
         if not name.startswith(PREFIX[part]):
             continue
-        as_dict = score if isinstance(score, dict) else {"mcd_db": score.mcd_db, "judged": score.judged}
-        value = as_dict["mcd_db"] if measure == "mcd" else as_dict.get("judged", {}).get(measure)
+        as_dict = (
+            score
+            if isinstance(score, dict)
+            else {"mcd_db": score.mcd_db, "judged": score.judged, "focus_relative": score.focus_relative}
+        )
+        if measure == "mcd":
+            value = as_dict["mcd_db"]
+        elif measure == FOCUS_RATIO:
+            value = as_dict.get("focus_relative")
+        else:
+            value = as_dict.get("judged", {}).get(measure)
         if value is not None:
             values[name] = value
     return values
@@ -101,7 +122,7 @@ class FeedbackEvaluator:
             else ""
         )
         held = (
-            f"held-out corrections {x['held_out_mcd_db']:.3f} dB{judged(x, 'held_out')}; "
+            f"held-out corrections {x['held_out_mcd_db']:.3f} dB{ratio_of(x, 'held_out')}{judged(x, 'held_out')}; "
             if "held_out_mcd_db" in x
             else ""
         )
@@ -112,7 +133,8 @@ class FeedbackEvaluator:
             if k.startswith("cut_short_")
         )
         return (
-            f"{held}corrections as the voice says them {x['corrections_mcd_db']:.3f} dB{judged(x, 'corrections')}{learnt}; "
+            f"{held}corrections as the voice says them {x['corrections_mcd_db']:.3f} dB{ratio_of(x, 'corrections')}"
+            f"{judged(x, 'corrections')}{learnt}; "
             f"held-out originals {x['originals_mcd_db']:.3f} dB{judged(x, 'originals')} ({x['originals_change_pct']:+.1f}%"
             f"{noise}, length x{x['originals_length_ratio']:.2f}){eligible}{describe_cut(result)}{reported_cut}"
         )
@@ -130,12 +152,20 @@ class FeedbackEvaluator:
         self.baseline: EvalResult | None = None
         panel = said.judges
         what = [n for n in (panel.voting if panel else []) if panel.judges[n].kind in ("phonetic", "asr")]
-        self.deciding = Deciding(
-            "held" if held else "said", what[0] if what else "mcd", panel.higher_is_better(what[0]) if what else False
-        )
+        deciding = held or said
+        if what:
+            self.deciding = Deciding("held" if held else "said", what[0], panel.higher_is_better(what[0]))
+        else:
+            on_focus = deciding.across_speakers and bool(deciding.focus)
+            self.deciding = Deciding("held" if held else "said", FOCUS_RATIO if on_focus else "mcd")
         self.choosing = Deciding("said", self.deciding.measure, self.deciding.higher_is_better)
         voice = originals.judges
         self.identity = "speaker" if voice and "speaker" in voice.voting else ""  # the voice's identity judge
+
+    @property
+    def choice_in_db(self) -> bool:
+        """Whether what chooses the round's model is an MCD (else the focus ratio or a judge's score: no unit)."""
+        return self.choosing.measure == "mcd"
 
     @property
     def measure(self) -> str:
@@ -202,6 +232,10 @@ class FeedbackEvaluator:
                 extra.update({f"{label}_{judge}": value for judge, value in scored[name].judged.items()})
         if "held" in scored:
             extra["held_out_mcd_db"] = scored["held"].mcd_db
+        for name, label in (("held", "held_out"), ("said", "corrections")):
+            ratio = focus_ratio(scored[name]) if name in scored else None
+            if ratio is not None:
+                extra[f"{label}_focus_ratio"] = ratio
         if "retest" in scored:
             extra["originals_noise_db"] = retest_noise(
                 {k: v.mcd_db for k, v in originals.per_clip.items()},
@@ -317,3 +351,14 @@ def judge_keys(figures: dict, label: str) -> dict[str, str]:
 
 def judged(extra: dict, label: str) -> str:
     return "".join(f", {name} {extra[key]:.3f}" for name, key in judge_keys(extra, label).items())
+
+
+def focus_ratio(result: EvalResult) -> float | None:
+    """The mean FOCUS_RATIO over the clips of an evaluation that have one (None when none has)."""
+    values = [score.focus_relative for score in result.per_clip.values() if score.focus_relative is not None]
+    return sum(values) / len(values) if values else None
+
+
+def ratio_of(extra: dict, label: str) -> str:
+    key = f"{label}_focus_ratio"
+    return f" (focus x{extra[key]:.3f} the rest)" if key in extra else ""

@@ -31,7 +31,7 @@ def render(voice, examples: list, folder: Path, suffix: str, features) -> dict[s
         mel = lambda a: features.mel(torch.from_numpy(a).float().unsqueeze(0).to(voice.device))[0].cpu().numpy()  # noqa: E731
         references = measures.warped_references(example.audio / 32768.0, voice.sample_rate, mel)
         found[example.item_id] = differences.Reading(
-            differences.frame_distances(mel(wave), references), speech.token_frames[0]
+            measures.frame_distances(mel(wave), references), speech.token_frames[0]
         )
     return found
 

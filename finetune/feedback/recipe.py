@@ -19,10 +19,19 @@ from finetune.cli import config_to_dict
 from finetune.data import audio, sampler, speakers
 from finetune.data.corpus import tokenize
 from finetune.data.metadata import texts_of
-from finetune.feedback import corrections, decision, differences, hearing, judge_check, listen_page, round_data
+from finetune.feedback import (
+    corrections,
+    decision,
+    differences,
+    hearing,
+    judge_check,
+    listen_page,
+    measure_check,
+    round_data,
+)
 from finetune.feedback import versions as versions_folder
 from finetune.feedback.anchor import TextAnchor
-from finetune.feedback.evaluator import FeedbackEvaluator
+from finetune.feedback.evaluator import DECIDING_DRAWS, FOCUS_RATIO, FeedbackEvaluator
 from finetune.feedback.report import judges_line, judges_record, summary_text
 from finetune.recipes import shared
 from finetune.reporting import evaluation, logs, measures, model_card
@@ -213,6 +222,8 @@ def fit_round(config, round_: shared.Run, data: round_data.RoundData, start, bas
     judges = shared.judges_panel(config, round_, data.originals.examples, texts, data.rate, validation)
     common = dict(seed=config.seed, batch_size=session.eval_batch_size(round_.device), judges=judges)
     on_corrections = dict(speaker=voice, rule=None if own else rule, across_speakers=own, focus=data.masks or None)
+    # The part that decides (the held-out corrections, else those it trained on) scored on several draws a clip.
+    draws = lambda decides: DECIDING_DRAWS if decides else 1  # noqa: E731
     said = evaluation.Evaluator(
         data.trained,
         data.features,
@@ -222,9 +233,12 @@ def fit_round(config, round_: shared.Run, data: round_data.RoundData, start, bas
         [(e.item_id, e.token_ids) for e in data.trained[:5]],
         **on_corrections,
         **common,
+        synthesis_draws=draws(not data.held),
     )
     held = (
-        evaluation.Evaluator(data.held, data.features, round_.device, data.rate, **on_corrections, **common)
+        evaluation.Evaluator(
+            data.held, data.features, round_.device, data.rate, **on_corrections, **common, synthesis_draws=draws(True)
+        )
         if data.held
         else None
     )
@@ -248,6 +262,8 @@ def fit_round(config, round_: shared.Run, data: round_data.RoundData, start, bas
         for offset in (0, RETEST_SEED_OFFSET)
     )
     evaluator = FeedbackEvaluator(said, originals, learnt, held, retest)
+    if evaluator.deciding.measure == FOCUS_RATIO:
+        measure_check.before_training(round_, data, base)
     examples = data.trained + data.replay
     generator.train_mode(data.model, start.frozen_parts)
     paths = context.RunPaths(run_dir=round_.folder / "checkpoints", output_dir=round_.folder / "final_model")
@@ -366,6 +382,7 @@ def conclude_round(
         "stop_reason": result.stop_reason,
         "time_used_s": round(round_.budget.used_s(), 1),
         "judges": judges_record(evaluator.said.judges),
+        "measure_check": data.measure_check,
     }
     version = versions.accept(candidate, round_.folder.name, record) if verdict.accepted else None
     if not verdict.accepted:
@@ -406,6 +423,7 @@ def conclude_round(
         words,
         data.focus.describe() if data.focus else "",
         judges_line(evaluator.said.judges),
+        f"Checked before training: {data.measure_check}." if data.measure_check else "",
     )
     if version and versions.app_folder:
         text += (

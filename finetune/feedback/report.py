@@ -47,6 +47,7 @@ def summary_text(
     words: list[str] = (),
     focus: str = "",
     judges: str = "",
+    checked: str = "",
 ) -> str:
     """The readable report of a round; `undo_flags` are what the undo command needs besides --rollback
     (the versions folder when it is not the default); `words`: a line a correction, the words the voice said
@@ -65,9 +66,15 @@ def summary_text(
         before, after = decision.before[key], decision.after[key]
         unscored = int(decision.after.get(f"cut_short_{part}", 0))
         cut = f"; after: {count - unscored} of them, the deadline cut the rest" if unscored else ""
+        ratio = key.replace("_mcd_db", "_focus_ratio")  # the focus frames over the rest, where they decide
+        focus = (
+            f"; the focus x{decision.before[ratio]:.3f} -> x{decision.after[ratio]:.3f} the rest"
+            if ratio in decision.before and ratio in decision.after
+            else ""
+        )
         return (
             f"{label} ({count} clips{cut}): MCD {before:.3f} -> {after:.3f} dB "
-            f"({change_pct(before, after):+.1f}%{tolerance})"
+            f"({change_pct(before, after):+.1f}%{tolerance}){focus}"
         )
 
     if "held_out_mcd_db" in decision.before and "held_out_mcd_db" in decision.after:
@@ -102,6 +109,8 @@ def summary_text(
         lines.append(f"Identity checked by {decision.identity}.")
     if judges:
         lines.append(judges)
+    if checked:
+        lines.append(checked)
     lines.append(
         f"Candidate: the model at step {decision.candidate_step}. Trained on {trained} corrections "
         f"+ {counts['replay']} replayed original clips"

@@ -42,6 +42,7 @@ class RoundData:
     before: dict = field(default_factory=dict)  # clip id -> differences.Reading of the start (when the focus was heard)
     before_s: float = 0.0  # seconds those renders took (what the "after" renders will take again)
     letters_later: tuple | None = None  # --timbre_first: (the embeddings' gradient mask, the rows it lets learn later)
+    measure_check: str = ""  # what the check of the decision's measure on this voice found (measure_check.py)
 
     @property
     def hop(self) -> int:

@@ -53,6 +53,8 @@ from finetune.reporting.measures import (
     TimingRule,
     duration_error,
     focus_frames,
+    focus_over_sentence,
+    frame_distances,
     length_ratio,
     mcd_across_speakers,
     mcd_dtw,
@@ -73,6 +75,7 @@ TEST_SENTENCE_MAX_S = 30.0
 DURATION_DRAWS = 8  # noise draws of the duration predictor per clip: its typical length and its spread
 DRAW_SEED_OFFSET = 104_729  # the duration draws' seed, apart from the synthesis's
 TEMPO_SEED_OFFSET = 7_919  # the tempo fit's draws, apart from the evaluation's
+SYNTHESIS_DRAW_STRIDE = 10_007  # a clip's further synthesis draws (synthesis_draws), apart from its first
 # A clip says nothing when nearly all its samples either stay where the one before was (within FLAT_STEP of
 # full scale: silence, or one level held) or sit at full scale (|x| >= PINNED_LEVEL: a decoder pinned at its
 # limits). Two scratch:small pretrainings collapsed so on a CPU (bench/RESULTS.md): one said -1.00 for every
@@ -94,6 +97,9 @@ class ClipScore:
     draw_spread: float = 1.0  # geometric standard deviation of those draws (1: all alike)
     says_nothing: bool = False  # the synthesised clip holds no speech: silence, one level, full scale (says_nothing())
     judged: dict = field(default_factory=dict)  # each judge's score of the clip (finetune/reporting/judges.py)
+    # Across speakers with focus tokens: the focus frames' distance over the sentence's median frame
+    # (measures.focus_over_sentence); None elsewhere, or where the clip has none of the tokens rendered.
+    focus_relative: float | None = None
 
 
 def says_nothing(waveform: np.ndarray) -> bool:
@@ -247,6 +253,12 @@ def judge(
     )
 
 
+def mean_of(values: list) -> float | None:
+    """The mean of the values that are not None (None when none is)."""
+    present = [v for v in values if v is not None]
+    return float(np.mean(present)) if present else None
+
+
 def standard_error(values: list[float]) -> float:
     """Of their mean: sample standard deviation / sqrt(n); nan with fewer than 2 finite values (unknown)."""
     finite = np.array([v for v in values if np.isfinite(v)])
@@ -295,6 +307,7 @@ class Evaluator:
     """Scores a model on held-out examples and writes test-sentence WAVs to samples_dir/step_NNNNNN/."""
 
     compares_cut_short = True  # one cut short takes part in the choice of best_model, clip by clip (selection.py)
+    choice_in_db = True  # its choice_scores are each clip's MCD
 
     @staticmethod
     def describe(result: EvalResult) -> str:
@@ -327,8 +340,12 @@ class Evaluator:
         across_speakers: bool = False,
         focus: dict[str, np.ndarray] | None = None,
         judges=None,
+        synthesis_draws: int = 1,
     ):
         self.examples, self.features, self.device = examples, features, device
+        # Draws of the synthesis a clip is scored on, its distances averaged: more where few clips decide (a
+        # round's held-out corrections), whose one draw's noise would hide the change they are there to see.
+        self.synthesis_draws = max(1, synthesis_draws)
         self.judges = judges  # a finetune.reporting.judges.Panel scoring each clip, or None (off)
         self.speaker = speaker  # whose voice a speaker-conditioned model speaks in (None: a plain model)
         # The recordings are other people's (corrections): the MCD compares them as another speaker's
@@ -535,11 +552,20 @@ class Evaluator:
         self, model, group: list[Example], aligned: list[np.ndarray], seed_offset: int
     ) -> dict[str, ClipScore]:
         """Synthesise a group of clips from their text (each capped at MAX_LENGTH_VS_RECORDING times its
-        recording) and score each against its recording."""
+        recording) and score each against its recording: its distances the mean over `synthesis_draws` draws
+        (the first draw's speech for everything else)."""
         hop = self.features.config.hop_length
         ceilings = [MAX_LENGTH_VS_RECORDING * len(e.audio) / self.sample_rate for e in group]
         tokens = [e.token_ids for e in group]
-        speech = speak(model, tokens, self.device, self.seed + seed_offset, ceilings, speaker=self.speaker)
+        speak_draw = lambda draw: speak(  # noqa: E731
+            model,
+            tokens,
+            self.device,
+            self.seed + seed_offset + draw * SYNTHESIS_DRAW_STRIDE,
+            ceilings,
+            speaker=self.speaker,
+        )
+        speech = speak_draw(0)
         draws = duration_draws(
             model,
             tokens,
@@ -548,17 +574,20 @@ class Evaluator:
             self.duration_draws,
             speaker=self.speaker,
         )
+        distances = [[self.distances(e, speech.waveforms[i], speech.token_frames[i])] for i, e in enumerate(group)]
+        for draw in range(1, self.synthesis_draws):
+            again = speak_draw(draw)
+            for i, example in enumerate(group):
+                distances[i].append(self.distances(example, again.waveforms[i], again.token_frames[i]))
         scores = {}
         for i, example in enumerate(group):
-            synthesised = self.mel_of(speech.waveforms[i])
-            real = self.recorded_mel(example)
             if seed_offset == 0 and i == 0:  # the first clip, kept for pictures (TensorBoard, the run report)
-                self.example_mels = (example.item_id, synthesised[0].cpu().numpy(), real[0].cpu().numpy())
+                synthesised = self.mel_of(speech.waveforms[i])[0].cpu().numpy()
+                self.example_mels = (example.item_id, synthesised, self.recorded_mel(example)[0].cpu().numpy())
             ratios = tuple(length_ratio(frames, example.frame_count(hop)) for frames in draws[i])
+            mcd, relative = (mean_of([d[k] for d in distances[i]]) for k in (0, 1))
             scores[example.item_id] = ClipScore(
-                mcd_db=self.distance(
-                    example, synthesised[0].cpu().numpy(), real[0].cpu().numpy(), speech.token_frames[i]
-                ),
+                mcd_db=mcd,
                 length_ratio=float(np.median(ratios)),
                 duration_error=duration_error(speech.token_frames[i], aligned[i]),
                 capped=speech.capped[i],
@@ -573,8 +602,21 @@ class Evaluator:
                 )
                 if self.judges
                 else {},
+                focus_relative=relative,
             )
         return scores
+
+    def distances(self, example: Example, waveform: np.ndarray, token_frames: np.ndarray) -> tuple[float, float | None]:
+        """One draw of a clip against its recording: (its MCD, its focus frames over the sentence's median frame
+        or None: `distance`, focus_over_sentence)."""
+        synthesised = self.mel_of(waveform)[0].cpu().numpy()
+        mcd = self.distance(example, synthesised, self.recorded_mel(example)[0].cpu().numpy(), token_frames)
+        mask = self.focus.get(example.item_id) if self.across_speakers and self.focus else None
+        if mask is None or not np.isfinite(synthesised).all():
+            return mcd, None
+        per_frame = frame_distances(synthesised, self.references_of(example))
+        relative = focus_over_sentence(per_frame, np.repeat(np.asarray(mask, dtype=bool), token_frames))
+        return mcd, relative if np.isfinite(relative) else None
 
     def distance(
         self, example: Example, synthesised: np.ndarray, real: np.ndarray, token_frames: np.ndarray | None = None

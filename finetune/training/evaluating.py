@@ -34,6 +34,7 @@ class RunEvaluator(Protocol):
 
     rule: TimingRule  # the timing rule its eligibility applies (the selection rule's band)
     compares_cut_short: bool  # whether one cut short by the deadline may take part in the choice, clip by clip
+    choice_in_db: bool  # whether the scores that choose (EvalResult.choice_scores) are decibels (MCD), not a ratio
     judges: object | None  # a finetune.reporting.judges.Panel, or None
     example_mels: tuple | None  # (clip id, synthesised, recorded) log-mels of the latest evaluation, for report.html
 
@@ -196,6 +197,8 @@ class Evaluations:
             veto = judges_veto(self.state.best.judged, voting, self.higher_is_better(), kept.step)
             if veto:
                 verdict = Verdict(False, veto)
+        if not self.evaluator.choice_in_db:  # the selection rule speaks in MCD's unit; these scores have none
+            verdict = Verdict(verdict.replace, verdict.why.replace(" dB", ""))
         improved = verdict.replace
         if improved:
             result.chosen_as = chosen_as(candidate, result.length_ratio, result.ineligible_reason)
