@@ -1,13 +1,14 @@
-"""Whether the measure that decides a round sees, on the round's own voice and corrections, the kind of change it
-is there to see, found before the round trains (as judge_check.py does for the judges).
+"""Whether the measure that decides a round sees, on the round's own voice and by the round's own correctors, a
+letter said as another, found before the round trains (as judge_check.py does for the judges; the rung pair of
+bench/deciding_measures.py's letter ladders).
 
-The starting voice says each correction it will train on as it is and with what the round corrects said otherwise
-(each of its letters replaced, one token for one, by the corrections' commonest letter outside it: a letter said
-as another), each DRAWS times; the focus ratio (measures.focus_over_sentence: the focus frames' distance to the
-recording over the sentence's median frame) of the swapped readings should be higher, beyond the noise, paired
-clip by clip. A measure that cannot tell a letter said as another from the voice's own reading, on this voice by
-these correctors, will likely reject the round whatever it learns: the round says so before it trains (its log,
-at once, and its report), while the user can still stop it and record more.
+The starting voice says each correction it will train on as it is and with one common letter said as another:
+the corrections' commonest letter outside what they correct (the voice says it right, or the recordings would be
+correcting it) replaced, one token for one, by their next commonest, each DRAWS times. The focus ratio on that
+letter's frames (measures.focus_over_sentence: their distance to the recording over the sentence's median frame)
+should be higher on the swapped readings, beyond the noise, paired clip by clip. A measure that cannot tell a
+letter said right from one said as another, on this voice by these correctors, is not shown to see a fix either:
+the round says so before it trains (its log, at once, and its report), while the user can still stop it.
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ class MeasureCheck:
     text: str  # what was found, in words
 
 
-def substitute_letter(examples: list, masks: dict, decoder: dict) -> int | None:
-    """The token of the commonest letter the corrections say outside what they correct (and that is not one of
-    those letters); None when there is none."""
+def letter_pair(examples: list, masks: dict, decoder: dict) -> tuple[int, int] | None:
+    """(the token of the commonest letter the corrections say outside what they correct, the token of the next
+    commonest, said instead of it); None when they say fewer than two such letters."""
     focus_chars = {
         decoder.get(int(t), "")
         for e in examples
@@ -52,15 +53,15 @@ def substitute_letter(examples: list, masks: dict, decoder: dict) -> int | None:
         for t, marked in zip(e.token_ids, masks.get(e.item_id, np.zeros(len(e.token_ids), dtype=bool)))
         if not marked and decoder.get(int(t), "").isalpha() and decoder.get(int(t), "") not in focus_chars
     )
-    return counts.most_common(1)[0][0] if counts else None
+    common = [token for token, _ in counts.most_common(2)]
+    return (common[0], common[1]) if len(common) == 2 else None
 
 
-def swapped(token_ids: np.ndarray, mask: np.ndarray, substitute: int, decoder: dict) -> np.ndarray:
-    """The sentence's tokens with each letter `mask` marks replaced by `substitute` (blanks and the rest as they
-    are: the same length, so the focus stays on the same tokens)."""
+def swapped(token_ids: np.ndarray, mask: np.ndarray, substitute: int) -> np.ndarray:
+    """The sentence's tokens with each one `mask` marks replaced by `substitute` (the same length, so the mask
+    stays on the same tokens)."""
     ids = np.array(token_ids, copy=True)
-    letters = np.asarray(mask, dtype=bool) & np.array([decoder.get(int(t), "").isalpha() for t in ids])
-    ids[letters] = substitute
+    ids[np.asarray(mask, dtype=bool)] = substitute
     return ids
 
 
@@ -78,14 +79,18 @@ def focus_ratio(voice, token_ids: np.ndarray, mask: np.ndarray, references: list
 def check(voice, examples: list, masks: dict, decoder: dict, features, limit: TimeLimit, stop=None) -> MeasureCheck:
     """The check on the corrections a round trains on (`examples`; `masks`: clip id -> the tokens it corrects),
     inside `limit`; `stop` (a StopRequest) is honoured between sentences."""
-    substitute = substitute_letter(examples, masks, decoder)
-    if substitute is None:
-        return MeasureCheck(False, False, "not checked: the corrections hold no other letter to say instead")
+    pair = letter_pair(examples, masks, decoder)
+    if pair is None:
+        return MeasureCheck(False, False, "not checked: the corrections hold too few other letters to swap")
+    letter, instead = pair
+    said = f"'{decoder.get(letter, '?')}' said as '{decoder.get(instead, '?')}'"
     as_is, otherwise, done = {}, {}, True
     mel = lambda audio: features.mel(torch.from_numpy(audio).float().unsqueeze(0).to(voice.device))[0].cpu().numpy()  # noqa: E731
     for index, example in enumerate(examples):
-        mask = masks.get(example.item_id)
-        if mask is None or not np.asarray(mask, dtype=bool).any():
+        marked = np.asarray(example.token_ids) == letter
+        if example.item_id in masks:
+            marked &= ~np.asarray(masks[example.item_id], dtype=bool)
+        if not marked.any():
             continue
         if stop is not None:
             stop.check()
@@ -93,15 +98,14 @@ def check(voice, examples: list, masks: dict, decoder: dict, features, limit: Ti
             done = False
             break
         references = measures.warped_references(example.audio / 32768.0, voice.sample_rate, mel)
-        changed = swapped(example.token_ids, mask, substitute, decoder)
+        changed = swapped(example.token_ids, marked, instead)
         seeds = [SEED + 1_000 * draw + index for draw in range(DRAWS)]
         ratios = [
-            [focus_ratio(voice, ids, mask, references, features, s) for s in seeds]
+            [focus_ratio(voice, ids, marked, references, features, s) for s in seeds]
             for ids in (example.token_ids, changed)
         ]
         if all(math.isfinite(r) for pair in ratios for r in pair):
             as_is[example.item_id], otherwise[example.item_id] = (float(np.mean(r)) for r in ratios)
-    letter = decoder.get(substitute, "?")
     if not done:
         return MeasureCheck(False, False, f"not checked in the time given ({len(as_is)} sentences read)")
     seen = paired(otherwise, as_is)  # how much lower the voice's own reading's ratio is than the swapped one's
@@ -109,14 +113,12 @@ def check(voice, examples: list, masks: dict, decoder: dict, features, limit: Ti
     after = float(np.mean(list(otherwise.values()))) if otherwise else math.nan
     figures = f"x{before:.3f} -> x{after:.3f} the rest ({seen.describe().replace(' dB', '')})"
     if seen.beyond_noise:
-        return MeasureCheck(
-            True, True, f"the focus ratio sees what the corrections correct said as '{letter}' on this voice: {figures}"
-        )
+        return MeasureCheck(True, True, f"the focus ratio, which decides, sees {said} on this voice: {figures}")
     return MeasureCheck(
         False,
         True,
-        f"the focus ratio, which decides, cannot tell what the corrections correct said as '{letter}' from the voice's "
-        f"own reading of it on this voice by these correctors ({figures})",
+        f"the focus ratio, which decides, cannot tell {said} from the voice's own reading on this voice by these "
+        f"correctors ({figures})",
     )
 
 
@@ -127,7 +129,7 @@ def before_training(round_, data, base: Path) -> None:
     """`check` for a round (a shared.Run; its round_data.RoundData; `base`: its starting voice's folder), before
     it trains, on its main process: said in the log at once (a measure that cannot tell, with what to do, while
     the user can still stop the round) and kept in `data` for the report. The decision stays the same test: a
-    measure that cannot see the change makes a rejection likely, never an acceptance more likely than its 5%."""
+    measure that cannot see a change makes a rejection likelier, never an acceptance likelier than its 5%."""
     if not round_.dist.is_main:
         return
     clock = round_.budget.clock
@@ -146,8 +148,7 @@ def before_training(round_, data, base: Path) -> None:
         round_.logger.info(f"the decision's measure, checked on this voice: {found.text}{took}")
     else:
         round_.logger.warning(
-            f"warning: {found.text}{took}: the round will likely be rejected whatever it learns. Stop it now (Ctrl-C) "
-            "and record more sentences with what they correct (more clips narrow the noise), by readers who say it "
-            "plainly, or let it run"
+            f"warning: {found.text}{took}: a fix may go unseen and the round be rejected whatever it learns. Stop it "
+            "now (Ctrl-C) and record more sentences with what they correct (more clips narrow the noise), or let it run"
         )
     data.measure_check = found.text
