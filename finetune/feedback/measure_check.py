@@ -76,9 +76,12 @@ def focus_ratio(voice, token_ids: np.ndarray, mask: np.ndarray, references: list
     return measures.focus_over_sentence(per_frame, np.repeat(np.asarray(mask, dtype=bool), speech.token_frames[0]))
 
 
-def check(voice, examples: list, masks: dict, decoder: dict, features, limit: TimeLimit, stop=None) -> MeasureCheck:
+def check(
+    voice, examples: list, masks: dict, decoder: dict, features, limit: TimeLimit, stop=None, references=None
+) -> MeasureCheck:
     """The check on the corrections a round trains on (`examples`; `masks`: clip id -> the tokens it corrects),
-    inside `limit`; `stop` (a StopRequest) is honoured between sentences."""
+    inside `limit`; `stop` (a StopRequest) is honoured between sentences. `references(example)`: its recording's
+    warped cepstra (the round's evaluator keeps them for its evaluations: made once); made here without it."""
     pair = letter_pair(examples, masks, decoder)
     if pair is None:
         return MeasureCheck(False, False, "not checked: the corrections hold too few other letters to swap")
@@ -97,11 +100,15 @@ def check(voice, examples: list, masks: dict, decoder: dict, features, limit: Ti
         if limit.left_s() <= 0:
             done = False
             break
-        references = measures.warped_references(example.audio / 32768.0, voice.sample_rate, mel)
+        warped = (
+            references(example)
+            if references
+            else measures.warped_references(example.audio / 32768.0, voice.sample_rate, mel)
+        )
         changed = swapped(example.token_ids, marked, instead)
         seeds = [SEED + 1_000 * draw + index for draw in range(DRAWS)]
         ratios = [
-            [focus_ratio(voice, ids, marked, references, features, s) for s in seeds]
+            [focus_ratio(voice, ids, marked, warped, features, s) for s in seeds]
             for ids in (example.token_ids, changed)
         ]
         if all(math.isfinite(r) for pair in ratios for r in pair):
@@ -125,8 +132,9 @@ def check(voice, examples: list, masks: dict, decoder: dict, features, limit: Ti
 SHARE, MOST_S = 0.1, 120.0  # of the round's budget left, at most
 
 
-def before_training(round_, data, base: Path) -> None:
-    """`check` for a round (a shared.Run; its round_data.RoundData; `base`: its starting voice's folder), before
+def before_training(round_, data, base: Path, references=None) -> None:
+    """`check` for a round (a shared.Run; its round_data.RoundData; `base`: its starting voice's folder;
+    `references`: as `check` takes them), before
     it trains, on its main process: said in the log at once (a measure that cannot tell, with what to do, while
     the user can still stop the round) and kept in `data` for the report. The decision stays the same test: a
     measure that cannot see a change makes a rejection likelier, never an acceptance likelier than its 5%."""
@@ -142,6 +150,7 @@ def before_training(round_, data, base: Path) -> None:
         data.features,
         TimeLimit(clock.now, started + min(MOST_S, SHARE * round_.budget.left_s())),
         round_.stop,
+        references,
     )
     took = f" ({clock.now() - started:.1f}s)"
     if found.sees or not found.done:

@@ -263,7 +263,7 @@ def fit_round(config, round_: shared.Run, data: round_data.RoundData, start, bas
     )
     evaluator = FeedbackEvaluator(said, originals, learnt, held, retest)
     if evaluator.deciding.measure == FOCUS_RATIO:
-        measure_check.before_training(round_, data, base)
+        measure_check.before_training(round_, data, base, said.references_of)  # made once, for the evaluations too
     examples = data.trained + data.replay
     generator.train_mode(data.model, start.frozen_parts)
     paths = context.RunPaths(run_dir=round_.folder / "checkpoints", output_dir=round_.folder / "final_model")
