@@ -90,13 +90,14 @@ class FeedbackEvaluator:
                    round's model (the held-out corrections never do). The corrections of --corrections_voice own
                    are other people's recordings, at their own tempo and timbre: they are compared as another
                    speaker's (MCD across speakers, finetune/reporting/measures.py: normalised cepstra at the best
-                   frequency warp, which a voice sounding more like the corrector does not improve), on the frames
-                   that say what the round corrects (finetune/feedback/focus.py), or by the phonetic judge where one
-                   votes (what is said, whoever says it); their length is reported, never judged. Recordings that
+                   frequency warp, which a voice sounding more like the corrector does not improve), by the focus
+                   ratio where the round knows what it corrects (finetune/feedback/focus.py: those tokens' frames
+                   over the sentence's median frame; their MCD reported), or by the phonetic judge where one votes
+                   (what is said, whoever says it); their length is reported, never judged. Recordings that
                    are the voice's own (--corrections_voice voice) are compared plainly, timing included.
         held       (when enough corrections came) the corrections held out of the round's training, by the same
-                   measure: scored on the starting model (the baseline), and once on the round's model after its
-                   training (judge_held): what decides. A round is for saying the corrected words right
+                   measure, each clip on DECIDING_DRAWS draws: scored on the starting model (the baseline), and
+                   once on the round's model after its training (judge_held): what decides. A round is for saying the corrected words right
                    everywhere, so it is judged on sentences it did not learn, and once: a model chosen on them
                    would be the best of many looks, tested on the clips that chose it.
         learnt     (own ids only) the corrections' own speaker id speaking them, plain MCD and length: how
