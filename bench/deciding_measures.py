@@ -10,9 +10,10 @@ recording, reduced three ways:
 
     sentence   the mean over every frame: what decides a round without a focus
     focus      the mean over the frames of the tokens that say what the round corrects (focus.py's token mask,
-               the voice's own durations): what decides a round with one
+               the voice's own durations): what decided a round with one before 2026-12-05
     relative   focus over the sentence's median frame: the timbre and channel that stay across speakers raise
-               every frame alike, and fall out (hearing.py keeps a focus item from x1.2)
+               every frame alike, and fall out (hearing.py keeps a focus item from x1.2); the focus ratio, which
+               decides a round with a focus since 2026-12-05, on 4 draws a clip (finetune/feedback/evaluator.py)
 
 and, where hama is installed (requirements-judges.txt), by what a phoneme recogniser hears, whoever speaks:
 
