@@ -33,7 +33,7 @@ SEED = 31_337  # the check's draws, apart from the evaluations'
 
 @dataclass(frozen=True)
 class MeasureCheck:
-    sees: bool  # the swapped readings' focus ratio is higher beyond the noise
+    sees: bool  # the swapped readings' focus ratio on the ladder's letter is higher beyond the noise
     done: bool  # every sentence was read in the time given (a check cut short says nothing either way)
     text: str  # what was found, in words
 
@@ -134,9 +134,9 @@ SHARE, MOST_S = 0.1, 120.0  # of the round's budget left, at most
 
 def before_training(round_, data, base: Path, references=None) -> None:
     """`check` for a round (a shared.Run; its round_data.RoundData; `base`: its starting voice's folder;
-    `references`: as `check` takes them), before
-    it trains, on its main process: said in the log at once (a measure that cannot tell, with what to do, while
-    the user can still stop the round) and kept in `data` for the report. The decision stays the same test: a
+    `references`: as `check` takes them), before it trains, on its main process: said in the log at once (a
+    measure that cannot tell, with what to do, while the user can still stop the round) and kept in `data` for
+    the report. The decision stays the same test: a
     measure that cannot see a change makes a rejection likelier, never an acceptance likelier than its 5%."""
     if not round_.dist.is_main:
         return
