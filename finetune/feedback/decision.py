@@ -13,8 +13,8 @@ from finetune.feedback.evaluator import (
     Deciding,
     FeedbackEvaluator,
     clip_values,
-    focus_ratio,
     judge_keys,
+    mean_focus_ratio,
     oriented,
 )
 from finetune.reporting.evaluation import EvalResult
@@ -118,8 +118,7 @@ def decide(
     voice says the held-out corrections, scored once on that model (`held_after`; too few to hold some out: the
     corrected sentences), better than the starting model beyond the noise, by what decides (FeedbackEvaluator:
     the phonetic judge where it votes, else the focus ratio on what the corrections correct, else MCD across
-    speakers), paired clip by
-    clip; its own held-out clips no worse than the start beyond their noise (non_inferiority), within the timing
+    speakers), paired clip by clip; its own held-out clips no worse than the start beyond their noise (non_inferiority), within the timing
     rule and, where the speaker judge votes, still its voice. Without a best model beyond the start, the last
     evaluation is the candidate, so the report always shows what the round produced."""
     deciding, measure = evaluator.deciding, evaluator.measure
@@ -132,7 +131,7 @@ def decide(
     after.update({k: v for k, v in source.items() if k.startswith("cut_short_")})  # reported parts cut short
     if held_after is not None:
         after["held_out_mcd_db"] = held_after.mcd_db
-        ratio = focus_ratio(held_after)
+        ratio = mean_focus_ratio(held_after)
         if ratio is not None:
             after["held_out_focus_ratio"] = ratio
         after.update({f"held_out_{judge}": value for judge, value in held_after.judged.items()})

@@ -97,8 +97,9 @@ class FeedbackEvaluator:
                    are the voice's own (--corrections_voice voice) are compared plainly, timing included.
         held       (when enough corrections came) the corrections held out of the round's training, by the same
                    measure, each clip on DECIDING_DRAWS draws: scored on the starting model (the baseline), and
-                   once on the round's model after its training (judge_held): what decides. A round is for saying the corrected words right
-                   everywhere, so it is judged on sentences it did not learn, and once: a model chosen on them
+                   once on the round's model after its training (judge_held): what decides. A round is for saying
+                   the corrected words right everywhere, so it is judged on sentences it did not learn, and once: a
+                   model chosen on them
                    would be the best of many looks, tested on the clips that chose it.
         learnt     (own ids only) the corrections' own speaker id speaking them, plain MCD and length: how
                    well they were learnt in their own voice and tempo; reported.
@@ -234,7 +235,7 @@ class FeedbackEvaluator:
         if "held" in scored:
             extra["held_out_mcd_db"] = scored["held"].mcd_db
         for name, label in (("held", "held_out"), ("said", "corrections")):
-            ratio = focus_ratio(scored[name]) if name in scored else None
+            ratio = mean_focus_ratio(scored[name]) if name in scored else None
             if ratio is not None:
                 extra[f"{label}_focus_ratio"] = ratio
         if "retest" in scored:
@@ -354,7 +355,7 @@ def judged(extra: dict, label: str) -> str:
     return "".join(f", {name} {extra[key]:.3f}" for name, key in judge_keys(extra, label).items())
 
 
-def focus_ratio(result: EvalResult) -> float | None:
+def mean_focus_ratio(result: EvalResult) -> float | None:
     """The mean FOCUS_RATIO over the clips of an evaluation that have one (None when none has)."""
     values = [score.focus_relative for score in result.per_clip.values() if score.focus_relative is not None]
     return sum(values) / len(values) if values else None

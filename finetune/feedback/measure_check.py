@@ -65,11 +65,16 @@ def swapped(token_ids: np.ndarray, mask: np.ndarray, substitute: int) -> np.ndar
     return ids
 
 
+def log_mel(features, audio: np.ndarray, device) -> np.ndarray:
+    """Audio [samples] in [-1, 1] as a log-mel [n_mels, frames]."""
+    return features.mel(torch.from_numpy(audio).float().unsqueeze(0).to(device))[0].cpu().numpy()
+
+
 def focus_ratio(voice, token_ids: np.ndarray, mask: np.ndarray, references: list, features, seed: int) -> float:
     """One draw of the voice saying `token_ids`: the focus ratio against a recording's warped references."""
     ceiling_s = ceiling_for_text(len(token_ids)) / voice.model.speaking_rate
     speech = speak(voice.model, [token_ids], voice.device, seed, [ceiling_s], speaker=voice.speaker)
-    mel = features.mel(torch.from_numpy(speech.waveforms[0]).float().unsqueeze(0).to(voice.device))[0].cpu().numpy()
+    mel = log_mel(features, speech.waveforms[0], voice.device)
     if not np.isfinite(mel).all():
         return math.nan
     per_frame = measures.frame_distances(mel, references)
@@ -88,7 +93,6 @@ def check(
     letter, instead = pair
     said = f"'{decoder.get(letter, '?')}' said as '{decoder.get(instead, '?')}'"
     as_is, otherwise, done = {}, {}, True
-    mel = lambda audio: features.mel(torch.from_numpy(audio).float().unsqueeze(0).to(voice.device))[0].cpu().numpy()  # noqa: E731
     for index, example in enumerate(examples):
         marked = np.asarray(example.token_ids) == letter
         if example.item_id in masks:
@@ -103,7 +107,9 @@ def check(
         warped = (
             references(example)
             if references
-            else measures.warped_references(example.audio / 32768.0, voice.sample_rate, mel)
+            else measures.warped_references(
+                example.audio / 32768.0, voice.sample_rate, lambda audio: log_mel(features, audio, voice.device)
+            )
         )
         changed = swapped(example.token_ids, marked, instead)
         seeds = [SEED + 1_000 * draw + index for draw in range(DRAWS)]
