@@ -981,6 +981,28 @@ def test_a_sentence_is_never_on_both_sides_and_held_out_sentences_stay_held_out(
     assert hold_out(texts, 0.0, 0, lineage)[0] == sorted(i for i, t in enumerate(texts) if sentence_key(t) in lineage)
 
 
+def test_the_words_that_carry_the_fix_are_held_out_in_their_share_the_rest_trained_on():
+    """The bench's x: four of 24 corrections hold "xwe", the commonest word with x; drawn as they came, all four
+    were held out and the round never learnt it. Held out in a split stratified by word, every seed trains on most
+    sentences of each word that several hold, and a letter's round still holds out a third, each holding the x."""
+    from finetune.feedback.corrections import hold_out
+    from finetune.feedback.focus import Focus
+
+    words = ["xwe"] * 4 + ["xêr"] * 3 + ["dixwazim"] * 2 + [f"xal{i}" for i in range(15)]
+    texts = [f"ev {word} e {i}" for i, word in enumerate(words)]
+    focus = Focus(letters=("x",))
+    for seed in range(30):
+        held, trained = hold_out(texts, 0.34, seed, carriers=focus.carriers)
+        assert len(held) == 8 and len(trained) == 16
+        for word, most in (("xwe", 1), ("xêr", 1), ("dixwazim", 1)):
+            assert sum(word in texts[i].split() for i in held) <= most, (seed, word)
+    assert Focus(letters=("x",)).carriers("Ez xwe dixwazim, ne ev.") == {"xwe", "dixwazim"}
+    assert Focus(words=("min",), letters=("x",)).carriers("min xwe min e") == {"min", "xwe"}
+    everywhere = [f"bavê min {i}" for i in range(12)]  # one word in every correction: a third of them held out
+    held, _ = hold_out(everywhere, 0.34, 0, carriers=Focus(words=("min",)).carriers)
+    assert len(held) == 4
+
+
 def test_too_few_corrections_to_hold_some_out_decide_on_the_trained_ones():
     from finetune.feedback.corrections import hold_out
 

@@ -69,6 +69,10 @@ class Focus:
         """The focus on one of its items (a word stays a word, however short)."""
         return Focus((item,), ()) if item in self.words else Focus((), (item,))
 
+    def carriers(self, text: str) -> set[str]:
+        """The words of a sentence that say a focus item: a focus word, or a word with a focus letter in it."""
+        return {w for w in words_of(text) if w in self.words or any(c in strip_words(w, self.words) for c in self.letters)}
+
     def in_text(self, text: str) -> list[str]:
         """The focus items a sentence holds."""
         words = set(words_of(text))

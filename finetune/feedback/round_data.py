@@ -206,7 +206,7 @@ def load_round_data(config, round_: shared.Run, base: Path, versions) -> RoundDa
         config.holdout_share,
         config.seed,
         versions.held_out_sentences(),
-        (lambda key: bool(focus.in_text(key))) if focus else None,
+        focus.carriers if focus else None,
     )
     held, trained = [fixed.examples[i] for i in held_at], [fixed.examples[i] for i in trained_at]
     if config.acoustics == "focus" and (config.holdout_share > 0 or not focus):
