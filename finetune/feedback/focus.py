@@ -71,7 +71,9 @@ class Focus:
 
     def carriers(self, text: str) -> set[str]:
         """The words of a sentence that say a focus item: a focus word, or a word with a focus letter in it."""
-        return {w for w in words_of(text) if w in self.words or any(c in strip_words(w, self.words) for c in self.letters)}
+        return {
+            w for w in words_of(text) if w in self.words or any(c in strip_words(w, self.words) for c in self.letters)
+        }
 
     def in_text(self, text: str) -> list[str]:
         """The focus items a sentence holds."""
