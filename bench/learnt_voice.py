@@ -124,6 +124,53 @@ def assign_roles(
     return roles
 
 
+# espeak-ng's phoneme mnemonics (`espeak-ng -x`) of the bench's letters, each a pattern that finds the letter's
+# phoneme alone (ş's S, not the S of ç's tS): what the judge's mistaken reading swaps where espeak-ng's reading of
+# the mistaken text changes more than the letter
+LETTER_PHONEMES = {"x": ("x", "x"), "k": ("k", "k"), "ş": ("(?<!t)S", "S"), "s": ("s", "s")}
+
+
+def phonemes(text: str, reader: tuple[str, int, int]) -> list[str]:
+    """espeak-ng's phoneme mnemonics of a text as `reader` says it, a string a clause."""
+    command = ["espeak-ng", "-v", reader[0], "-q", "-x", text]
+    try:
+        found = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    except FileNotFoundError as error:
+        raise SystemExit("the learnt-error voice needs espeak-ng (apt-get install espeak-ng)") from error
+    return [line.strip() for line in found.splitlines() if line.strip()]
+
+
+def letters_swapped(clauses: list[str], mistakes: list[Mistake]) -> list[str] | None:
+    """The clauses' phonemes with each letter mistake's phoneme said as its said letter's (None: a letter the
+    bench has no phoneme for)."""
+    for mistake in [m for m in mistakes if m.kind == "letter"]:
+        if mistake.right not in LETTER_PHONEMES or mistake.said not in LETTER_PHONEMES:
+            return None
+        pattern, said = LETTER_PHONEMES[mistake.right][0], LETTER_PHONEMES[mistake.said][1]
+        clauses = [re.sub(pattern, said, clause) for clause in clauses]
+    return clauses
+
+
+def as_phoneme_input(clauses: list[str], text: str) -> str:
+    """espeak-ng input that says `clauses` (phoneme mnemonics) with the text's clause punctuation after each (its
+    pauses and intonation: the same sentence read from its text and from this differ by a sample)."""
+    marks = re.findall(r"[,.;:!?]+", text)
+    return " ".join(f"[[{clause}]]{marks[i] if i < len(marks) else ''}" for i, clause in enumerate(clauses))
+
+
+def mistaken_reading(text: str, mistakes: list[Mistake], reader: tuple[str, int, int]) -> str:
+    """What the judge's reader is given to say a sentence with the mistakes: the mistaken text, unless espeak-ng
+    reads it with more changed than the letters (its dictionary reads "xwe" as xw'8 and "kwe" as kw'E#, a vowel
+    apart; "xêr" as x'eR and "kêr" as c'eR): then the right text's phonemes (the word mistakes applied) with the
+    letters' swapped, so that the reading differs from the right one where the letter stands and nowhere else."""
+    words_said = with_mistakes(text, [m for m in mistakes if m.kind == "word"])
+    expected = letters_swapped(phonemes(words_said, reader), mistakes)
+    mistaken = with_mistakes(text, mistakes)
+    if expected is None or expected == phonemes(mistaken, reader):
+        return mistaken
+    return as_phoneme_input(expected, text)
+
+
 def espeak(text: str, reader: tuple[str, int, int], path: Path) -> None:
     voice, speed_wpm, pitch = reader
     command = ["espeak-ng", "-v", voice, "-s", str(speed_wpm), "-p", str(pitch), "-w", str(path), text]
@@ -162,7 +209,8 @@ def make_sources(
                              the held-out clips' ids in held_out.txt)
     corrections_<name>/      a case's corrections: other readers, said right
     judge/right, judge/mistaken   the unseen sentences and the other sentences by the voice's own reader:
-                             right, and as the mistakes say them (with_letter_<name>.csv, other.csv)"""
+                             right, and as the mistakes say them, nothing else changed (mistaken_reading;
+                             with_<name>.csv, other.csv)"""
     corpus = work / "user_corpus"
     ids = {i: f"s{i + 1:03d}" for i in range(len(sentences))}
     voice_rows = sorted(roles.voice + roles.voice_held_out)
@@ -177,9 +225,10 @@ def make_sources(
         write_rows(folder / "metadata.csv", [(ids[i], sentences[i]) for i in chosen])
         folders[f"corrections_{mistake.name}"] = folder
     judged = sorted({i for rows in roles.unseen.values() for i in rows} | set(roles.other))
-    for reading, text_of in (("right", lambda s: s), ("mistaken", lambda s: with_mistakes(s, mistakes))):
+    mistaken = (lambda s: mistaken_reading(s, mistakes, TARGET_READER)) if espeak else None
+    for reading, text_of in (("right", lambda s: s), ("mistaken", mistaken)):
         folder = work / "judge" / reading
-        record(folder, [(ids[i], text_of(sentences[i]), TARGET_READER) for i in judged], espeak)
+        record(folder, [(ids[i], text_of(sentences[i]) if espeak else "", TARGET_READER) for i in judged], espeak)
         write_rows(folder / "metadata.csv", [(ids[i], sentences[i]) for i in judged])
         for mistake in mistakes:
             write_rows(
