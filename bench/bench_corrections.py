@@ -9,15 +9,17 @@ people, rounds with exactly the flags a user runs, judged independently of the r
 
 1. The voice: a tiny voice pretrained on the demo corpus (--pretrain_hours; five readers who say every letter right),
    then fine-tuned (--voice_hours) on one reader's recordings of demo/sentences.txt that say every MISTAKE wrong
-   while the transcripts keep them right (z said as s, ç as c, the word "min" as "mîn": --mistakes). Made once in
+   while the transcripts keep them right (x said as k, ş as s, the word "min" as "man": --mistakes). Made once in
    W and reused.
 2. For each mistake, a case: corrections of sentences with it (other readers, said right) in a copy of the voice's
    run folder, and one round: train_feedback.py with the user's flags (the paths; --round_flags adds others).
 3. The judge, never seen by any run or round: stock transformers (one request a sentence, --judge_seeds seeds) on
-   the case's unseen sentences, against the voice's own reader saying each right and with the mistake:
-       mistake frames   the frames the voice gives the mistake's tokens (its own durations; each mapped to the
-                        reading by DTW): MCD to the right reading, and to the mistaken one. Fixed "half way" when
-                        nearer the right reading than the mistaken one, beyond the paired noise
+   the case's unseen sentences, against the voice's own reader saying each right and with the mistake, nothing
+   else changed (where espeak-ng's reading of the mistaken text changes more than the letter, as "xwe" -> "kwe"
+   with another vowel, the right reading's phonemes with the letter's swapped: learnt_voice.mistaken_reading):
+       mistake frames   where the reader's two readings differ (the_mistake), the voice's frames DTW pairs with
+                        them: MCD to the right reading, and to the mistaken one. Fixed "half way" when nearer
+                        the right reading than the mistaken one, beyond the paired noise
        the rest         the other frames of those sentences, against the right reading
    and the judge's other sentences (none holds a mistake, none is the round's): whole-sentence MCD to the reader.
    The rest and the other sentences must stay within their noise: non-inferiority, the margin being a clip's own
