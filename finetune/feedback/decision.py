@@ -118,8 +118,8 @@ def decide(
     voice says the held-out corrections, scored once on that model (`held_after`; too few to hold some out: the
     corrected sentences), better than the starting model beyond the noise, by what decides (FeedbackEvaluator:
     the phonetic judge where it votes, else the focus ratio on what the corrections correct, else MCD across
-    speakers), paired clip by clip; its own held-out clips no worse than the start beyond their noise (non_inferiority), within the timing
-    rule and, where the speaker judge votes, still its voice. Without a best model beyond the start, the last
+    speakers), paired clip by clip; its own held-out clips no worse than the start beyond their noise
+    (non_inferiority), within the timing rule and, where the speaker judge votes, still its voice. Without a best model beyond the start, the last
     evaluation is the candidate, so the report always shows what the round produced."""
     deciding, measure = evaluator.deciding, evaluator.measure
     keep = (*SCORES, "held_out_mcd_db", "corrections_learnt_mcd_db")

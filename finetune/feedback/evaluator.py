@@ -99,8 +99,7 @@ class FeedbackEvaluator:
                    measure, each clip on DECIDING_DRAWS draws: scored on the starting model (the baseline), and
                    once on the round's model after its training (judge_held): what decides. A round is for saying
                    the corrected words right everywhere, so it is judged on sentences it did not learn, and once: a
-                   model chosen on them
-                   would be the best of many looks, tested on the clips that chose it.
+                   model chosen on them would be the best of many looks, tested on the clips that chose it.
         learnt     (own ids only) the corrections' own speaker id speaking them, plain MCD and length: how
                    well they were learnt in their own voice and tempo; reported.
         originals  the voice on its own held-out clips, its tempo by the timing rule (a model outside it is never
