@@ -674,6 +674,10 @@ def test_the_warm_up_ends_by_margin(prepared_demo, tmp_path, timed_work, pretrai
     )
     record = metrics(tmp_path, "discriminator_warmup")[0]
     assert record["ended_by"] == "separating real from generated" and record["steps"] == 20  # the margin's window
+    # The warm-up's steps are steps: their time counts, and the data they waited for is a share of it (a run whose
+    # epochs all went to the warm-up said "data wait 13041964801.23% of step time")
+    end = metrics(tmp_path, "end")[0]
+    assert end["train_s"] >= 20 * 3.0 and 0 <= end["data_wait_share"] <= 1, end
 
 
 def test_the_warm_up_ends_by_its_time_cap(prepared_demo, tmp_path, timed_work, pretrained):

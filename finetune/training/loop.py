@@ -164,7 +164,9 @@ class TrainingLoop:
                 )
             pacer.timer.record(result.micro_batch_s, result.update_s if result.used else None)
             self.count_samples(result.clips, result.epoch_ended)
-            reached = warmup.record(result, self.context.now() - started)
+            elapsed = self.context.now() - started
+            self.progress.train_s += elapsed  # the data it waited for is counted too (the feed's wait_s)
+            reached = warmup.record(result, elapsed)
             failure = self.after_failure(result, f"discriminator warm-up step {progress.done}")
             if failure:
                 return failure
