@@ -63,12 +63,11 @@ def run(script: str, argv: list, log: Path, label: str) -> None:
 # ---------------------------------------------------------------- the voice
 
 
-def prepare(source: Path, data: Path, log: Path, held_out: list[str] = (), max_samples: int = 0) -> Path:
+def prepare(source: Path, data: Path, log: Path, held_out: list[str] = ()) -> Path:
     """An LJSpeech folder prepared at 16 kHz; `held_out` ids moved to metadata_val.csv (the voice's held-out clips:
     the round's gate), none drawn at random."""
     if not (data / "metadata.csv").is_file():
         argv = ["--input_dir", source, "--data_dir", data, "--model_name", "scratch:tiny", "--val_fraction", "0"]
-        argv += ["--max_samples", max_samples] if max_samples else []
         run("prepare_data.py", [*argv, "--num_workers", "1"], log, f"preparing {source.name}")
         if held_out:
             lines = (data / "metadata.csv").read_text(encoding="utf-8").splitlines()
@@ -115,10 +114,12 @@ def make_voice(args, work: Path, mistakes: list, roles, sentences: list[str]) ->
     its prepared corpus, the recordings' folders)."""
     folders = learnt_voice.make_sources(work / "recordings", mistakes, roles, sentences, espeak=not args.smoke)
     held = [f"s{i + 1:03d}" for i in roles.voice_held_out]
-    demo = prepare(REPO / "demo" / "corpus", work / "demo_data", work / "prepare_demo.log", (), 32 * args.smoke)
-    pretrained = train(
-        demo, work / "pretrained", "scratch:tiny", args.pretrain_hours, args.smoke, work / "pretrain.log"
-    )
+    if args.smoke:  # the voice from new weights: the pretraining is the same train() as the voice's (10 s saved)
+        start = "scratch:tiny"
+    else:
+        demo = prepare(REPO / "demo" / "corpus", work / "demo_data", work / "prepare_demo.log", ())
+        pretrained = train(demo, work / "pretrained", "scratch:tiny", args.pretrain_hours, False, work / "pretrain.log")
+        start = str(pretrained / "final_model")
     data = prepare(folders["user_corpus"], work / "user_data", work / "prepare_user.log", held)
     for reading in ("right", "mistaken"):  # the judge's readings at the voice's rate, with their lists
         prepared = prepare(folders[f"judge_{reading}"], work / f"judge_{reading}", work / f"prepare_{reading}.log")
@@ -126,9 +127,7 @@ def make_voice(args, work: Path, mistakes: list, roles, sentences: list[str]) ->
             if listing.name != "metadata.csv":
                 shutil.copy(listing, prepared / listing.name)
         folders[f"judge_{reading}"] = prepared
-    voice = train(
-        data, work / "voice", str(pretrained / "final_model"), args.voice_hours, args.smoke, work / "voice.log"
-    )
+    voice = train(data, work / "voice", start, args.voice_hours, args.smoke, work / "voice.log")
     return voice, data, folders
 
 
