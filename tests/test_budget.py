@@ -1,4 +1,4 @@
-"""The budget's arithmetic: learning-rate curve, plan, fit decisions, step timing."""
+"""The budget's arithmetic: plan, fit decisions, step timing (the learning-rate curve: tests/test_schedule.py)."""
 
 import logging
 
@@ -10,49 +10,9 @@ from finetune.training.budget import (
     Durations,
     Plan,
     StepTimer,
-    learning_rate,
     make_plan,
     safety_margin_s,
 )
-
-
-def test_warmup_rises_linearly_then_cosine_reaches_the_floor_at_the_last_step():
-    peak, floor = 1e-3, 0.1
-    assert learning_rate(1, 100, 10, peak, floor) == pytest.approx(1e-4)
-    assert learning_rate(10, 100, 10, peak, floor) == pytest.approx(peak)
-    assert learning_rate(55, 100, 10, peak, floor) == pytest.approx(peak * (floor + (1 - floor) * 0.5))
-    assert learning_rate(100, 100, 10, peak, floor) == pytest.approx(peak * floor)
-    assert learning_rate(150, 100, 10, peak, floor) == pytest.approx(peak * floor)
-    after_warmup = [learning_rate(s, 100, 10, peak, floor) for s in range(10, 101)]
-    assert all(a >= b for a, b in zip(after_warmup, after_warmup[1:]))
-
-
-def test_a_decay_share_holds_the_peak_then_runs_the_cosine_over_the_last_steps():
-    # --lr_decay_share 0.3: 90 steps after a warmup of 10; the peak held to step 73, the cosine over 74..100
-    peak, floor = 1e-3, 0.1
-    rates = {s: learning_rate(s, 100, 10, peak, floor, 0.3) for s in range(1, 121)}
-    assert rates[5] == pytest.approx(peak / 2)  # the warmup unchanged
-    assert all(rates[s] == pytest.approx(peak) for s in range(10, 74))
-    assert rates[73 + 27 // 2] == pytest.approx(peak * (floor + (1 - floor) * 0.5), rel=0.06)  # half-way down
-    assert rates[100] == pytest.approx(peak * floor) and rates[120] == pytest.approx(peak * floor)
-    after_warmup = [rates[s] for s in range(10, 121)]
-    assert all(a >= b for a, b in zip(after_warmup, after_warmup[1:]))
-    # a share of 1 is the cosine over every step after the warmup
-    assert all(learning_rate(s, 100, 10, peak, floor, 1.0) == learning_rate(s, 100, 10, peak, floor) for s in rates)
-
-
-def test_lr_decay_share_from_the_command_line_reaches_the_schedule_and_a_share_of_0_is_refused(capsys):
-    from finetune.cli import parse_config
-    from finetune.training.run_settings import CheckpointSettings, LoopSettings
-    from train_vits import TrainConfig
-
-    flags = parse_config(TrainConfig, ["--lr_decay_share", "0.3"], "")
-    checkpoints = CheckpointSettings(enabled=False)
-    loop = LoopSettings.from_flags(flags, warmup_steps=0, num_workers=0, checkpoints=checkpoints)
-    assert loop.schedule.lr_decay_share == 0.3
-    with pytest.raises(SystemExit):
-        parse_config(TrainConfig, ["--lr_decay_share", "0"], "")
-    assert "--lr_decay_share 0.0: use a value above 0, at most 1" in capsys.readouterr().err
 
 
 def test_plan_counts_steps_evaluations_and_saves():
@@ -387,29 +347,3 @@ def test_a_best_model_of_a_final_evaluation_that_ran_slow_is_exported_without_it
     now["t"] = 72.0 - 2.8  # a run that fits no tempo (--inference_settings model) has none to leave out
     evaluations.exports.fit_tempo = None
     assert Evaluations.tempo_fits(evaluations, result) and len(events) == 1
-
-
-def test_the_benchmarks_steps_warm_up_over_the_plan_their_timings_foretell_not_the_whole_warmup():
-    """A 225 s fine-tune at the second scale: 3 s steps, 190 s left after the baseline evaluation. Its 25
-    benchmark steps warmed up over the whole --warmup_steps (500): 0.2-5% of the rate, for half its steps."""
-    from finetune.training.pacing import Costs, Pacer
-    from finetune.training.run_settings import ScheduleSettings
-
-    now = {"t": 35.0}
-    budget = Budget(target_s=225.0, clock=Clock(lambda: now["t"]), safety_s=1.0)
-    timer = StepTimer(accumulation=1, skip=0)
-    schedule = ScheduleSettings(1e-3, 2e-4, 0.1, 1.0, warmup_steps=500)
-    pacer = Pacer(budget, timer, Costs(eval_s=15.0, export_s=5.0, checkpoint_s=0.7), 1e9, schedule=schedule)
-    assert pacer.learning_rate(1, last=False) == pytest.approx(1e-3 / 500)  # nothing timed yet
-    for step in range(1, 11):
-        timer.record([2.95], 0.05)
-        now["t"] += 3.0
-    foretold = pacer.foretold_plan(32, 10)
-    assert foretold.warmup_steps == foretold.total_steps // 10 and 50 < foretold.total_steps < 60
-    rate = pacer.learning_rate(11, last=False, steps_per_epoch=32)
-    assert rate == pytest.approx(learning_rate(11, foretold.total_steps, foretold.warmup_steps, 1e-3, 0.1))
-    assert rate > 0.5e-3  # past the warm-up, near the peak, not 11/500 of it
-    pacer.replan(32, 25, 0, evaluations_planned=True)  # the plan, once made, is the schedule
-    assert pacer.learning_rate(26, last=False, steps_per_epoch=32) == pytest.approx(
-        learning_rate(26, pacer.plan.total_steps, pacer.plan.warmup_steps, 1e-3, 0.1)
-    )

@@ -79,6 +79,7 @@ class RunLog:
             self.metrics.write(
                 "train",
                 step=step,
+                planned_steps=fields["total"],  # the plan's (made again after each evaluation)
                 epoch=round(fields["epoch"], 4),
                 lr=fields["lr"],
                 samples_per_s=round(fields["samples_per_s"], 2),

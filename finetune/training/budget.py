@@ -1,9 +1,9 @@
-"""The time budget: one clock from process start, the plan that fits training into what is left, and the
-learning-rate curve that spans that plan.
+"""The time budget: one clock from process start, and the plan that fits training into what is left.
 
 Everything here is plain arithmetic on seconds and step counts, so it is tested alone with an injected
-clock. The loop asks three questions of it: how many steps fit (make_plan), does the next step fit
-(Budget.fits), and what is the learning rate at this step (learning_rate).
+clock. The loop asks two questions of it, through the pacer (pacing.py): how many steps fit (make_plan), and
+how long the next one will take (StepTimer, Durations). The learning-rate curve that spans the plan is
+schedule.py's.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Callable
+
+from finetune.training import schedule
 
 
 def seconds_since_process_start() -> float:
@@ -260,7 +262,7 @@ def make_plan(
     final: one more, steps before it, would buy nothing to keep and cost a tenth of the run's steps. A
     given eval_every is the user's (--val_every), unless `evaluations_planned` says it was planned before.
     Checkpoints come at each epoch end (at most one every `checkpoint_min_s`) and every `checkpoint_every_s`.
-    The warmup is shortened to at most 10% of the planned steps.
+    The warm-up is cut to a tenth of a short plan (schedule.warmup_steps).
     """
     usable = max(0.0, time_left_s - final_s - safety_s)
     step_s = max(step_s, 1e-6)  # a clock too coarse to see a step must not divide by zero
@@ -294,22 +296,8 @@ def make_plan(
         steps_done=steps_done,
         total_steps=total,
         eval_every=eval_every,
-        warmup_steps=min(warmup_steps, max(1, total // 10)),
+        warmup_steps=schedule.warmup_steps(warmup_steps, total),
         epochs=total / steps_per_epoch,
         limited_by=limited_by,
         evaluations_planned=evaluations_planned,
     )
-
-
-def learning_rate(
-    step: int, total_steps: int, warmup_steps: int, peak: float, floor_ratio: float, decay_share: float = 1.0
-) -> float:
-    """Linear warmup from 0 to `peak` over steps 1..warmup_steps, then a cosine from `peak` down to
-    `peak * floor_ratio`, reached exactly at step `total_steps` (and held after it). The cosine spans the last
-    `decay_share` of the steps after the warmup; the rate holds at `peak` before it."""
-    if warmup_steps > 0 and step <= warmup_steps:
-        return peak * step / warmup_steps
-    floor = peak * floor_ratio
-    span = max(1, round((total_steps - warmup_steps) * decay_share))
-    progress = min(1.0, max(0.0, (step - (total_steps - span)) / span))
-    return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))

@@ -35,6 +35,7 @@ import torch
 
 from finetune.system.errors import ToolError
 from finetune.system.interrupt import StopRequested
+from finetune.training import schedule
 from finetune.training.batch_fit import OOM_WINDOWS_PER_REFIT, OUT_OF_MEMORY_ADVICE
 from finetune.training.budget import Plan
 from finetune.training.context import LoopContext
@@ -157,7 +158,9 @@ class TrainingLoop:
                 ended = BUDGET_END
                 break
             started = self.context.now()
-            self.parts.step.set_learning_rates(0.0, self.settings.warmup.learning_rate * self.state.setbacks.lr_scale)
+            self.parts.step.set_learning_rates(
+                *schedule.discriminator_warmup_rates(self.settings.warmup.learning_rate, self.state.setbacks.lr_scale)
+            )
             with self.windows.kept() as source:
                 result = self.parts.step.optimizer_step(
                     source, self.context.dist.broadcast(pacer.next_window()), generator=False
@@ -355,8 +358,8 @@ class TrainingLoop:
         1. its window, decided before it starts, jointly (every process runs the main one's): how many
            micro-batches, the last cut to the clips that fit (the deadline's: finetune/training/pacing.py),
            and whether it is the run's last
-        2. its learning rate: the plan's warmup and cosine, the floor on the last step, scaled down after
-           setbacks
+        2. its learning rates, on the plan's curve (finetune/training/schedule.py): the warm-up and the cosine,
+           the floor on the last step, scaled down after setbacks
         3. the step itself, top to bottom in finetune/training/step.py (TrainStep.optimizer_step): each
            micro-batch drawn (finetune/training/window.py, which keeps where the window started),
            forward and backward, then the update
@@ -370,11 +373,12 @@ class TrainingLoop:
             for attempt in (1, 2):
                 window = dist.broadcast(pacer.next_window())  # 1
                 last = dist.any(pacer.step_is_last(number, window))
-                lr = pacer.learning_rate(number, last, self.steps_per_epoch)  # 2
-                if pacer.plan is None:  # foretold from each process's own timings: the main one's for all
-                    lr = dist.broadcast(lr)
-                lr *= self.state.setbacks.lr_scale
-                step.set_learning_rates(lr, lr * self.settings.schedule.discriminator_ratio)
+                # 2: before the plan, the one each process's own timings foretell: the main one's for all
+                plan = pacer.plan or dist.broadcast(pacer.foretold_plan(self.steps_per_epoch, number - 1))
+                lr, discriminator_lr = schedule.rates(
+                    self.settings.schedule, number, last, plan, self.state.setbacks.lr_scale
+                )
+                step.set_learning_rates(lr, discriminator_lr)
                 with self.windows.kept() as source:  # 3
                     result = step.optimizer_step(
                         source,

@@ -100,7 +100,7 @@ def build_machinery(
         costs,
         settings.checkpoints.every_s,
         settings.max_epochs,
-        settings.schedule,
+        settings.schedule.warmup_steps,
         plan,
         checkpoint_min_s=settings.checkpoints.min_s,
     )

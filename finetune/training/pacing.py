@@ -1,6 +1,6 @@
 """The deadline decisions of a run, each taken before the work it decides: whether the next step may start,
 the window it runs (how many micro-batches, the last one cut to the clips that fit), whether it is the
-run's last, and its learning rate.
+run's last, and the plan whose steps the learning rate spans (schedule.py).
 
 Everything is asked of the budget with cautious estimates (finetune/training/budget.py, StepTimer) and with the
 final save kept in reserve: the final evaluation, the export and the last checkpoint, at what they last
@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from finetune.system.time_limit import TimeLimit
-from finetune.training.budget import Budget, Plan, StepTimer, learning_rate, make_plan
+from finetune.training.budget import Budget, Plan, StepTimer, make_plan
 
 SLOWER_BY = 1.25  # micro-batches this much slower than when the final save was timed: the machine slowed down
 UNTIMED_UPDATE = 0.5  # an update not timed yet: this share of a micro-batch
@@ -102,8 +102,8 @@ class WindowShape:
 
 class Pacer:
     """The deadline decisions over a budget, a step timer (whose `accumulation` is the window's size now)
-    and the costs of what follows training. `schedule` (finetune/training/run_settings.py) gives the
-    learning-rate curve; a pacer without one (the discriminator's warm-up) decides time only."""
+    and the costs of what follows training; `warmup_steps`, the learning rate's warm-up its plans cut to a
+    tenth of their steps (schedule.warmup_steps)."""
 
     def __init__(
         self,
@@ -112,12 +112,12 @@ class Pacer:
         costs: Costs,
         checkpoint_every_s: float,
         max_epochs: int = 0,
-        schedule=None,
+        warmup_steps: int = 0,
         plan: Plan | None = None,
         checkpoint_min_s: float = 0.0,
     ):
         self.budget, self.timer, self.costs, self.plan = budget, timer, costs, plan
-        self.checkpoint_every_s, self.max_epochs, self.schedule = checkpoint_every_s, max_epochs, schedule
+        self.checkpoint_every_s, self.max_epochs, self.warmup_steps = checkpoint_every_s, max_epochs, warmup_steps
         self.checkpoint_min_s = checkpoint_min_s
 
     @property
@@ -250,20 +250,9 @@ class Pacer:
         after = costs.after_final_eval_s if final else costs.report_s + costs.export_s + costs.final_s
         return after * self.slowdown
 
-    def learning_rate(self, step: int, last: bool, steps_per_epoch: int = 1) -> float:
-        """The cosine spans the plan; the last step is at the floor wherever it falls. Before the plan (the
-        benchmark's steps) it spans the plan the steps timed so far foretell (foretold_plan)."""
-        schedule = self.schedule
-        plan = self.plan or self.foretold_plan(steps_per_epoch, step - 1)
-        total = step if last else (plan.total_steps if plan else 10**9)
-        warmup = plan.warmup_steps if plan else schedule.warmup_steps
-        return learning_rate(
-            step, max(total, step), warmup, schedule.learning_rate, schedule.lr_floor_ratio, schedule.lr_decay_share
-        )
-
     def foretold_plan(self, steps_per_epoch: int, steps_done: int) -> Plan | None:
-        """The plan the steps timed so far give (None before the first): for the learning rate of the
-        benchmark's steps alone. Without it they warmed up over the whole --warmup_steps, which the plan
+        """The plan the steps timed so far give (None before the first): the one the learning rate of the
+        benchmark's steps spans (schedule.rates). Without it they warmed up over the whole --warmup_steps, which the plan
         then cut to a tenth of its steps: a 225 s fine-tune at the second scale ran its 25 benchmark steps,
         half of its 48, at 0.2-5% of its rate, and then began its cosine half way down."""
         if not self.timer.ready:
@@ -286,7 +275,7 @@ class Pacer:
             costs.final_s,
             steps_per_epoch,
             steps_done,
-            self.schedule.warmup_steps,
+            self.warmup_steps,
             self.budget.safety_s,
             eval_every=eval_every,
             max_epochs=self.max_epochs,

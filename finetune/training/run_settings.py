@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from finetune.training.schedule import ScheduleSettings
+
 
 @dataclass(frozen=True)
 class BatchSettings:
@@ -19,19 +21,6 @@ class BatchSettings:
     fit_batch: str  # try the longest clips before training: auto (with CUDA), on, off
     num_workers: int  # DataLoader workers, as resolved for the device
     seed: int  # the sampler's order
-
-
-@dataclass(frozen=True)
-class ScheduleSettings:
-    learning_rate: float  # the generator's peak
-    discriminator_learning_rate: float  # the discriminator's peak
-    lr_floor_ratio: float  # the cosine's end, as a share of the peak
-    lr_decay_share: float  # the cosine's share of the steps after the warm-up (the peak held before it)
-    warmup_steps: int  # linear warm-up of the learning rate (cut to 10% of a short plan)
-
-    @property
-    def discriminator_ratio(self) -> float:
-        return self.discriminator_learning_rate / self.learning_rate
 
 
 @dataclass(frozen=True)
