@@ -274,7 +274,7 @@ def mel_of(features, example) -> np.ndarray:
 def paired(before: dict, after: dict) -> dict:
     """after - before over the clips both scored (negative: nearer), its one-sided 95% t bound, and whether it is
     an improvement or a worsening beyond it."""
-    from finetune.reporting.selection import paired as paired_comparison
+    from finetune.training.selection import paired as paired_comparison
 
     better, worse = paired_comparison(before, after), paired_comparison(after, before)
     shared = [k for k in after if k in before]
@@ -292,7 +292,7 @@ def paired(before: dict, after: dict) -> dict:
 def nearer_right(judged: dict) -> dict:
     """Whether the voice is nearer the right reading than the mistaken one on the mistake's frames, beyond the
     noise: the clips' (to right - to mistaken), its mean and one-sided 95% bound; "half way" when below zero."""
-    from finetune.reporting.selection import paired as paired_comparison
+    from finetune.training.selection import paired as paired_comparison
 
     right, mistaken = judged["mean"]["mistake_right"], judged["mean"]["mistake_mistaken"]
     comparison = paired_comparison(mistaken, right)  # how much lower (nearer) the right reading is

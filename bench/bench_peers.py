@@ -348,7 +348,7 @@ def child(record_dir: str, argv: list[str]) -> int:
     import train_vits
     from finetune.cli import run_script as run_recipe
     from finetune.training.budget import seconds_since_process_start
-    from finetune.training.evaluating import Evaluations
+    from finetune.training.run_evaluations import Evaluations
     from finetune.vits.model_folder import export_model
 
     folder = Path(record_dir)

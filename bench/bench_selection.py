@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Which evaluation's model should a run keep? The rule before (the lowest mean MCD) and the noise-aware
-one (finetune/reporting/selection.py), each against an independent judgement of the same models.
+one (finetune/training/selection.py), each against an independent judgement of the same models.
 
     .venv/bin/python bench/bench_selection.py --work_dir W --voice_a demo/work/checkpoints/best_model
     .venv/bin/python bench/bench_selection.py --smoke             # the pipeline on a few clips, seconds a run
@@ -62,7 +62,7 @@ def child(record_dir: str, argv: list[str]) -> int:
     """train_vits.main with every whole evaluation recorded and its model saved (runs in its own process)."""
     import train_vits
     from finetune.cli import run_script
-    from finetune.training.evaluating import Evaluations
+    from finetune.training.run_evaluations import Evaluations
     from finetune.vits.model_folder import export_model
 
     folder = Path(record_dir)
@@ -279,7 +279,7 @@ def read_records(run_dir: Path) -> list[dict]:
 def standings(records: list[dict], k: int, max_length_ratio: float) -> list:
     """Each evaluation as the rule saw it with its first k clips."""
     from finetune.reporting.measures import TimingRule
-    from finetune.reporting.selection import standing
+    from finetune.training.selection import standing
 
     rule, out = TimingRule(max_length_ratio), []
     for record in records:
@@ -293,7 +293,7 @@ def standings(records: list[dict], k: int, max_length_ratio: float) -> list:
 
 def replay(candidates: list, confidence: float | None) -> int:
     """The step a rule keeps: the lowest mean (confidence None), or the noise-aware rule at `confidence`."""
-    from finetune.reporting.selection import NONE_YET, judge_candidate
+    from finetune.training.selection import NONE_YET, judge_candidate
 
     kept = NONE_YET
     for candidate in candidates:
@@ -315,7 +315,7 @@ def judge_best(judged: dict[int, dict], max_length_ratio: float) -> int:
 
 def as_good(judged: dict[int, dict], step: int, best: int) -> bool:
     """The kept model is not worse than the judge's best beyond the judge's own noise (paired, 95%)."""
-    from finetune.reporting.selection import Standing, compare
+    from finetune.training.selection import Standing, compare
 
     a = Standing(True, 0.0, judged[best]["mcd_db"], judged[best]["clips"], best)
     b = Standing(True, 0.0, judged[step]["mcd_db"], judged[step]["clips"], step)

@@ -24,7 +24,7 @@ and, where hama is installed (requirements-judges.txt), by what a phoneme recogn
                     by one 20 ms frame): how far what the voice says there is from what the recording says
     phone_errors    the greedy phone strings' edit distance over the recording's (a phone error rate)
 
-each paired after - before, with its one-sided 95% bound (finetune/reporting/selection.py, as the round's own
+each paired after - before, with its one-sided 95% bound (finetune/training/selection.py, as the round's own
 decision pairs) and the retest noise between two seeds of the voice before. A measure that decides should move
 beyond its bound where the judge heard the fix, and not where it heard none.
 

@@ -60,7 +60,7 @@ def inject(fault: str, n: int) -> None:
 
     from finetune.feedback import decision, versions
     from finetune.system import atomic
-    from finetune.training import checkpoint
+    from finetune.training import checkpoint_file
     from finetune.vits import model_folder
 
     if fault == "checkpoint-write":
@@ -75,7 +75,7 @@ def inject(fault: str, n: int) -> None:
 
             atomic.write_atomic(path, write)
 
-        checkpoint.torch_save_atomic = on_nth(n, checkpoint.torch_save_atomic, half_written)
+        checkpoint_file.torch_save_atomic = on_nth(n, checkpoint_file.torch_save_atomic, half_written)
     elif fault == "export-swap":
 
         def half_swapped(built, target):
@@ -96,17 +96,17 @@ def inject(fault: str, n: int) -> None:
 
         model_folder.replace_dir = on_nth(n, model_folder.replace_dir, swapped_not_cleaned)
     elif fault == "pointer-update":
-        real_text = checkpoint.write_text_atomic
+        real_text = checkpoint_file.write_text_atomic
         pointer_calls = {"count": 0}
 
         def pointer_then_die(path, text):
-            if os.path.basename(str(path)) == checkpoint.LATEST:
+            if os.path.basename(str(path)) == checkpoint_file.LATEST:
                 pointer_calls["count"] += 1
                 if pointer_calls["count"] == n:
                     die()
             return real_text(path, text)
 
-        checkpoint.write_text_atomic = pointer_then_die
+        checkpoint_file.write_text_atomic = pointer_then_die
     elif fault == "accept-version":
         real_copy = versions.Versions._copy_model
 

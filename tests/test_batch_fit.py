@@ -17,7 +17,7 @@ import train_vits
 from finetune.data.sampler import BucketSampler
 from finetune.training import step as step_module
 from finetune.training.batch_fit import accumulation_for, probe_enabled, smaller_micro_batch, try_micro_batch
-from finetune.training.checkpoint import latest_checkpoint, load_checkpoint
+from finetune.training.checkpoint_file import latest_checkpoint, load_checkpoint
 from tests.conftest import clock_for, demo_batch, tiny_generator
 from tests.test_step import make_step
 from tests.test_train import args, losses_by_step, metrics

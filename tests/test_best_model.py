@@ -15,7 +15,8 @@ import train_vits
 from finetune.reporting.evaluation import ClipScore, judge, says_nothing
 from finetune.reporting.measures import TimingRule
 from finetune.reporting.model_card import card_facts, card_text
-from finetune.reporting.selection import (
+from finetune.system.errors import ConfigError
+from finetune.training.selection import (
     NONE_YET,
     better,
     chosen_as,
@@ -25,7 +26,6 @@ from finetune.reporting.selection import (
     standing,
     timing_error,
 )
-from finetune.system.errors import ConfigError
 from tests.conftest import DEMO_CORPUS, clock_for
 from tests.test_train import args, metrics
 

@@ -324,8 +324,8 @@ def test_a_best_model_of_a_final_evaluation_that_ran_slow_is_exported_without_it
     had been fitted, 5x slower than timed, and the run ended 5% over). With 20 s left it is fitted."""
     from types import SimpleNamespace
 
-    from finetune.training.evaluating import Evaluations
     from finetune.training.pacing import Costs, Pacer
+    from finetune.training.run_evaluations import Evaluations
 
     now, events = {"t": 72.0 - 2.8}, []
     budget = Budget(target_s=72.0, clock=Clock(lambda: now["t"]), safety_s=1.0)

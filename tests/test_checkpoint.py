@@ -9,7 +9,7 @@ import torch
 
 from finetune.data.corpus import MemoryEstimate, decide_precompute
 from finetune.data.metadata import CorpusError
-from finetune.training.checkpoint import (
+from finetune.training.checkpoint_file import (
     CheckpointError,
     capture_rng,
     check_same_data,

@@ -13,7 +13,7 @@ import train_vits
 from finetune.data.corpus import load_examples
 from finetune.data.metadata import CorpusError, read_metadata
 from finetune.system.model_source import ModelSourceError
-from finetune.training.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
+from finetune.training.checkpoint_file import CheckpointError, list_checkpoints, load_checkpoint
 from tests.conftest import clock_for, tiny_generator
 from tests.test_train import args, metrics
 

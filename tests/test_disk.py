@@ -17,7 +17,7 @@ import train_vits
 from finetune.system.atomic import torch_save_atomic, write_text_atomic
 from finetune.system.disk import MB, free_bytes, is_write_failure, looks_full
 from finetune.training import saving
-from finetune.training.checkpoint import list_checkpoints, load_checkpoint
+from finetune.training.checkpoint_file import list_checkpoints, load_checkpoint
 from tests import launch
 from tests.conftest import TEST_SIZE, clock_for
 from tests.test_train import args, metrics

@@ -15,7 +15,7 @@ import torch
 
 import train_vits
 from finetune.data.sampler import ResumeMismatch
-from finetune.training.checkpoint import load_checkpoint
+from finetune.training.checkpoint_file import load_checkpoint
 from tests import launch
 from tests.conftest import REPO
 from tests.test_train import args, metrics

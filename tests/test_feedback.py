@@ -1062,7 +1062,7 @@ def test_a_voting_judge_of_what_is_said_decides_and_the_speaker_judge_keeps_the_
 
 
 def test_a_voting_judge_keeps_out_a_model_the_mcd_would_let_in():
-    from finetune.reporting.selection import judges_veto
+    from finetune.training.selection import judges_veto
 
     kept = {"speaker": {"a": 0.80, "b": 0.82, "c": 0.79, "d": 0.81}}
     worse = {"speaker": {"a": 0.70, "b": 0.74, "c": 0.69, "d": 0.72}}  # further from the voice on every clip

@@ -11,7 +11,7 @@ import subprocess
 from transformers import VitsModel
 
 from finetune.system.atomic import recover
-from finetune.training.checkpoint import LATEST, list_checkpoints, load_checkpoint, resolve_resume
+from finetune.training.checkpoint_file import LATEST, list_checkpoints, load_checkpoint, resolve_resume
 from tests import launch
 from tests.test_train import args
 

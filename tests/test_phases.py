@@ -18,7 +18,7 @@ from finetune.data import corpus
 from finetune.reporting import evaluation
 from finetune.reporting.evaluation import ClipScore
 from finetune.training import recovery, session, step
-from finetune.training.checkpoint import list_checkpoints, load_checkpoint
+from finetune.training.checkpoint_file import list_checkpoints, load_checkpoint
 from tests.conftest import clock_for
 from tests.test_reliability import final_model_is_finite, nan_losses_from, resume, sigterm_on_call
 from tests.test_train import args, metrics

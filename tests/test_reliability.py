@@ -17,7 +17,7 @@ import train_vits
 from finetune.data import corpus
 from finetune.reporting import evaluation
 from finetune.training import recovery, step
-from finetune.training.checkpoint import list_checkpoints, load_checkpoint
+from finetune.training.checkpoint_file import list_checkpoints, load_checkpoint
 from tests import launch
 from tests.conftest import clock_for
 from tests.test_train import args, losses_by_step, metrics, wait_for_training

@@ -77,7 +77,7 @@ def metrics(run_dir, kind: str) -> list[dict]:
 
 def latest_checkpoint(run_dir) -> dict:
     """The checkpoint that run_dir/checkpoints/latest_checkpoint.json names, loaded."""
-    from finetune.training.checkpoint import load_checkpoint
+    from finetune.training.checkpoint_file import load_checkpoint
 
     run = run_dir / "checkpoints"
     return load_checkpoint(run / json.loads((run / "latest_checkpoint.json").read_text())["path"])
@@ -181,7 +181,7 @@ def test_an_earlier_run_is_never_silently_mixed_with_a_new_one(prepared_demo, tm
     assert train_vits.main(base, clock=clock_for(fake)) == 0
     with pytest.raises(ConfigError, match="--resume auto"):
         train_vits.main(base, clock=clock_for(fake))
-    from finetune.training.checkpoint import CheckpointError
+    from finetune.training.checkpoint_file import CheckpointError
 
     with pytest.raises(CheckpointError, match="--batch_size was 4 in the checkpoint, now 2"):
         train_vits.main(base + ["--resume", "auto", "--batch_size", "2"], clock=clock_for(fake))
@@ -239,7 +239,7 @@ def updates(optimizer: dict) -> set[int]:
 def test_length_pool_batches_from_the_command_line_set_how_a_run_draws_its_batches(flags_run):
     """--length_pool_batches 1: the run's sampler draws batches of clips at random (what that means is
     tests/test_sampler.py's), saved in its checkpoint so that a resume continues the same batches."""
-    from finetune.training.checkpoint import CheckpointError
+    from finetune.training.checkpoint_file import CheckpointError
 
     run, argv = flags_run
     assert latest_checkpoint(run)["sampler"]["pool_batches"] == 1
@@ -337,7 +337,7 @@ def test_a_new_discriminator_warms_up_alone_before_a_pretrained_generator_trains
 
 def checkpoint_times(run_dir) -> list[tuple[int, float]]:
     """(step, the budget's seconds used when it was written) of every checkpoint the run kept, by step."""
-    from finetune.training.checkpoint import list_checkpoints, load_checkpoint
+    from finetune.training.checkpoint_file import list_checkpoints, load_checkpoint
 
     found = [load_checkpoint(path)["state"] for path in list_checkpoints(run_dir / "checkpoints")]
     return sorted((state["step"], state["time_used_s"]) for state in found)

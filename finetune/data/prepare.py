@@ -405,7 +405,7 @@ class Preparer:
 MIN_SPEAKER_CLIPS = 10  # a speaker with fewer gives none to the held-out split of a multi-speaker corpus
 # Clips held out of a voice at least, where it has 10 times as many: the standard error of a mean MCD over n
 # clips is their spread / sqrt(n), and models a few percent apart need n in the tens to be told apart
-# (finetune/reporting/selection.py). A smaller corpus gives a tenth of its clips, and is warned.
+# (finetune/training/selection.py). A smaller corpus gives a tenth of its clips, and is warned.
 HELD_OUT_FLOOR = 16
 
 

@@ -3,7 +3,7 @@
     corrections.py  the user's corrected recordings, prepared like the corpus; the replay sample; which
                     corrections are held out to decide (by sentence, the same ones in every round of a voice)
     evaluator.py    what a round is judged on at each evaluation (FeedbackEvaluator: the shared loop takes it
-                    through finetune/training/evaluating.py's RunEvaluator)
+                    through finetune/training/run_evaluations.py's RunEvaluator)
     decision.py     whether the round's model is kept (decide)
     report.py       the round's readable report
     versions.py     the voice's versions folder: current/, v000/, v001/ ..., history.json, rollback

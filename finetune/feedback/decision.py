@@ -18,7 +18,7 @@ from finetune.feedback.evaluator import (
     oriented,
 )
 from finetune.reporting.evaluation import EvalResult
-from finetune.reporting.selection import MIN_PAIRED_CLIPS, NOISE_CONFIDENCE, Comparison, paired
+from finetune.training.selection import MIN_PAIRED_CLIPS, NOISE_CONFIDENCE, Comparison, paired
 
 
 def identity_change(baseline: EvalResult, result: EvalResult | dict, judge: str) -> Comparison | None:

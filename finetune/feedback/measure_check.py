@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from finetune.reporting import measures
-from finetune.reporting.selection import paired
 from finetune.system.time_limit import TimeLimit
+from finetune.training.selection import paired
 from finetune.vits import synthesis
 from finetune.vits.inference import ceiling_for_text, speak
 

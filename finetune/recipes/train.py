@@ -22,9 +22,17 @@ from finetune.system import atomic, hub_upload
 from finetune.system.disk import OPTIONAL
 from finetune.system.errors import ConfigError
 from finetune.system.model_source import parse_scratch
-from finetune.training import budget as budgeting
-from finetune.training import checkpoint as checkpoints
-from finetune.training import context, distributed, exports, loop, machinery, run_settings, session
+from finetune.training import (
+    checkpoint_file,
+    context,
+    distributed,
+    loop,
+    machinery,
+    model_folders,
+    run_settings,
+    session,
+)
+from finetune.training.budget import Budget, safety_margin_s
 from finetune.vits import generator
 from finetune.vits import speakers as speaker_layers
 
@@ -40,8 +48,8 @@ def open_run(config, given: set[str], clock, stop) -> tuple[shared.Run, object]:
     if lock is not None and lock.took_over():
         logger.info(lock.took_over())
     tidy(folder, None, dist, logger)
-    resume_path, payload = checkpoints.resolve_resume(config.resume, folder, warn=logger.warning)
-    if resume_path is None and checkpoints.list_checkpoints(folder):
+    resume_path, payload = checkpoint_file.resolve_resume(config.resume, folder, warn=logger.warning)
+    if resume_path is None and checkpoint_file.list_checkpoints(folder):
         raise ConfigError(
             [
                 f"{folder} holds checkpoints of an earlier run: continue it with --resume auto, or start "
@@ -50,7 +58,7 @@ def open_run(config, given: set[str], clock, stop) -> tuple[shared.Run, object]:
         )
     if payload:
         may_change, from_command_line = resume_rules(type(config))  # each flag's on_resume
-        settings, changed = checkpoints.resumed_settings(
+        settings, changed = checkpoint_file.resumed_settings(
             payload["config"], config_to_dict(config), given, may_change, from_command_line
         )
         config = type(config)(**settings)
@@ -68,7 +76,7 @@ def open_run(config, given: set[str], clock, stop) -> tuple[shared.Run, object]:
     tidy(output.parent, output.name, dist, logger)
     used_before = payload["state"]["time_used_s"] if payload else 0.0
     target_s = config.target_hours * 3600
-    budget = budgeting.Budget(target_s, clock, used_before_s=used_before, safety_s=budgeting.safety_margin_s(target_s))
+    budget = Budget(target_s, clock, used_before_s=used_before, safety_s=safety_margin_s(target_s))
     logger.info(
         f"train_vits: budget {config.target_hours} h ({target_s:.0f}s), {budget.used_s():.1f}s used "
         f"({used_before:.1f}s by earlier processes of this run)" + (f"; resuming {resume_path}" if payload else "")
@@ -292,9 +300,9 @@ def build_loop(config, run: shared.Run, model: Model, data: Data, step_callback)
     )
     if warning:
         run.logger.warning(warning)
-    fingerprint = checkpoints.data_fingerprint([e.item_id for e in data.train.examples])
+    fingerprint = checkpoint_file.data_fingerprint([e.item_id for e in data.train.examples])
     if run.payload:
-        checkpoints.check_same_data(run.payload, fingerprint)
+        checkpoint_file.check_same_data(run.payload, fingerprint)
     resolved = config_to_dict(config)
     tracker = tracking.open_tracker(config.report_to, run.folder, resolved, run.dist.is_main)
     if tracker.sinks:
@@ -375,7 +383,9 @@ def ready_to_train(config, run: shared.Run, model: Model, data: Data) -> bool:
         write_args(run, config, data.precomputed)
     if run.payload:  # last: after everything that draws random numbers while being built
         by_rank = run.payload.get("rng_by_rank") or [run.payload["rng"]]
-        checkpoints.restore_rng(by_rank[run.dist.rank] if len(by_rank) == run.dist.world_size else run.payload["rng"])
+        checkpoint_file.restore_rng(
+            by_rank[run.dist.rank] if len(by_rank) == run.dist.world_size else run.payload["rng"]
+        )
     elif run.dist.active:
         torch.manual_seed(config.seed + 7919 * run.dist.rank)  # each process its own segments and noise
     if run.budget.left_s() <= 2 * run.budget.safety_s:
@@ -455,7 +465,7 @@ def describe_best(state, band: str, best_dir: Path) -> str:
     best = state.best
     if best.step < 0:
         return "no best_model (no evaluation had a finite score, or every one said nothing)"
-    partial = model_card.partial_clips(exports.read_evaluation(best_dir) or {})
+    partial = model_card.partial_clips(model_folders.read_evaluation(best_dir) or {})
     kept = f"best MCD {best.score:.3f} dB at step {best.step}{' on ' + partial if partial else ''} -> {best_dir}"
     if best.eligible:
         return kept

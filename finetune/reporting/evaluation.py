@@ -15,7 +15,7 @@ Per clip (finetune/reporting/measures.py says how each is computed and why):
     naturalness      DNSMOS OVRL of the synthesised clip, 1..5, when the optional extra is installed
                      (finetune/reporting/naturalness.py); reported, not part of the choice of best_model
 Per evaluation: the mean MCD and its standard error over clips (the evaluation's own noise: the choice of
-best_model compares models beyond it, finetune/reporting/selection.py), the median length ratio of all
+best_model compares models beyond it, finetune/training/selection.py), the median length ratio of all
 draws of all clips (what a listener typically hears) and the median draw spread (a property of the voice),
 the mean duration error, the mean naturalness, the objective's own losses (mel, KL, duration) on the same
 clips, and whether the model may become the best one: only when its median length ratio passes the
@@ -34,7 +34,7 @@ An evaluation may be given a time limit (finetune/system/time_limit.py): before 
 each test sentence it asks whether one more, at the slowest so far (or the last evaluation's), still
 ends in time; if not, it stops there. A cut-short evaluation is scored on the clips done, says so
 (`cut_short`, `clips_scored` of `clips_planned`); it is judged by the timing rule on those clips, and the
-choice of the best model compares it clip by clip only (finetune/reporting/selection.py: a mean over fewer
+choice of the best model compares it clip by clip only (finetune/training/selection.py: a mean over fewer
 clips is not comparable with one over all of them). One that scored no clip at all was skipped.
 """
 

@@ -35,7 +35,7 @@ one at 0.95x (bench/RESULTS.md). So timing is measured apart, and judged by its 
     timing rule      a model whose median length ratio over the held-out clips lies outside
                      [1 / max_length_ratio, max_length_ratio] (default [0.8, 1.25]) has drifted: it is
                      never preferred to one inside, however good its MCD (and kept only while none is
-                     inside, as the nearest: finetune/reporting/selection.py)
+                     inside, as the nearest: finetune/training/selection.py)
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ What it is for, by the evidence (bench/bench_naturalness.py, bench/RESULTS.md): 
 recordings and a trained voice from early ones, but rated an untrained demo voice above a 25-step one
 and is blind to tempo (length_scale 0.7 and 1.4 scored as 1.0). So it is reported (the eval line,
 metrics.jsonl, TensorBoard, report.html, the model card) and takes no part in choosing best_model
-(finetune/reporting/selection.py).
+(finetune/training/selection.py).
 
 Input: a float waveform in [-1, 1] at 16 kHz (MMS voices' rate; others are resampled first). DNSMOS
 scores 9.01 s windows; a shorter clip is repeated to fill one, as the package's own runner does.

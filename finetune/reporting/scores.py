@@ -68,7 +68,7 @@ class EvalResult:
     ineligible_reason: str = ""
     samples: list[str] = field(default_factory=list)  # WAV files written
     extra: dict[str, float] = field(default_factory=dict)  # further named scores (feedback rounds)
-    chosen_as: str = ""  # why it became best_model, when it did (finetune/reporting/selection.py)
+    chosen_as: str = ""  # why it became best_model, when it did (finetune/training/selection.py)
     clips_planned: int = 0  # held-out clips the evaluation was to score
     cut_short: str = ""  # why it stopped before the last clip or test sentence ("" when it did them all)
     sentences_planned: int = 0

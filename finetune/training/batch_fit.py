@@ -35,7 +35,7 @@ import torch
 
 from finetune.data.examples import Batch, Example, collate
 from finetune.training.budget import Durations, StepTimer
-from finetune.training.checkpoint import capture_rng, restore_rng
+from finetune.training.checkpoint_file import capture_rng, restore_rng
 
 FIT_BATCH_CHOICES = ("auto", "on", "off")
 OOM_WINDOWS_PER_REFIT = 3  # out-of-memory windows after a refit before the next one (at one clip: the stop)

@@ -12,7 +12,7 @@ skipping itself where a resumed run has done it already:
     train           steps until the deadline (before each step, finetune/training/pacing.py decides its
                     window: how many micro-batches, the last cut to the clips that fit), an epoch limit or
                     early stopping; evaluations keep the best model
-                    (finetune/training/evaluating.py), checkpoints at each epoch end and every
+                    (finetune/training/run_evaluations.py), checkpoints at each epoch end and every
                     --checkpoint_every_minutes, the plan re-estimated at each evaluation
     finish          a final evaluation (unless the last one saw these weights), best_model copied to the
                     output folder, a checkpoint, the last weights' export: all inside the budget
@@ -118,7 +118,7 @@ class TrainingLoop:
 
     def baseline_evaluation(self) -> None:
         """A fresh run: evaluate the starting model, and measure what the final save will cost. A resumed
-        process primes its evaluation instead (finetune/training/evaluating.py)."""
+        process primes its evaluation instead (finetune/training/run_evaluations.py)."""
         context = self.context
         if not self.fresh:
             self.evaluations.prime()

@@ -19,12 +19,12 @@ from finetune.reporting.model_card import CardFacts
 from finetune.system.cpu_threads import CpuThreads
 from finetune.training.batch_fit import BatchFitter
 from finetune.training.budget import Plan, StepTimer
-from finetune.training.checkpointing import Checkpoints
+from finetune.training.checkpoint_writer import Checkpoints
 from finetune.training.context import LoopContext
-from finetune.training.evaluating import Evaluations, RunEvaluator
-from finetune.training.exports import Exports
+from finetune.training.model_folders import Exports
 from finetune.training.pacing import Costs, Pacer
 from finetune.training.recovery import Divergence, LastGoodState
+from finetune.training.run_evaluations import Evaluations, RunEvaluator
 from finetune.training.run_settings import LoopSettings
 from finetune.training.saving import Saver
 from finetune.training.state import TrainingState

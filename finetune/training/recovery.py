@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from finetune.training.checkpoint import load_checkpoint
+from finetune.training.checkpoint_file import load_checkpoint
 
 
 @dataclass

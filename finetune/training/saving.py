@@ -35,7 +35,7 @@ from finetune.system.disk import (
     looks_full,
     mb,
 )
-from finetune.training.checkpoint import list_checkpoints, newest_first, save_checkpoint
+from finetune.training.checkpoint_file import list_checkpoints, newest_first, save_checkpoint
 from finetune.training.pacing import Costs
 from finetune.training.recovery import all_finite
 from finetune.vits.model_folder import copy_model, export_model

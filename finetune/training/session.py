@@ -23,7 +23,7 @@ from finetune.data.text import TextNormalizer, describe_oov
 from finetune.system import gpu_check
 from finetune.system.errors import ConfigError
 from finetune.system.model_source import resolve_model
-from finetune.training.checkpoint import CheckpointError
+from finetune.training.checkpoint_file import CheckpointError
 from finetune.vits.discriminator import Discriminator, DiscriminatorConfig, load_discriminator, parameter_count
 from finetune.vits.generator import LoadedGenerator, load_generator, ready_for_training, shape_mismatches
 

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 @dataclass
 class Best:
-    """The evaluation whose model is in best_model (finetune/reporting/selection.py says which wins)."""
+    """The evaluation whose model is in best_model (finetune/training/selection.py says which wins)."""
 
     score: float = float("inf")  # its measure (MCD, dB); inf: none yet
     step: int = -1  # -1: none yet

@@ -21,7 +21,7 @@ from finetune.system.cpu_threads import CpuThreads
 from finetune.system.interrupt import StopRequest, StopRequested
 from finetune.system.profile import section
 from finetune.training.budget import Clock
-from finetune.training.checkpoint import capture_rng, restore_rng
+from finetune.training.checkpoint_file import capture_rng, restore_rng
 from finetune.training.late import AT_RISK
 from finetune.training.step import TrainStep
 

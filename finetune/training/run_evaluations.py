@@ -1,5 +1,5 @@
 """The run's evaluations: scored on the main process inside a time limit, best_model kept by the
-selection rule (finetune/reporting/selection.py; one cut short compared clip by clip), early stopping, and what an
+selection rule (finetune/training/selection.py; one cut short compared clip by clip), early stopping, and what an
 evaluation costs, measured for the plan. Every process of a data-parallel run then shares the verdicts.
 """
 
@@ -9,7 +9,11 @@ from typing import Protocol
 
 from finetune.reporting.evaluation import EvalResult
 from finetune.reporting.measures import TimingRule
-from finetune.reporting.selection import (
+from finetune.training.context import LoopContext
+from finetune.training.finishing import FinishTimes
+from finetune.training.model_folders import Exports
+from finetune.training.pacing import Pacer
+from finetune.training.selection import (
     NONE_YET,
     Standing,
     Verdict,
@@ -20,10 +24,6 @@ from finetune.reporting.selection import (
     judges_veto,
     standing,
 )
-from finetune.training.context import LoopContext
-from finetune.training.exports import Exports
-from finetune.training.finishing import FinishTimes
-from finetune.training.pacing import Pacer
 from finetune.training.state import TrainingState
 from finetune.vits.generator import train_mode
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 from finetune.system.disk import DiskTooSmall
-from finetune.training.checkpoint import capture_rng, checkpoint_name
+from finetune.training.checkpoint_file import capture_rng, checkpoint_name
 from finetune.training.context import LoopContext
 from finetune.training.saving import Saver
 from finetune.training.state import TrainingState
