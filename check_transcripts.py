@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     from finetune.reporting import transcripts
     from finetune.system.interrupt import StopRequest, StopRequested
     from finetune.system.progress import Progress
-    from finetune.training.session import pick_device
+    from finetune.training.assembly import pick_device
     from finetune.vits.generator import load_complete_model
     from finetune.vits.speakers import MULTI_SPEAKER_DIR
 

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     config = parse_config(SynthesizeConfig, argv, __doc__)
     # torch and transformers load below, once the flags are read (--help never waits for them)
     from finetune.data.audio import write_pcm16
-    from finetune.training.session import pick_device
+    from finetune.training.assembly import pick_device
     from finetune.vits.synthesis import load_voice, numbered, prepare_lines, read_sentences, speak, speak_for_review
 
     voice = load_voice(config.model, pick_device(config.device), config.speaking_rate, config.speaker)

@@ -21,7 +21,7 @@ from bench.machine import describe
 from finetune.data.corpus import load_examples
 from finetune.data.features import FeatureConfig, Features
 from finetune.reporting.measures import MCD_SCALE, mcd_dtw, mel_cepstrum
-from finetune.training.session import corpus_texts, seed_everything
+from finetune.training.assembly import corpus_texts, seed_everything
 from finetune.vits.generator import scratch_generator
 from finetune.vits.inference import ceiling_for_text, speak
 

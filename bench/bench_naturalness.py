@@ -64,7 +64,7 @@ def load_model(spec: str):
     """(model, tokenizer) from a folder, a train_vits.py checkpoint, or random:FOLDER."""
     from transformers import VitsModel, VitsTokenizer
 
-    from finetune.training.session import generator_from_checkpoint
+    from finetune.training.assembly import generator_from_checkpoint
 
     if spec.startswith("random:"):
         folder = spec.split(":", 1)[1]

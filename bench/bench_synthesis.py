@@ -33,7 +33,7 @@ def build(size: str, data_dir: Path, blow_up: float):
     import torch
 
     from finetune.data.corpus import load_examples
-    from finetune.training.session import corpus_texts
+    from finetune.training.assembly import corpus_texts
     from finetune.vits.generator import scratch_generator
 
     torch.manual_seed(0)
@@ -118,7 +118,7 @@ def main() -> None:
         import torch  # noqa: F401  (what every case imports, in its RSS at the start: the growth is the case's)
 
         import finetune.reporting.evaluation  # noqa: F401
-        import finetune.training.session  # noqa: F401
+        import finetune.training.assembly  # noqa: F401
 
         at_start = rss_gib()
         result = (

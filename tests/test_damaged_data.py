@@ -96,7 +96,7 @@ def test_a_model_folder_with_a_wrongly_shaped_weight_is_refused_in_one_line(prep
 
 
 def test_a_checkpoint_with_a_wrongly_shaped_weight_is_refused_in_one_line(prepared_demo, tmp_path, timed_work):
-    from finetune.training.session import generator_from_checkpoint
+    from finetune.training.assembly import generator_from_checkpoint
 
     fake, _ = timed_work
     assert (

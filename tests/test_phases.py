@@ -17,7 +17,7 @@ import train_vits
 from finetune.data import corpus
 from finetune.reporting import evaluation
 from finetune.reporting.evaluation import ClipScore
-from finetune.training import recovery, session, step
+from finetune.training import assembly, recovery, step
 from finetune.training.checkpoint_file import list_checkpoints, load_checkpoint
 from tests.conftest import clock_for
 from tests.test_reliability import final_model_is_finite, nan_losses_from, resume, sigterm_on_call
@@ -111,12 +111,12 @@ def test_paying_once_makes_each_recordings_references_across_speakers_and_stops_
         return evaluation.Evaluator(examples, features, torch.device("cpu"), 16000, across_speakers=True)
 
     paid = evaluator()
-    paid.pay_once()
+    paid.pay_one_time_costs()
     assert sorted(paid.references) == sorted(e.item_id for e in examples)  # the evaluations find them made
     stop, stopped = StopRequest(), evaluator()
     stop.request("SIGTERM")
     with pytest.raises(StopRequested):
-        stopped.pay_once(stop)
+        stopped.pay_one_time_costs(stop)
     assert stopped.references == {}
 
 
@@ -867,7 +867,7 @@ def test_sigterm_while_the_model_is_built_stops_before_loading_the_data(
         return real_load(*a, **k)
 
     monkeypatch.setattr(corpus, "load_example", counted)
-    monkeypatch.setattr(session, "build_generator", sigterm_on_call(1, session.build_generator))
+    monkeypatch.setattr(assembly, "build_generator", sigterm_on_call(1, assembly.build_generator))
     assert train_vits.main(args(prepared_demo, tmp_path, "--target_hours", "1"), clock=clock_for(fake)) == 143
     assert loads["n"] == 0 and "before training started: nothing was trained" in capsys.readouterr().err
     assert not list_checkpoints(tmp_path / "checkpoints")

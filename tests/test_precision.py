@@ -287,7 +287,7 @@ def test_a_cuda_device_always_gets_an_index(monkeypatch):
     """--device auto or cuda on a GPU machine: a bare "cuda" made torch.cuda.set_device raise ValueError before
     training started (seen on the first lent H200); every CUDA device the tool picks carries its index."""
     from finetune.system.errors import ConfigError
-    from finetune.training.session import pick_device
+    from finetune.training.assembly import pick_device
 
     chosen = fake_cuda(monkeypatch, count=2)
     assert pick_device("auto") == torch.device("cuda", 0)
@@ -313,7 +313,7 @@ def test_a_card_torch_cannot_use_is_an_error_that_names_the_fix_unless_the_cpu_i
     """--device auto with a listed card and a CPU build of torch: before, 9.5 hours went to the CPU, said only as
     "device cpu" in one line. Synthesis (a sentence) may still take the CPU; the recipes' --device cpu too."""
     from finetune.system.errors import ConfigError
-    from finetune.training.session import pick_device
+    from finetune.training.assembly import pick_device
 
     assert torch.version.cuda is None  # the suite's torch: the CPU build
     listed_card(tmp_path, monkeypatch)

@@ -415,10 +415,10 @@ def test_a_resume_after_an_evaluation_ran_out_of_memory_starts_at_the_size_that_
     """Evaluations synthesise 4 held-out clips at once (as on a GPU; forced here), and 3 do not fit where a GPU
     would fail, in the decoder. The first evaluation halves to 2 and the checkpoint keeps it: the resumed
     process primes and evaluates at 2, with no error, rather than failing the same way at every resume."""
-    from finetune.training import session
+    from finetune.training import assembly
 
     fake, _ = timed_work
-    monkeypatch.setattr(session, "eval_batch_size", lambda device: 4)
+    monkeypatch.setattr(assembly, "eval_batch_size", lambda device: 4)
     raised = {"n": 0}
     real_init = step.TrainStep.__init__
 

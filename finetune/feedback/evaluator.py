@@ -196,7 +196,7 @@ class FeedbackEvaluator:
         """The parts the round's choice compares by their means: a partial one cannot take part."""
         return ("held", "said", "originals", "retest") if self.baseline is None else ("said", "originals")
 
-    def prime(self, model, limit) -> None:
+    def measure_costs_now(self, model, limit) -> None:
         """Nothing: a round is never resumed, so it always starts with its baseline evaluation, timed."""
 
     def expected_s(self) -> float:
@@ -209,10 +209,10 @@ class FeedbackEvaluator:
     def restore_cost_estimates(self, group_s: float, sentence_s: float, batch_size: int) -> None:
         """Nothing to restore: a round is never resumed."""
 
-    def pay_once(self, stop=None) -> None:
+    def pay_one_time_costs(self, stop=None) -> None:
         """What each part's first evaluation would pay once (finetune/reporting/evaluation.py), paid now."""
         for _, part in self.parts(baseline=True):
-            part.pay_once(stop)
+            part.pay_one_time_costs(stop)
 
     def evaluate(self, model, step: int, stop=None, limit=None) -> EvalResult:
         """Each part inside one time limit, what chooses first; cut short if a part that chooses was."""

@@ -36,8 +36,8 @@ from finetune.feedback.report import judges_line, judges_record, summary_text
 from finetune.recipes import shared
 from finetune.reporting import evaluation, logs, measures, model_card
 from finetune.system import atomic
-from finetune.training import budget as budgeting
-from finetune.training import context, distributed, loop, machinery, run_settings, session
+from finetune.training import assembly, context, distributed, loop, machinery, run_settings
+from finetune.training.budget import Budget, safety_margin_s
 from finetune.vits import generator, synthesis
 from finetune.vits import speakers as speaker_layers
 
@@ -78,7 +78,7 @@ def processes(config) -> distributed.Distributed:
 
 
 def review(config, base: Path) -> int:
-    voice = synthesis.load_voice(base, session.pick_device(config.device))
+    voice = synthesis.load_voice(base, assembly.pick_device(config.device))
     lines = synthesis.prepare_lines(voice, synthesis.numbered(synthesis.read_sentences(config.review)))
     out = Path(config.review_dir)
     sayable = synthesis.speak_for_review(voice, lines, out)
@@ -93,7 +93,7 @@ def review(config, base: Path) -> int:
 
 def start_round(config, versions, base: Path, clock, stop, dist) -> shared.Run:
     """The round's folder (made by the main process; every process learns it), log, budget, device."""
-    budget = budgeting.Budget(config.budget_s, clock, safety_s=budgeting.safety_margin_s(config.budget_s))
+    budget = Budget(config.budget_s, clock, safety_s=safety_margin_s(config.budget_s))
     folder = None
     if dist.is_main:
         versions.ensure_base(base)
@@ -104,7 +104,7 @@ def start_round(config, versions, base: Path, clock, stop, dist) -> shared.Run:
         f"train_feedback {folder.name}: starting from {base}; budget {config.budget_s:.0f}s"
         + (f"; data parallel over {dist.world_size} processes ({dist.backend})" if dist.active else "")
     )
-    session.seed_everything(config.seed)
+    assembly.seed_everything(config.seed)
     return shared.open_run(folder, logger, config, budget, dist, stop)
 
 
@@ -151,7 +151,7 @@ def starting_point(config, round_: shared.Run, data: round_data.RoundData, base:
             f"text is said, not how the voice sounds or its tempo (--acoustics trained lets every part learn){held}"
         )
     saved = base / "discriminator.pt"
-    choice = session.build_discriminator(
+    choice = assembly.build_discriminator(
         str(saved) if saved.is_file() else None,
         width=config.discriminator_width,
         periods=None,  # a new one (no discriminator.pt beside the base) has the standard VITS periods
@@ -220,7 +220,7 @@ def fit_round(config, round_: shared.Run, data: round_data.RoundData, start, bas
     texts = {**texts_of(Path(config.data_dir)), **texts_of(round_.folder / "corrections")}
     validation = judge_check.VoiceValidation(base, Path(config.data_dir), data.voice, round_, config.seed)
     judges = shared.judges_panel(config, round_, data.originals.examples, texts, data.rate, validation)
-    common = dict(seed=config.seed, batch_size=session.eval_batch_size(round_.device), judges=judges)
+    common = dict(seed=config.seed, batch_size=assembly.eval_batch_size(round_.device), judges=judges)
     on_corrections = dict(speaker=voice, rule=None if own else rule, across_speakers=own, focus=data.masks or None)
     # The part that decides (the held-out corrections, else those it trained on) scored on several draws a clip.
     draws = lambda decides: DECIDING_DRAWS if decides else 1  # noqa: E731
@@ -279,7 +279,7 @@ def fit_round(config, round_: shared.Run, data: round_data.RoundData, start, bas
         checkpoint={
             "config": resolved,
             "model_config": data.model.config.to_dict(),
-            "tokenizer_files": session.tokenizer_files(data.tokenizer),
+            "tokenizer_files": assembly.tokenizer_files(data.tokenizer),
             "data_fingerprint": "",
         },
         card=model_card.card_facts(

@@ -22,13 +22,13 @@ from finetune.reporting.tracking import Tracker
 from finetune.settings import TrainingFlags
 from finetune.system.interrupt import StopRequest
 from finetune.system.profile import StepProfile
+from finetune.training.assembly import DiscriminatorChoice, pick_device
 from finetune.training.budget import Budget, Plan
 from finetune.training.context import LoopContext, RunPaths
 from finetune.training.distributed import Distributed
 from finetune.training.loop import TrainingLoop
 from finetune.training.machinery import SaveExtras, TrainingParts, build_machinery
 from finetune.training.run_settings import CheckpointSettings, LoopSettings
-from finetune.training.session import DiscriminatorChoice, pick_device
 from finetune.training.state import TrainingState
 from finetune.training.step import (
     Precision,
@@ -206,7 +206,7 @@ def describe_vote(panel, name: str, validated_here: bool) -> str:
 @dataclass
 class StartingPoint:
     """The weights a recipe trains from: the generator (ready for training) and its tokenizer, the parts kept
-    frozen, its spectrogram features, the discriminator chosen for it (finetune/training/session.py)."""
+    frozen, its spectrogram features, the discriminator chosen for it (finetune/training/assembly.py)."""
 
     model: VitsModel
     tokenizer: VitsTokenizer

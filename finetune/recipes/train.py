@@ -23,6 +23,7 @@ from finetune.system.disk import OPTIONAL
 from finetune.system.errors import ConfigError
 from finetune.system.model_source import parse_scratch
 from finetune.training import (
+    assembly,
     checkpoint_file,
     context,
     distributed,
@@ -30,7 +31,6 @@ from finetune.training import (
     machinery,
     model_folders,
     run_settings,
-    session,
 )
 from finetune.training.budget import Budget, safety_margin_s
 from finetune.vits import generator
@@ -109,11 +109,11 @@ class Model:
 
 def build_model(config, run: shared.Run) -> Model:
     """The generator (pretrained, scratch, or from the checkpoint), its tokenizer, and the features."""
-    session.seed_everything(config.seed)  # before any weights are made (a resume restores its own state later)
-    texts = session.corpus_texts(Path(config.data_dir))
-    loaded = session.build_generator(config.model_name, run.payload, texts)
+    assembly.seed_everything(config.seed)  # before any weights are made (a resume restores its own state later)
+    texts = assembly.corpus_texts(Path(config.data_dir))
+    loaded = assembly.build_generator(config.model_name, run.payload, texts)
     run.stop.check()  # loading a model takes seconds: a stop asked for meanwhile is honoured before the data
-    session.check_vocabulary(loaded.tokenizer, texts)
+    assembly.check_vocabulary(loaded.tokenizer, texts)
     saved_names = getattr(loaded.model.config, "speaker_names", None) if run.payload else None
     mode, why = speakers.resolve_mode(config.speakers, loaded.pretrained, resumed_conditioned=bool(saved_names))
     found = speakers.find_speakers(
@@ -254,7 +254,7 @@ def other_speakers(config, run: shared.Run, model: Model) -> dict:
                 run.device,
                 features.config.sample_rate,
                 seed=config.seed,
-                batch_size=session.eval_batch_size(run.device),
+                batch_size=assembly.eval_batch_size(run.device),
                 rule=measures.TimingRule(config.max_length_ratio),
                 speaker=index,
             )
@@ -265,7 +265,7 @@ def build_loop(config, run: shared.Run, model: Model, data: Data, step_callback)
     """What is particular to this recipe: its discriminator (the checkpoint's, a given one, or new), its
     held-out evaluation, its checkpoints and trackers, what its saves carry; shared.build_loop does the rest."""
     loaded, features = model.loaded, model.features
-    choice = session.build_discriminator(
+    choice = assembly.build_discriminator(
         config.discriminator,
         config.discriminator_width,
         config.discriminator_periods,
@@ -275,16 +275,16 @@ def build_loop(config, run: shared.Run, model: Model, data: Data, step_callback)
         config.discriminator_warmup_steps,
     )
     run.logger.info(choice.description)
-    clips = session.evaluation_clips(data.val, data.train, config.val_samples, run.logger)
+    clips = assembly.evaluation_clips(data.val, data.train, config.val_samples, run.logger)
     evaluator = evaluation.Evaluator(
         clips,
         features,
         run.device,
         features.config.sample_rate,
         run.folder / "samples",
-        session.test_sentences(config.test_sentences, loaded.tokenizer, run.logger),
+        assembly.test_sentences(config.test_sentences, loaded.tokenizer, run.logger),
         seed=config.seed,
-        batch_size=session.eval_batch_size(run.device),
+        batch_size=assembly.eval_batch_size(run.device),
         rule=measures.TimingRule(config.max_length_ratio),
         naturalness=naturalness_for(config.naturalness, run.device, run.logger) if run.dist.is_main else None,
         speaker=speakers.TARGET_SPEAKER if model.speakers and model.speakers.conditioned else None,
@@ -321,7 +321,7 @@ def build_loop(config, run: shared.Run, model: Model, data: Data, step_callback)
         checkpoint={
             "config": resolved,
             "model_config": loaded.model.config.to_dict(),
-            "tokenizer_files": session.tokenizer_files(loaded.tokenizer),
+            "tokenizer_files": assembly.tokenizer_files(loaded.tokenizer),
             "data_fingerprint": fingerprint,
         },
         card=model_card.card_facts(

@@ -230,7 +230,7 @@ class Evaluator:
             self.group_s = None  # a group of another size: its cost is unknown again
             LOG.warning(f"evaluation ran out of GPU memory: scoring {self.batch_size} clips at a time from now on")
 
-    def pay_once(self, stop: StopRequest | None = None) -> None:
+    def pay_one_time_costs(self, stop: StopRequest | None = None) -> None:
         """Pay now what a process's first evaluation would pay once, so that the evaluation measured for the plan
         costs what every later one will: the distance's DTW, which numba compiles on first use (25 s on a
         2-core machine in a fresh environment, whose cache later runs load in 2-3 s), and, across speakers,
@@ -243,7 +243,7 @@ class Evaluator:
             real = self.recorded_mel(self.examples[0])[0].cpu().numpy()
             self.distance(self.examples[0], real, real)
 
-    def prime(self, model, limit: TimeLimit) -> None:
+    def measure_costs_now(self, model, limit: TimeLimit) -> None:
         """Score the first held-out clip (group) twice and synthesise the first test sentence twice, results
         discarded: the first time pays what a process's first evaluation pays once (librosa's import, its
         DTW's compilation, first allocations), the second measures what a clip costs here and now

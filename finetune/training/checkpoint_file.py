@@ -39,7 +39,7 @@ class CheckpointError(ToolError):
 
 def capture_rng() -> dict:
     """Every generator training draws from, as tensors and plain values (weights_only-loadable). On CUDA,
-    the generator of the device this process trains on (the current one: finetune/training/session.py
+    the generator of the device this process trains on (the current one: finetune/training/assembly.py
     pick_device sets it), not every visible device's: a resume on a machine with fewer GPUs, or under
     another CUDA_VISIBLE_DEVICES, must still find it."""
     kind, keys, pos, has_gauss, gauss = np.random.get_state()

@@ -7,7 +7,7 @@ again, with each part's cost as planned times how much slower the machine runs n
 and how much longer than planned the finish's own parts have taken so far). In order:
 
     final evaluation    inside its time limit (pacing.py, evaluation_limit); it may export best_model, with
-                        its tempo fit only where that still fits (evaluating.py, tempo_fits). How fast it
+                        its tempo fit only where that still fits (run_evaluations.py, tempo_fits). How fast it
                         scored its clips against its planned cost a clip tells how much slower the parts
                         after it will run (a machine that got busy during the last step is seen here)
     final_model         the output folder, a copy of best_model (or the last weights): always written

@@ -111,7 +111,7 @@ class TrainingLoop:
             run_log.close()
 
     @property
-    def fresh(self) -> bool:
+    def nothing_done_yet(self) -> bool:
         """Nothing done yet: no plan, no warm-up step, no training step."""
         warmup = self.state.warmup
         return self.pacer.plan is None and self.state.step == 0 and warmup.done == 0 and not warmup.finished
@@ -120,10 +120,10 @@ class TrainingLoop:
         """A fresh run: evaluate the starting model, and measure what the final save will cost. A resumed
         process primes its evaluation instead (finetune/training/run_evaluations.py)."""
         context = self.context
-        if not self.fresh:
-            self.evaluations.prime()
+        if not self.nothing_done_yet:
+            self.evaluations.measure_costs_now()
             return
-        self.evaluations.pay_once()
+        self.evaluations.pay_one_time_costs()
         self.evaluations.evaluate()
         if self.pacer.costs.export_s == 0.0:  # nothing was exported: the starting model is outside the timing rule
             context.on_main(lambda: self.exports.saver.measure_export(context.paths.run_dir))
@@ -179,7 +179,7 @@ class TrainingLoop:
             if self.context.dist.any(pacer.checkpoint_due(result.epoch_ended, self.checkpoints.since_last_s())):
                 self.checkpoints.write(end_of_epoch=result.epoch_ended)
         warmup.end(ended)
-        self.retake_last_good()
+        self.keep_the_warmed_discriminator()
         return None
 
     @property
@@ -333,8 +333,9 @@ class TrainingLoop:
         train_mode(self.parts.step.model, self.parts.frozen_parts)
         if self.progress.finishing and not self.progress.final_saved:
             self.progress.final_saved = self.context.dist.broadcast(self.context.on_main(self.save_final))
-        path = self.checkpoints.write(end_of_epoch=False, final=True)
-        return self.result("interrupted", checkpoint=path)
+        result = self.result("interrupted")
+        result.checkpoint = self.checkpoints.write(end_of_epoch=False, final=True)  # None: none could be written
+        return result
 
     # ------------------------------------------------------------ one step
 
@@ -553,7 +554,7 @@ class TrainingLoop:
             return False, None
         return True, restored
 
-    def retake_last_good(self) -> None:
+    def keep_the_warmed_discriminator(self) -> None:
         """After the warm-up, the warmed discriminator becomes the state to go back to: a checkpoint (which
         also keeps it from a kill), or, where the run writes none or the write failed, a copy in RAM."""
         if self.state.warmup.done == 0:
@@ -655,8 +656,8 @@ class TrainingLoop:
             reason,
         )
 
-    def result(self, reason: str, checkpoint=...) -> LoopResult:
-        """The result; `checkpoint`: the one to name (default: the newest this run wrote or resumed)."""
+    def result(self, reason: str) -> LoopResult:
+        """The result, naming the newest checkpoint this run wrote or resumed."""
         return LoopResult(
             stop_reason=reason,
             state=self.state,
@@ -665,7 +666,7 @@ class TrainingLoop:
             last_lr=self.progress.last_lr,
             data_wait_s=self.windows.feed.wait_s,
             train_s=self.progress.train_s,
-            checkpoint=self.checkpoints.last if checkpoint is ... else checkpoint,
+            checkpoint=self.checkpoints.last,
             save_failures=self.exports.saver.failures,
             final_saved=self.progress.final_saved,
         )

@@ -51,7 +51,7 @@ class Costs:
     after_loop_s: float = 0.0  # what the caller does after the loop returns (kept out of the plan)
     checkpoints: bool = True  # False: the run writes none (feedback rounds)
     report_s: float = 0.0  # writing report.html (after each evaluation, and at the end)
-    tempo_fit_s: float = 0.0  # the part of export_s that fits the inference settings (exports.py)
+    tempo_fit_s: float = 0.0  # the part of export_s that fits the inference settings (model_folders.py)
     final_eval_cushion: float = 1.0  # the final evaluation kept this many times its cost (> 1: one cut short is lost)
     # What a micro-batch usually cost when the evaluation and the exports were last timed (0: not known yet): the
     # final save is expected to have slowed down as much as the micro-batches have since (Pacer.slowdown).

@@ -42,9 +42,9 @@ class RunEvaluator(Protocol):
 
     def describe(self, result: EvalResult) -> str: ...
 
-    def pay_once(self, stop=None) -> None: ...
+    def pay_one_time_costs(self, stop=None) -> None: ...
 
-    def prime(self, model, limit) -> None: ...
+    def measure_costs_now(self, model, limit) -> None: ...
 
     def expected_s(self) -> float: ...
 
@@ -269,18 +269,18 @@ class Evaluations:
             clips_planned=result.clips_planned,
         )
 
-    def pay_once(self) -> None:
+    def pay_one_time_costs(self) -> None:
         """A fresh process, before its baseline evaluation: what the first evaluation would pay once (librosa's
         DTW compiled, references made) paid now, so that the baseline measures what an evaluation costs. Else a
         short run whose final evaluation is its only other one kept that one-time cost as the final save's
         reserve and ended that much early (25 s of a 360 s demo in a fresh environment). On the main process,
         the only one that evaluates."""
-        self.context.on_main(self._pay_once)
+        self.context.on_main(self._pay_one_time_costs)
 
-    def _pay_once(self) -> None:
+    def _pay_one_time_costs(self) -> None:
         context = self.context
         started = context.now()
-        self.evaluator.pay_once(context.stop)
+        self.evaluator.pay_one_time_costs(context.stop)
         took = context.now() - started
         if took >= 1.0:
             context.run_log.logger.info(
@@ -289,18 +289,20 @@ class Evaluations:
                 "speakers, the recordings' references)"
             )
 
-    def prime(self) -> None:
+    def measure_costs_now(self) -> None:
         """A process that does not start with the baseline evaluation (a resumed one) pays the first
         evaluation's one-time costs now and measures what a clip costs on this machine now, so that its
         first evaluation, often the final one, is neither a surprise nor planned at an older, faster
         machine's cost (on the main process; the others learn the estimate)."""
-        self.context.on_main(self._prime)
+        self.context.on_main(self._measure_costs_now)
         self.pacer.costs.eval_s = self.context.dist.broadcast(self.pacer.costs.eval_s)
 
-    def _prime(self) -> None:
+    def _measure_costs_now(self) -> None:
         context = self.context
         started, before = context.now(), self.evaluator.expected_s()
-        self.evaluator.prime(self.model, self.pacer.evaluation_limit(final=False))  # room kept for the final save
+        self.evaluator.measure_costs_now(
+            self.model, self.pacer.evaluation_limit(final=False)
+        )  # room kept for the final save
         train_mode(self.model, self.frozen_parts)
         # The last evaluation's cost with its clips and sentences re-priced at what they cost now.
         self.pacer.costs.eval_s = max(
