@@ -267,16 +267,14 @@ def fit_round(config, round_: shared.Run, data: round_data.RoundData, start, bas
     examples = data.trained + data.replay
     generator.train_mode(data.model, start.frozen_parts)
     paths = context.RunPaths(run_dir=round_.folder / "checkpoints", output_dir=round_.folder / "final_model")
-    choices = shared.RunChoices(
+    resolved = config_to_dict(config)
+    choices = machinery.RunChoices(
         title=f"train_feedback: {round_.folder.name}",
         paths=paths,
         checkpoints=run_settings.CheckpointSettings(enabled=False),
         num_workers=0,
         reserve_after_s=reserve_after_s,
-    )
-    resolved = config_to_dict(config)
-    saves = machinery.SaveExtras(
-        checkpoint={
+        checkpoint_extras={
             "config": resolved,
             "model_config": data.model.config.to_dict(),
             "tokenizer_files": assembly.tokenizer_files(data.tokenizer),
@@ -298,10 +296,10 @@ def fit_round(config, round_: shared.Run, data: round_data.RoundData, start, bas
         config,
         round_,
         start,
-        shared.TrainingData(examples, buckets),
+        examples,
+        buckets,
         evaluator,
         choices,
-        saves,
         step_callback=letters_after_timbre(config, round_, data),
     )
     paths.run_dir.mkdir(parents=True, exist_ok=True)

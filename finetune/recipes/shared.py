@@ -1,11 +1,11 @@
-"""The wiring train_vits.py and train_feedback.py share, written once: a run's place and means (folder,
-log, metrics, budget, device, precision), the spectrogram features a model needs, and `build_loop`: from
+"""The wiring train_vits.py and train_feedback.py share, written once: a run's place and means (open_run: folder,
+log, metrics, budget, device, precision, in one Run that the loop holds too), the spectrogram features a model needs, and `build_loop`: from
 what a recipe brings (its starting point, its data, its evaluator, its choices) to the training loop.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -24,14 +24,13 @@ from finetune.system.interrupt import StopRequest
 from finetune.system.profile import StepProfile
 from finetune.training.assembly import DiscriminatorChoice, pick_device
 from finetune.training.budget import Budget, Plan
-from finetune.training.context import LoopContext, RunPaths
+from finetune.training.context import Run
 from finetune.training.distributed import Distributed
 from finetune.training.loop import TrainingLoop
-from finetune.training.machinery import SaveExtras, TrainingParts, build_machinery
-from finetune.training.run_settings import CheckpointSettings, LoopSettings
+from finetune.training.machinery import RunChoices, TrainingParts, build_machinery
+from finetune.training.run_settings import LoopSettings
 from finetune.training.state import TrainingState
 from finetune.training.step import (
-    Precision,
     Regulariser,
     StepSettings,
     TrainStep,
@@ -40,26 +39,6 @@ from finetune.training.step import (
 )
 from finetune.vits.generator import hop_length
 from finetune.vits.losses import LossWeights
-
-
-@dataclass
-class Run:
-    """Where a run writes and what it runs with. train_vits.py opens one per run (resuming a checkpoint,
-    `payload`), train_feedback.py one per round."""
-
-    folder: Path
-    logger: object
-    metrics: Metrics
-    budget: Budget
-    device: torch.device
-    precision: Precision
-    dist: Distributed
-    stop: StopRequest
-    payload: dict | None = None  # the checkpoint being resumed, if any
-    resume_path: Path | None = None
-    held: list = field(
-        default_factory=list
-    )  # locks besides the run folder's (the output folder's), released at the end
 
 
 def open_run(
@@ -87,8 +66,8 @@ def open_run(
         precision,
         dist,
         stop,
-        payload,
-        resume_path,
+        payload=payload,
+        resume_path=resume_path,
     )
 
 
@@ -216,27 +195,14 @@ class StartingPoint:
     regulariser: Regulariser | None = None  # a loss on the generator alone beside the objective (a round's anchor)
 
 
-@dataclass
-class RunChoices:
-    """What a recipe decides about its run beyond the shared flags."""
-
-    title: str  # report.html's title
-    paths: RunPaths
-    checkpoints: CheckpointSettings
-    num_workers: int
-    early_stopping_patience: int = 0
-    reserve_after_s: float = 0.0  # what the recipe does after the loop, kept out of the plan
-    tracker: Tracker | None = None
-
-
 def build_loop(
     flags: TrainingFlags,
     run: Run,
     start: StartingPoint,
-    data: TrainingData,
+    examples: list,
+    sampler: BucketSampler,
     evaluator,
     choices: RunChoices,
-    saves: SaveExtras,
     step_callback=None,
 ) -> TrainingLoop:
     """The shared part of every training recipe: the models on the device (a stop asked for meanwhile
@@ -250,7 +216,7 @@ def build_loop(
     state, plan = TrainingState(), None
     if run.payload:
         step.load_state_dict(run.payload["train_step"])
-        data.sampler.load_state_dict(run.payload["sampler"])
+        sampler.load_state_dict(run.payload["sampler"])
         state = TrainingState.from_dict(run.payload["state"])
         plan = Plan(**run.payload["plan"]) if run.payload.get("plan") else None
     settings = LoopSettings.from_flags(
@@ -264,16 +230,11 @@ def build_loop(
     log = run_log(
         flags, run, choices.title, start.features.config.sample_rate, choices.tracker, best_dir=choices.paths.best_dir
     )
-    if saves.card is not None:  # the base model's licence, which every voice made from it inherits: said at the start
-        log.event("licence", licence=saves.card.licence, note=saves.card.licence_note, base_model=saves.card.base_model)
-        run.logger.info(licence_sentence(saves.card))
-    context = LoopContext(run.budget, run.dist, run.stop, log, choices.paths, run.resume_path)
-    parts = TrainingParts(step, start.tokenizer, data.examples, data.sampler, evaluator, start.frozen_parts)
-    machinery = build_machinery(parts, context, settings, state, plan, saves)
-    return TrainingLoop(parts, context, settings, state, machinery, step_callback)
-
-
-@dataclass
-class TrainingData:
-    examples: list  # finetune.data.examples.Example
-    sampler: BucketSampler
+    card = choices.card
+    if card is not None:  # the base model's licence, which every voice made from it inherits: said at the start
+        log.event("licence", licence=card.licence, note=card.licence_note, base_model=card.base_model)
+        run.logger.info(licence_sentence(card))
+    run.run_log, run.paths = log, choices.paths
+    parts = TrainingParts(step, start.tokenizer, examples, sampler, evaluator, start.frozen_parts)
+    machinery = build_machinery(parts, run, settings, state, plan, choices)
+    return TrainingLoop(parts, run, settings, state, machinery, step_callback)

@@ -307,7 +307,7 @@ def build_loop(config, run: shared.Run, model: Model, data: Data, step_callback)
     tracker = tracking.open_tracker(config.report_to, run.folder, resolved, run.dist.is_main)
     if tracker.sinks:
         run.logger.info(f"tracking: {', '.join(tracker.names)} in {run.folder}")
-    choices = shared.RunChoices(
+    choices = machinery.RunChoices(
         title=f"train_vits: {run.folder}",
         paths=context.RunPaths(run_dir=run.folder, output_dir=Path(config.output_dir)),
         checkpoints=run_settings.CheckpointSettings(
@@ -316,9 +316,7 @@ def build_loop(config, run: shared.Run, model: Model, data: Data, step_callback)
         num_workers=workers(config, run),
         early_stopping_patience=config.early_stopping_patience,
         tracker=tracker,
-    )
-    saves = machinery.SaveExtras(
-        checkpoint={
+        checkpoint_extras={
             "config": resolved,
             "model_config": loaded.model.config.to_dict(),
             "tokenizer_files": assembly.tokenizer_files(loaded.tokenizer),
@@ -329,16 +327,7 @@ def build_loop(config, run: shared.Run, model: Model, data: Data, step_callback)
         ),
     )
     start = shared.StartingPoint(loaded.model, loaded.tokenizer, model.frozen_parts, features, choice)
-    return shared.build_loop(
-        config,
-        run,
-        start,
-        shared.TrainingData(data.train.examples, data.sampler),
-        evaluator,
-        choices,
-        saves,
-        step_callback,
-    )
+    return shared.build_loop(config, run, start, data.train.examples, data.sampler, evaluator, choices, step_callback)
 
 
 def fit(run: shared.Run, trainer) -> loop.LoopResult | None:

@@ -10,7 +10,7 @@ from typing import Callable
 
 from finetune.system.disk import DiskTooSmall
 from finetune.training.checkpoint_file import capture_rng, checkpoint_name
-from finetune.training.context import LoopContext
+from finetune.training.context import Run
 from finetune.training.saving import Saver
 from finetune.training.state import TrainingState
 
@@ -18,7 +18,7 @@ from finetune.training.state import TrainingState
 class Checkpoints:
     def __init__(
         self,
-        context: LoopContext,
+        context: Run,
         saver: Saver,
         state: TrainingState,
         payload: Callable[[list], dict],
@@ -27,7 +27,7 @@ class Checkpoints:
         """`payload(rng_by_rank)`: what a checkpoint holds; `saved(path)`: told of each written (the last good
         state to go back to)."""
         self.context, self.saver, self.state, self.payload, self.saved = context, saver, state, payload, saved
-        self.last: Path | None = context.resumed_from
+        self.last: Path | None = context.resume_path
         self.last_at = context.now()
 
     def since_last_s(self) -> float:

@@ -1,17 +1,24 @@
-"""The means every part of the training loop works with, handed to each part that needs them: the
-budget and its clock, the processes of a data-parallel run, the stop request, the run's log, its folders.
+"""The means every part of a run works with, in one object from the recipe to the loop (Run): its folder and
+log, the budget and its clock, the device, the processes of a data-parallel run, the stop request.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
+import torch
+
+from finetune.reporting.logs import Metrics
 from finetune.reporting.run_log import RunLog
 from finetune.system.interrupt import StopRequest, StopRequested
 from finetune.training.budget import Budget
 from finetune.training.distributed import Distributed
+
+if TYPE_CHECKING:
+    from finetune.training.step import Precision
 
 
 @dataclass
@@ -34,13 +41,28 @@ class RunPaths:
 
 
 @dataclass
-class LoopContext:
+class Run:
+    """A run's place and means, made once by its recipe (finetune/recipes/shared.py, open_run) and held by every
+    part after it, the loop's included: its folder and log, the budget and its clock, the device and precision,
+    the processes of a data-parallel run, the stop request, the checkpoint it resumes. train_vits.py opens one per
+    run, train_feedback.py one per round. The run's log and the folders its loop writes are given once the recipe
+    has made them (shared.build_loop), before the loop starts."""
+
+    folder: Path
+    logger: logging.Logger
+    metrics: Metrics
     budget: Budget
+    device: torch.device
+    precision: Precision
     dist: Distributed
     stop: StopRequest
-    run_log: RunLog
-    paths: RunPaths
-    resumed_from: Path | None = None  # the checkpoint this process resumed, if any
+    payload: dict | None = None  # the checkpoint being resumed, if any
+    resume_path: Path | None = None  # its file
+    held: list = field(
+        default_factory=list
+    )  # locks besides the run folder's (the output folder's), released at the end
+    run_log: RunLog | None = None  # train.log, metrics.jsonl, trackers and report.html, once the recipe opened them
+    paths: RunPaths | None = None  # where the loop writes: checkpoints and models, the output folder
 
     def now(self) -> float:
         return self.budget.clock.now()

@@ -38,7 +38,7 @@ from finetune.system.interrupt import StopRequested
 from finetune.training import schedule
 from finetune.training.batch_fit import OOM_WINDOWS_PER_REFIT, OUT_OF_MEMORY_ADVICE
 from finetune.training.budget import Plan
-from finetune.training.context import LoopContext
+from finetune.training.context import Run
 from finetune.training.ending import LoopResult, RunFigures, summary
 from finetune.training.finishing import LAST_MODEL_CHOICES, FinishTimes, last_model_choice
 from finetune.training.machinery import Machinery, TrainingParts
@@ -71,7 +71,7 @@ class TrainingLoop:
     def __init__(
         self,
         parts: TrainingParts,
-        context: LoopContext,
+        context: Run,
         settings: LoopSettings,
         state: TrainingState,
         machinery: Machinery,

@@ -16,16 +16,17 @@ from finetune.data.examples import Example
 from finetune.data.feed import MicroBatchFeed
 from finetune.data.sampler import BucketSampler
 from finetune.reporting.model_card import CardFacts
+from finetune.reporting.tracking import Tracker
 from finetune.system.cpu_threads import CpuThreads
 from finetune.training.batch_fit import BatchFitter
 from finetune.training.budget import Plan, StepTimer
 from finetune.training.checkpoint_writer import Checkpoints
-from finetune.training.context import LoopContext
+from finetune.training.context import Run, RunPaths
 from finetune.training.model_folders import Exports
 from finetune.training.pacing import Costs, Pacer
 from finetune.training.recovery import Divergence, LastGoodState
 from finetune.training.run_evaluations import Evaluations, RunEvaluator
-from finetune.training.run_settings import LoopSettings
+from finetune.training.run_settings import CheckpointSettings, LoopSettings
 from finetune.training.saving import Saver
 from finetune.training.state import TrainingState
 from finetune.training.step import TrainStep
@@ -47,10 +48,17 @@ class TrainingParts:
 
 
 @dataclass
-class SaveExtras:
-    """What the recipe adds to what the run saves."""
+class RunChoices:
+    """What a recipe decides about its run beyond the shared flags, what its saves carry included."""
 
-    checkpoint: dict = field(default_factory=dict)  # in every checkpoint: config, model config, tokenizer, data
+    title: str  # report.html's title
+    paths: RunPaths
+    checkpoints: CheckpointSettings
+    num_workers: int
+    early_stopping_patience: int = 0
+    reserve_after_s: float = 0.0  # what the recipe does after the loop, kept out of the plan
+    tracker: Tracker | None = None
+    checkpoint_extras: dict = field(default_factory=dict)  # in every checkpoint: config, model config, tokenizer, data
     card: CardFacts | None = None  # what exported folders' model cards say (none: no card)
 
 
@@ -71,11 +79,11 @@ class Machinery:
 
 def build_machinery(
     parts: TrainingParts,
-    context: LoopContext,
+    context: Run,
     settings: LoopSettings,
     state: TrainingState,
     plan: Plan | None,
-    saves: SaveExtras,
+    choices: RunChoices,
 ) -> Machinery:
     """The collaborators of a run's loop, from its parts, settings and state (a resumed run's estimates and
     plan included)."""
@@ -142,7 +150,7 @@ def build_machinery(
         context.dist.is_main,
     )
     fit_tempo = parts.evaluator.fit_tempo if settings.evaluation.fit_tempo else None
-    exports = Exports(saver, saves.card, context.paths, context.run_log, fit_tempo)
+    exports = Exports(saver, choices.card, context.paths, context.run_log, fit_tempo)
     evaluations = Evaluations(
         context,
         parts.evaluator,
@@ -153,10 +161,10 @@ def build_machinery(
         parts.frozen_parts,
         settings.evaluation.early_stopping_patience,
     )
-    last_good = LastGoodState(step.model, step.discriminator, context.resumed_from)
+    last_good = LastGoodState(step.model, step.discriminator, context.resume_path)
 
     def payload(rng_by_rank: list) -> dict:
-        return checkpoint_payload(parts, settings, state, pacer, evaluations, saves, rng_by_rank)
+        return checkpoint_payload(parts, settings, state, pacer, evaluations, choices, rng_by_rank)
 
     return Machinery(
         pacer=pacer,
@@ -177,7 +185,7 @@ def checkpoint_payload(
     state: TrainingState,
     pacer: Pacer,
     evaluations: Evaluations,
-    saves: SaveExtras,
+    choices: RunChoices,
     rng_by_rank: list,
 ) -> dict:
     """What a checkpoint holds (the state first takes what the run's estimates are now)."""
@@ -199,5 +207,5 @@ def checkpoint_payload(
         "rng": rng_by_rank[0],
         "rng_by_rank": rng_by_rank,
         "plan": pacer.plan.to_dict() if pacer.plan else None,
-        **saves.checkpoint,
+        **choices.checkpoint_extras,
     }

@@ -9,7 +9,7 @@ from typing import Protocol
 
 from finetune.reporting.evaluation import EvalResult
 from finetune.reporting.measures import TimingRule
-from finetune.training.context import LoopContext
+from finetune.training.context import Run
 from finetune.training.finishing import FinishTimes
 from finetune.training.model_folders import Exports
 from finetune.training.pacing import Pacer
@@ -58,7 +58,7 @@ class RunEvaluator(Protocol):
 class Evaluations:
     def __init__(
         self,
-        context: LoopContext,
+        context: Run,
         evaluator: RunEvaluator,
         exports: Exports,
         state: TrainingState,

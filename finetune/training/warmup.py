@@ -26,7 +26,7 @@ from collections import deque
 
 from finetune.system.progress import format_duration
 from finetune.training.budget import StepTimer
-from finetune.training.context import LoopContext
+from finetune.training.context import Run
 from finetune.training.pacing import Costs, Pacer
 from finetune.training.run_settings import WarmupSettings
 from finetune.training.state import WarmupProgress
@@ -39,7 +39,7 @@ BUDGET_END = "the budget (it may take at most --discriminator_warmup_share of th
 class DiscriminatorWarmup:
     """What the warm-up decides and reports; the training loop runs its steps (finetune/training/loop.py)."""
 
-    def __init__(self, settings: WarmupSettings, progress: WarmupProgress, context: LoopContext):
+    def __init__(self, settings: WarmupSettings, progress: WarmupProgress, context: Run):
         self.settings, self.progress, self.context = settings, progress, context
         self.margins: deque[float] = deque(progress.margins, maxlen=MARGIN_WINDOW)
         self.started_s = progress.seconds
