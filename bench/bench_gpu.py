@@ -59,7 +59,8 @@ from finetune.data.features import FeatureConfig, Features
 from finetune.data.feed import MicroBatchFeed
 from finetune.data.sampler import BucketSampler
 from finetune.training.batch_fit import longest_batch, try_micro_batch
-from finetune.training.step import Precision, StepSettings, TrainStep
+from finetune.training.precision import Precision
+from finetune.training.step import StepSettings, TrainStep
 from finetune.vits.discriminator import Discriminator, DiscriminatorConfig, parameter_count
 from finetune.vits.generator import hop_length, ready_for_training, scratch_generator
 from finetune.vits.losses import LossWeights

@@ -43,7 +43,8 @@ from bench.peer_venv import made_venv, run
 from finetune.data.corpus import load_examples
 from finetune.data.examples import Example, collate
 from finetune.data.features import FeatureConfig, Features
-from finetune.training.step import StepSettings, TrainStep, resolve_precision
+from finetune.training.precision import resolve_precision
+from finetune.training.step import StepSettings, TrainStep
 from finetune.vits.discriminator import Discriminator, DiscriminatorConfig, parameter_count
 from finetune.vits.generator import hop_length, ready_for_training, scratch_generator
 from finetune.vits.losses import LossWeights

@@ -33,7 +33,8 @@ from bench.machine import describe
 from finetune.data.corpus import load_examples
 from finetune.data.examples import collate
 from finetune.data.features import FeatureConfig, Features
-from finetune.training.step import StepResult, StepSettings, TrainStep, resolve_precision
+from finetune.training.precision import resolve_precision
+from finetune.training.step import StepResult, StepSettings, TrainStep
 from finetune.vits import objective
 from finetune.vits.discriminator import Discriminator, DiscriminatorConfig, parameter_count
 from finetune.vits.generator import hop_length, ready_for_training, scratch_generator

@@ -35,7 +35,8 @@ def one_step(data_dir: str, rank: int, world_size: int, out: str, port: int) -> 
     from finetune.data.features import FeatureConfig, Features
     from finetune.training.distributed import Distributed
     from finetune.training.pacing import WindowShape
-    from finetune.training.step import ListSource, Precision, StepSettings, TrainStep
+    from finetune.training.precision import Precision
+    from finetune.training.step import ListSource, StepSettings, TrainStep
     from finetune.vits import objective
     from finetune.vits.discriminator import Discriminator, DiscriminatorConfig
     from finetune.vits.losses import LossWeights

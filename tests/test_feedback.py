@@ -804,7 +804,8 @@ def test_a_round_on_a_word_holds_the_rest_of_the_voice_harder_than_one_on_letter
 
 def test_training_only_some_token_rows_leaves_every_other_row_exactly_where_it_was(prepared_demo):
     from finetune.data.features import FeatureConfig, Features
-    from finetune.training.step import Precision, StepSettings, TrainStep
+    from finetune.training.precision import Precision
+    from finetune.training.step import StepSettings, TrainStep
     from finetune.vits.discriminator import Discriminator, DiscriminatorConfig
     from finetune.vits.generator import freeze, train_token_rows
     from finetune.vits.losses import LossWeights

@@ -19,7 +19,8 @@ import finetune.training.step as step_module
 import finetune.vits.losses as losses_module
 import finetune.vits.objective as objective_module
 from finetune.data.features import FeatureConfig, Features
-from finetune.training.step import Precision, StepSettings, TrainStep, precision_warning, resolve_precision
+from finetune.training.precision import Precision, precision_warning, resolve_precision
+from finetune.training.step import StepSettings, TrainStep
 from finetune.vits.discriminator import Discriminator, DiscriminatorConfig
 from finetune.vits.losses import LossWeights
 from tests.conftest import demo_batch, tiny_generator

@@ -9,7 +9,8 @@ import torch
 
 from finetune.data.features import FeatureConfig, Features
 from finetune.training.pacing import WindowShape
-from finetune.training.step import ListSource, Precision, StepSettings, TrainStep
+from finetune.training.precision import Precision
+from finetune.training.step import ListSource, StepSettings, TrainStep
 from finetune.vits.discriminator import Discriminator, DiscriminatorConfig
 from finetune.vits.generator import freeze
 from finetune.vits.losses import LossWeights, discriminator_loss

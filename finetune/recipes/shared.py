@@ -28,15 +28,10 @@ from finetune.training.context import Run
 from finetune.training.distributed import Distributed
 from finetune.training.loop import TrainingLoop
 from finetune.training.machinery import RunChoices, TrainingParts, build_machinery
+from finetune.training.precision import precision_warning, resolve_precision
 from finetune.training.run_settings import LoopSettings
 from finetune.training.state import TrainingState
-from finetune.training.step import (
-    Regulariser,
-    StepSettings,
-    TrainStep,
-    precision_warning,
-    resolve_precision,
-)
+from finetune.training.step import Regulariser, StepSettings, TrainStep
 from finetune.vits.generator import hop_length
 from finetune.vits.losses import LossWeights
 

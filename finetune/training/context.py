@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 
@@ -16,9 +16,7 @@ from finetune.reporting.run_log import RunLog
 from finetune.system.interrupt import StopRequest, StopRequested
 from finetune.training.budget import Budget
 from finetune.training.distributed import Distributed
-
-if TYPE_CHECKING:
-    from finetune.training.step import Precision
+from finetune.training.precision import Precision
 
 
 @dataclass

@@ -61,6 +61,7 @@ from finetune.system.profile import section
 from finetune.training.distributed import Distributed
 from finetune.training.late import MicroBatchLate, given_up_when_late
 from finetune.training.pacing import WindowShape
+from finetune.training.precision import Precision
 from finetune.vits.discriminator import Discriminator
 from finetune.vits.losses import LossWeights, discriminator_loss
 from finetune.vits.objective import (
@@ -77,39 +78,6 @@ ADAM_BETAS = (0.8, 0.99)  # original VITS
 # loops, faster: a step's optimizer updates 18.7 -> 9.5 ms for the tiny voice, 291.8 -> 127.1 ms at MMS size
 # on a 2-core CPU (bench/bench_step.py, bench/RESULTS.md).
 FUSED_ADAM_DEVICES = ("cpu", "cuda")
-
-
-@dataclass(frozen=True)
-class Precision:
-    name: str  # "fp32", "fp16" or "bf16"
-    autocast_dtype: torch.dtype | None  # None: no autocast
-
-    @property
-    def uses_scaler(self) -> bool:
-        return self.autocast_dtype == torch.float16
-
-
-CPU_HALF_WARNING = (
-    "{name} on the CPU is meant for checking numerics before a GPU run, and slow (fp16 convolutions "
-    "have no fast kernels on most CPUs); leave out --fp16/--bf16 to train on the CPU in fp32"
-)
-
-
-def resolve_precision(device: torch.device, fp16: bool | None, bf16: bool) -> Precision:
-    """fp16 is the default on CUDA; the CPU defaults to fp32 and runs fp16 or bf16 only when asked (for
-    checking numerics: fp16 has the same range and rounding on any device); precision_warning says so."""
-    if bf16:
-        return Precision("bf16", torch.bfloat16)
-    if fp16 or (fp16 is None and device.type == "cuda"):
-        return Precision("fp16", torch.float16)
-    return Precision("fp32", None)
-
-
-def precision_warning(device: torch.device, precision: Precision) -> str:
-    """The one line to log when half precision runs on the CPU; empty otherwise."""
-    if device.type == "cpu" and precision.autocast_dtype is not None:
-        return CPU_HALF_WARNING.format(name=precision.name)
-    return ""
 
 
 @contextlib.contextmanager
