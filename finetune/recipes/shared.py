@@ -232,4 +232,4 @@ def build_loop(
     run.run_log, run.paths = log, choices.paths
     parts = TrainingParts(step, start.tokenizer, examples, sampler, evaluator, start.frozen_parts)
     machinery = build_machinery(parts, run, settings, state, plan, choices)
-    return TrainingLoop(parts, run, settings, state, machinery, step_callback)
+    return TrainingLoop(run, settings, state, machinery, step_callback)

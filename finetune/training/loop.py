@@ -41,7 +41,7 @@ from finetune.training.budget import Plan
 from finetune.training.context import Run
 from finetune.training.ending import LoopResult, RunFigures, summary
 from finetune.training.finishing import LAST_MODEL_CHOICES, FinishTimes, last_model_choice
-from finetune.training.machinery import Machinery, TrainingParts
+from finetune.training.machinery import Machinery
 from finetune.training.run_settings import LoopSettings
 from finetune.training.state import TrainingState
 from finetune.training.step import StepResult
@@ -70,14 +70,13 @@ class TrainingLoop:
 
     def __init__(
         self,
-        parts: TrainingParts,
         context: Run,
         settings: LoopSettings,
         state: TrainingState,
         machinery: Machinery,
         step_callback: Callable[["TrainingLoop"], None] | None = None,
     ):
-        self.parts, self.context, self.settings, self.state = parts, context, settings, state
+        self.parts, self.context, self.settings, self.state = machinery.parts, context, settings, state
         self.step_callback = step_callback
         self.pacer, self.windows, self.fitter = machinery.pacer, machinery.windows, machinery.fitter
         self.exports, self.evaluations, self.checkpoints = (

@@ -64,8 +64,10 @@ class RunChoices:
 
 @dataclass
 class Machinery:
-    """The loop's collaborators (the pacer holds the step timer and the costs; the windows, the feed)."""
+    """What the loop works with: what it trains and judges (`parts`), and its collaborators (the pacer holds the
+    step timer and the costs; the windows, the feed)."""
 
+    parts: TrainingParts
     pacer: Pacer
     windows: WindowRunner
     fitter: BatchFitter
@@ -167,6 +169,7 @@ def build_machinery(
         return checkpoint_payload(parts, settings, state, pacer, evaluations, choices, rng_by_rank)
 
     return Machinery(
+        parts=parts,
         pacer=pacer,
         windows=windows,
         fitter=fitter,
