@@ -57,6 +57,7 @@ from finetune.reporting.judge_ladders import (
     set_reference,
     tempo,
     text_ladders,
+    votes,
     with_noise,
 )
 
@@ -233,7 +234,7 @@ def set_voice(judge, data_dir: Path, voice: str, count: int) -> None:
 
 
 def validate(judge, ladders: list, data_dir: Path, count: int) -> dict:
-    """Every ladder of the judge's kind ranked; whether it may vote (finetune/reporting/judges.py votes)."""
+    """Every ladder of the judge's kind ranked; whether it may vote (finetune/reporting/judge_ladders.py votes)."""
     results = {}
     for ladder in ladders:
         if ladder.kind_of not in LADDERS_OF[judge.kind]:
@@ -334,7 +335,7 @@ def main() -> None:
         results[name] = {
             "kind": judge.kind,
             "higher_is_better": judge.higher_is_better,
-            "votes": judging.votes(ranked, noise),
+            "votes": votes(ranked, noise),
             "ladders": ranked,
             "retest_sd": round(noise, 4),
             "tempo": tempo_effect(judge, stretched, data_dir, voices[0][0], args.clips),

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from finetune.reporting import judges
+from finetune.reporting import judge_ladders, judges
 from tests.conftest import DEMO_CORPUS
 
 
@@ -24,15 +24,19 @@ def crowd_clips(speaker: str, count: int) -> list[tuple[str, np.ndarray, int]]:
 
 
 def test_kendall_tau_and_the_voting_rule():
-    assert judges.kendall_tau([1.0, 2.0, 3.0, 4.0]) == 1.0
-    assert judges.kendall_tau([4.0, 3.0, 2.0, 1.0]) == -1.0
-    assert judges.kendall_tau([1.0, 3.0, 2.0, 4.0]) == pytest.approx(2 / 3)  # one swap of four: not enough to vote
+    assert judge_ladders.kendall_tau([1.0, 2.0, 3.0, 4.0]) == 1.0
+    assert judge_ladders.kendall_tau([4.0, 3.0, 2.0, 1.0]) == -1.0
+    assert judge_ladders.kendall_tau([1.0, 3.0, 2.0, 4.0]) == pytest.approx(
+        2 / 3
+    )  # one swap of four: not enough to vote
     ladders = {"a": {"kendall_tau": 1.0, "means": [1.0, 2.0, 3.0]}, "b": {"kendall_tau": 0.8, "means": [5.0, 4.0]}}
-    assert judges.votes(ladders, retest_sd=0.4)  # below half the smallest gap between rungs (1.0)
-    assert not judges.votes(ladders, retest_sd=0.6)  # the same model drawn twice as far apart as two rungs: no vote
-    assert not judges.votes(ladders, retest_sd=float("nan"))  # its noise unknown: reported only
-    assert not judges.votes({**ladders, "c": {"kendall_tau": 2 / 3, "means": [0.0, 9.0]}}, retest_sd=0.1)
-    assert not judges.votes({}, retest_sd=0.1)  # no ladder ranked: no vote
+    assert judge_ladders.votes(ladders, retest_sd=0.4)  # below half the smallest gap between rungs (1.0)
+    assert not judge_ladders.votes(
+        ladders, retest_sd=0.6
+    )  # the same model drawn twice as far apart as two rungs: no vote
+    assert not judge_ladders.votes(ladders, retest_sd=float("nan"))  # its noise unknown: reported only
+    assert not judge_ladders.votes({**ladders, "c": {"kendall_tau": 2 / 3, "means": [0.0, 9.0]}}, retest_sd=0.1)
+    assert not judge_ladders.votes({}, retest_sd=0.1)  # no ladder ranked: no vote
 
 
 class LoudnessJudge:
@@ -60,8 +64,8 @@ def test_a_judge_that_ranks_a_ladder_wrongly_is_kept_from_voting(tmp_path):
     ladder = Ladder("noise", "noise", "ciya", [*rungs, Rung("as recorded", as_recorded(clips))])
     wrong, right = rank_ladder(LoudnessJudge(), ladder), rank_ladder(NoiseJudge(), ladder)
     assert wrong["kendall_tau"] == -1.0 and right["kendall_tau"] == 1.0 and wrong["clips"] == 3
-    assert not judges.votes({"noise": wrong}, retest_sd=0.0)
-    assert judges.votes({"noise": right}, retest_sd=0.1 * judges.smallest_gap(right["means"]))
+    assert not judge_ladders.votes({"noise": wrong}, retest_sd=0.0)
+    assert judge_ladders.votes({"noise": right}, retest_sd=0.1 * judge_ladders.smallest_gap(right["means"]))
 
 
 @pytest.mark.skipif(not judges.available("speaker"), reason=f"the speaker judge's extra: {judges.INSTALL_HINT}")

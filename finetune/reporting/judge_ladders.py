@@ -2,7 +2,7 @@
 known (the voice's recordings with more and more noise, less and less of the band, shifted further in pitch; the
 voice saying its sentences with more and more letters swapped or words dropped) and votes only where it ranks every
 ladder of its kind right and scores two draws of the same voice nearer each other than neighbouring rungs
-(judges.votes). bench/bench_judges.py adds the ladders that need other models (new weights, an early checkpoint);
+(votes, below). bench/bench_judges.py adds the ladders that need other models (new weights, an early checkpoint);
 a feedback round validates the judges it is asked for on its own voice with these (validate_on_voice), once a
 voice, and keeps the result beside it (CACHE)."""
 
@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 
-from finetune.reporting import judges as judging
 from finetune.system.time_limit import TimeLimit
 
 LOG = logging.getLogger("finetune")
@@ -27,6 +26,7 @@ LADDERS_OF = {  # the ladders each kind of judge is ranked on
     "spectral": ("checkpoints", "noise", "lowpass", "text_swaps", "words_dropped"),
     "naturalness": ("checkpoints", "noise", "lowpass"),
 }
+TAU_TO_VOTE = 0.8  # each ladder ranked at least this right (Kendall's tau) for a judge to vote
 PAIRWISE = ("phonetic", "spectral")  # kinds that compare a clip with its own recording
 CACHE = "judges_validation.json"  # beside the voice it was found on
 CLIPS = 8  # held-out clips of the voice on every rung (bench_judges.py --clips)
@@ -200,7 +200,7 @@ def rank_ladder(judge, ladder: Ladder) -> dict:
     means = [float(np.mean(score_rung(judge, r))) for r in rungs]
     oriented = means if judge.higher_is_better else [-m for m in means]
     return {
-        "kendall_tau": judging.kendall_tau(oriented),
+        "kendall_tau": kendall_tau(oriented),
         "clips": len(rungs[0].clips) if rungs else 0,
         "rungs": [r.label for r in rungs],
         "means": [round(m, 4) for m in means],
@@ -289,6 +289,62 @@ def validate_on_voice(voice, clips: list, judges: dict, limit: TimeLimit, seed: 
             results[name] = {"votes": False, "why": why, "incomplete": True}
             continue
         noise = retest_sd(judge, draws)
-        why = judging.why_not_voting(ranked, noise)
+        why = why_not_voting(ranked, noise)
         results[name] = {"votes": not why, "why": why, "ladders": ranked, "retest_sd": round(noise, 4)}
     return results
+
+
+# ---------------------------------------------------------------- the rule by which a judge votes
+
+
+def kendall_tau(order: list[float]) -> float:
+    """Kendall's tau-b between the rungs' intended order (0 worst, 1, 2, ...) and `order`, the judge's scores
+    of those rungs made "higher is better": 1 when the judge ranks every rung as intended, -1 reversed."""
+    concordant = discordant = ties = 0
+    n = len(order)
+    for i in range(n):
+        for j in range(i + 1, n):
+            difference = order[j] - order[i]
+            if difference > 0:
+                concordant += 1
+            elif difference < 0:
+                discordant += 1
+            else:
+                ties += 1
+    pairs = n * (n - 1) / 2
+    denominator = np.sqrt(pairs * (pairs - ties)) if pairs else 0.0
+    return float((concordant - discordant) / denominator) if denominator else float("nan")
+
+
+def votes(ladders: dict[str, dict], retest_sd: float, tau: float = TAU_TO_VOTE) -> bool:
+    """Whether a judge may decide (why_not_voting finds nothing against it)."""
+    return not why_not_voting(ladders, retest_sd, tau)
+
+
+def why_not_voting(ladders: dict[str, dict], retest_sd: float, tau: float = TAU_TO_VOTE) -> str:
+    """Why a judge may not decide, in words ("" when it may): each of its ladders must be ranked with Kendall tau
+    >= `tau`, and its test-retest noise small against the steps it is asked to tell apart (below half the smallest
+    gap between neighbouring rungs of each ladder: the same model drawn twice must score nearer itself than the
+    nearest rungs score to each other). A noise merely measured (finite) says nothing: any two clips give one."""
+    if not ladders:
+        return "no ladder ranked"
+    for name, ladder in ladders.items():
+        t = ladder["kendall_tau"]
+        if not (np.isfinite(t) and t >= tau):
+            return f"its {name} ladder ranked wrong (Kendall tau {t:+.2f}, at least {tau:g} needed)"
+    if not np.isfinite(retest_sd):
+        return "its test-retest noise could not be measured"
+    for name, ladder in ladders.items():
+        gap = smallest_gap(ladder["means"])
+        if not retest_sd < 0.5 * gap:
+            return (
+                f"two draws of the voice differ by {retest_sd:.3g} (test-retest), not below half the smallest step "
+                f"of its {name} ladder ({gap:.3g})"
+            )
+    return ""
+
+
+def smallest_gap(means: list[float]) -> float:
+    """The smallest difference between neighbouring rungs' mean scores (nan with fewer than two)."""
+    finite = [m for m in means if np.isfinite(m)]
+    return float(min(abs(b - a) for a, b in zip(finite, finite[1:]))) if len(finite) > 1 else float("nan")

@@ -38,9 +38,8 @@ JUDGE_RATE = 16_000
 INSTALL_HINT = "pip install --no-deps -r requirements-judges.txt"
 KINDS = ("speaker", "phonetic", "asr", "naturalness", "spectral")
 
-# Which judges vote, by bench/bench_judges.py's validation (each ladder's Kendall tau >= TAU_TO_VOTE, and its
-# test-retest noise measured): bench/RESULTS.md has the figures. The others are reported only.
-TAU_TO_VOTE = 0.8
+# Which judges vote, by bench/bench_judges.py's validation (the rule: judge_ladders.why_not_voting):
+# bench/RESULTS.md has the figures. The others are reported only.
 VOTES = {"speaker": False, "phonetic": False, "phone_errors": False, "asr": False}
 
 
@@ -452,56 +451,3 @@ def load_judges(names: list[str], asr_model: str | None = None) -> dict:
 
 
 # ---------------------------------------------------------------- validation (bench/bench_judges.py)
-
-
-def kendall_tau(order: list[float]) -> float:
-    """Kendall's tau-b between the rungs' intended order (0 worst, 1, 2, ...) and `order`, the judge's scores
-    of those rungs made "higher is better": 1 when the judge ranks every rung as intended, -1 reversed."""
-    concordant = discordant = ties = 0
-    n = len(order)
-    for i in range(n):
-        for j in range(i + 1, n):
-            difference = order[j] - order[i]
-            if difference > 0:
-                concordant += 1
-            elif difference < 0:
-                discordant += 1
-            else:
-                ties += 1
-    pairs = n * (n - 1) / 2
-    denominator = np.sqrt(pairs * (pairs - ties)) if pairs else 0.0
-    return float((concordant - discordant) / denominator) if denominator else float("nan")
-
-
-def votes(ladders: dict[str, dict], retest_sd: float, tau: float = TAU_TO_VOTE) -> bool:
-    """Whether a judge may decide (why_not_voting finds nothing against it)."""
-    return not why_not_voting(ladders, retest_sd, tau)
-
-
-def why_not_voting(ladders: dict[str, dict], retest_sd: float, tau: float = TAU_TO_VOTE) -> str:
-    """Why a judge may not decide, in words ("" when it may): each of its ladders must be ranked with Kendall tau
-    >= `tau`, and its test-retest noise small against the steps it is asked to tell apart (below half the smallest
-    gap between neighbouring rungs of each ladder: the same model drawn twice must score nearer itself than the
-    nearest rungs score to each other). A noise merely measured (finite) says nothing: any two clips give one."""
-    if not ladders:
-        return "no ladder ranked"
-    for name, ladder in ladders.items():
-        t = ladder["kendall_tau"]
-        if not (np.isfinite(t) and t >= tau):
-            return f"its {name} ladder ranked wrong (Kendall tau {t:+.2f}, at least {tau:g} needed)"
-    if not np.isfinite(retest_sd):
-        return "its test-retest noise could not be measured"
-    for name, ladder in ladders.items():
-        gap = smallest_gap(ladder["means"])
-        if not retest_sd < 0.5 * gap:
-            return (
-                f"two draws of the voice differ by {retest_sd:.3g} (test-retest), not below half the smallest step "
-                f"of its {name} ladder ({gap:.3g})"
-            )
-    return ""
-
-
-def smallest_gap(means: list[float]) -> float:
-    """The smallest difference between neighbouring rungs' mean scores (nan with fewer than two)."""
-    finite = [m for m in means if np.isfinite(m)]
-    return float(min(abs(b - a) for a, b in zip(finite, finite[1:]))) if len(finite) > 1 else float("nan")
