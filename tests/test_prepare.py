@@ -9,7 +9,7 @@ import pytest
 import soundfile as sf
 
 import prepare_data
-from finetune.data.prepare import split_validation
+from finetune.data.held_out import split_validation
 from finetune.data.sources import SourceError
 from finetune.system.model_source import ModelSourceError, resolve_model
 from tests.conftest import DEMO_CORPUS, REPO, encode, make_tokenizer_dir, tone, write_ljspeech

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from finetune.data.prepare import HELD_OUT_FLOOR
+from finetune.data.held_out import HELD_OUT_FLOOR
 
 MCD_SCALE = 10.0 / math.log(10.0) * math.sqrt(2.0)
 DEFAULT_MAX_LENGTH_RATIO = 1.25
