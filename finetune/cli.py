@@ -75,10 +75,31 @@ def build_parser(config_cls: type, description: str, with_defaults: bool = True)
     extra = {} if with_defaults else {"argument_default": argparse.SUPPRESS}
     parser = argparse.ArgumentParser(description=description, formatter_class=HelpFormatter, **extra)
     hints = typing.get_type_hints(config_cls)
-    for field in dataclasses.fields(config_cls):
-        if field.init and field.metadata.get("help") is not None:
-            _add_field(parser, field, hints[field.name], with_defaults)
+    shown = [f for f in dataclasses.fields(config_cls) if f.init and f.metadata.get("help") is not None]
+    owners = {field.name: declared_in(config_cls, field.name) for field in shown}
+    groups = {}
+    if len(set(owners.values())) > 1:  # --help in parts, the script's own flags first (finetune/settings.py)
+        for owner in dict.fromkeys([config_cls, *owners.values()]):
+            if owner in owners.values():
+                groups[owner] = parser.add_argument_group(group_title(owner))
+    for field in shown:
+        _add_field(groups.get(owners[field.name], parser), field, hints[field.name], with_defaults)
     return parser
+
+
+def declared_in(config_cls: type, name: str) -> type:
+    """The class that first declares flag `name` among `config_cls`'s bases (a recipe declaring a shared flag
+    again, with its own default, leaves it in the shared flag's group)."""
+    return [cls for cls in config_cls.__mro__ if name in cls.__dict__.get("__annotations__", {})][-1]
+
+
+def group_title(cls: type) -> str:
+    """A flag group's title in --help: its class docstring up to the first colon ("Data", "train_vits.py's
+    flags"), else the class's name."""
+    doc = (cls.__dict__.get("__doc__") or "").strip()
+    if not doc or doc.startswith(f"{cls.__name__}("):  # the signature a dataclass without a docstring gets
+        return cls.__name__
+    return doc.splitlines()[0].split(":")[0]
 
 
 def parse_config(config_cls: type, argv: list[str] | None, description: str) -> Any:

@@ -1,7 +1,9 @@
 """The training flags that train_vits.py and train_feedback.py share, defined once.
 
-Each recipe's config dataclass inherits TrainingFlags and adds its own flags (a recipe may give a shared
-flag another default by declaring the field again). The training loop, the optimizer step and the
+They are declared in groups by what they govern (data, model, schedule, objective, evaluation, reporting), each a
+dataclass whose docstring titles its part of `--help` (finetune/cli.py), each flag with what a resume does with it;
+TrainingFlags is all of them. Each recipe's config dataclass inherits TrainingFlags and adds its own flags (a recipe
+may give a shared flag another default by declaring the field again). The training loop, the optimizer step and the
 evaluation read these fields by name from whichever config the recipe passes on, so no recipe copies
 them field by field. Light on purpose: it is imported before the flags are parsed (`--help` stays fast).
 """
@@ -15,7 +17,9 @@ from finetune.cli import ConfigError, flag
 
 
 @dataclass
-class TrainingFlags:
+class DataFlags:
+    """Data: the clips each step trains on, in what order and how many at once."""
+
     batch_size: int = flag(8, "clips per micro-batch")
     gradient_accumulation_steps: int = flag(4, "micro-batches per optimizer step")
     fit_batch: str = flag(
@@ -25,36 +29,18 @@ class TrainingFlags:
         choices=["auto", "on", "off"],
         on_resume="may_change",
     )
-    learning_rate: float = flag(2e-5, "peak learning rate of the generator")
-    discriminator_learning_rate: float = flag(
-        0.0, "peak learning rate of the discriminator (0: same as --learning_rate)"
-    )
-    lr_floor_ratio: float = flag(0.1, "learning rate at the end of the cosine, as a fraction of the peak")
-    lr_decay_share: float = flag(
-        1.0,
-        "the cosine's share of the steps after the warmup; the rate holds at its peak before it (1: the cosine spans "
-        "them all)",
-    )
-    warmup_steps: int = flag(500, "linear warmup in optimizer steps (shortened to 10%% of a short plan)")
-    fp16: bool | None = flag(
-        None,
-        "fp16 mixed precision (default: on with CUDA, off on CPU, where it is slow and meant for checking numerics)",
-        on_resume="may_change",
-    )
-    bf16: bool = flag(
-        False,
-        "bf16 autocast instead of fp16 (CUDA with bf16 support; on CPU for checking numerics)",
-        on_resume="may_change",
-    )
-    benchmark_samples: int = flag(
-        200, "clips of real training steps timed at the start to plan the run", on_resume="may_change"
+    length_pool_batches: int = flag(
+        32,
+        "batches whose clips are sorted by length together, once an epoch's clips are shuffled: 32 makes batches "
+        "of similar lengths (little padding); 1 makes batches of clips drawn at random, as finetune-hf-vits",
     )
     seed: int = flag(1234, "random seed (sampler order, segments, initial weights of new parts)")
-    val_every: int = flag(
-        0, "evaluate at every N-th optimizer step (0: planned, about 20 evaluations a run, the final one included)"
-    )
-    val_samples: int = flag(16, "held-out clips synthesised and scored per evaluation")
-    max_epochs: int = flag(0, "stop after N epochs even if time is left (0: no limit)", on_resume="may_change")
+
+
+@dataclass
+class ModelFlags:
+    """Model: which parts train, the discriminator, the number format and the device."""
+
     freeze: list[str] = flag([], "parts to keep fixed: text_encoder duration_predictor posterior_encoder flow decoder")
     dropout: str = flag(
         "auto",
@@ -78,19 +64,44 @@ class TrainingFlags:
         "the warm-up ends once the discriminator's mean score on real minus "
         "generated audio reaches this (1: perfect separation)",
     )
-    max_length_ratio: float = flag(
-        1.25,
-        "timing rule: a model whose median length ratio (synthesised / recorded) "
-        "lies outside [1/X, X] is kept as best_model only while none is inside "
-        "(the nearest, as a fallback)",
+    fp16: bool | None = flag(
+        None,
+        "fp16 mixed precision (default: on with CUDA, off on CPU, where it is slow and meant for checking numerics)",
+        on_resume="may_change",
     )
-    inference_settings: str = flag(
-        "fitted",
-        "what the exported config.json speaks with: fitted (speaking_rate and "
-        "noise_scale_duration fitted on the held-out recordings, so that one "
-        "request speaks at their tempo) or model (the model's own)",
-        choices=["fitted", "model"],
+    bf16: bool = flag(
+        False,
+        "bf16 autocast instead of fp16 (CUDA with bf16 support; on CPU for checking numerics)",
+        on_resume="may_change",
     )
+    device: str = flag("auto", "cuda, cuda:N, cpu, or auto", on_resume="may_change")
+
+
+@dataclass
+class ScheduleFlags:
+    """Schedule: the learning-rate curve (finetune/training/schedule.py) and how the plan is timed."""
+
+    learning_rate: float = flag(2e-5, "peak learning rate of the generator")
+    discriminator_learning_rate: float = flag(
+        0.0, "peak learning rate of the discriminator (0: same as --learning_rate)"
+    )
+    lr_floor_ratio: float = flag(0.1, "learning rate at the end of the cosine, as a fraction of the peak")
+    lr_decay_share: float = flag(
+        1.0,
+        "the cosine's share of the steps after the warmup; the rate holds at its peak before it (1: the cosine spans "
+        "them all)",
+    )
+    warmup_steps: int = flag(500, "linear warmup in optimizer steps (shortened to 10%% of a short plan)")
+    max_epochs: int = flag(0, "stop after N epochs even if time is left (0: no limit)", on_resume="may_change")
+    benchmark_samples: int = flag(
+        200, "clips of real training steps timed at the start to plan the run", on_resume="may_change"
+    )
+
+
+@dataclass
+class ObjectiveFlags:
+    """Objective: the losses, their weights and the optimizers."""
+
     mel_loss_weight: float = flag(45.0, "weight of the mel L1 loss (VITS c_mel)")
     kl_loss_weight: float = flag(1.0, "weight of the KL loss (VITS c_kl)")
     duration_loss_weight: float = flag(1.0, "weight of the duration loss")
@@ -101,11 +112,6 @@ class TrainingFlags:
         32,
         "spectrogram frames of each clip that the decoder and the discriminators train on in a step "
         "(x the hop: 32 x 256 = 8192 samples, as in VITS); fewer make a step faster and show it less audio",
-    )
-    length_pool_batches: int = flag(
-        32,
-        "batches whose clips are sorted by length together, once an epoch's clips are shuffled: 32 makes batches "
-        "of similar lengths (little padding); 1 makes batches of clips drawn at random, as finetune-hf-vits",
     )
     discriminator_loss_weight: float = flag(1.0, "weight of the discriminator's own loss (finetune-hf-vits: 3)")
     discriminator_every: int = flag(
@@ -124,6 +130,29 @@ class TrainingFlags:
         "pull the generator's trained weights toward where they started, by this times "
         "the learning rate at each step, in place of AdamW's decay toward zero (L2-SP; "
         "0: off). Keeps what the start already knew while a few things change",
+    )
+
+
+@dataclass
+class EvaluationFlags:
+    """Evaluation: how often, on what, which model is kept and what the exported voice speaks with."""
+
+    val_every: int = flag(
+        0, "evaluate at every N-th optimizer step (0: planned, about 20 evaluations a run, the final one included)"
+    )
+    val_samples: int = flag(16, "held-out clips synthesised and scored per evaluation")
+    max_length_ratio: float = flag(
+        1.25,
+        "timing rule: a model whose median length ratio (synthesised / recorded) "
+        "lies outside [1/X, X] is kept as best_model only while none is inside "
+        "(the nearest, as a fallback)",
+    )
+    inference_settings: str = flag(
+        "fitted",
+        "what the exported config.json speaks with: fitted (speaking_rate and "
+        "noise_scale_duration fitted on the held-out recordings, so that one "
+        "request speaks at their tempo) or model (the model's own)",
+        choices=["fitted", "model"],
     )
     judges: list[str] = flag(
         ["auto"],
@@ -147,11 +176,22 @@ class TrainingFlags:
         "its character error rate on each evaluated clip's text",
         on_resume="may_change",
     )
+
+
+@dataclass
+class ReportingFlags:
+    """Reporting: the progress lines and the step profile."""
+
     log_every_seconds: float = flag(30.0, "seconds between progress lines", on_resume="may_change")
     profile: bool = flag(
         False, "exact step profile: synchronise the GPU at each section (slower steps)", on_resume="may_change"
     )
-    device: str = flag("auto", "cuda, cuda:N, cpu, or auto", on_resume="may_change")
+
+
+@dataclass
+class TrainingFlags(ReportingFlags, EvaluationFlags, ObjectiveFlags, ScheduleFlags, ModelFlags, DataFlags):
+    """The shared training flags, every group (their fields come data first: a dataclass collects its bases'
+    fields from the last base to the first)."""
 
     def __post_init__(self):
         problems = self.problems()

@@ -360,6 +360,21 @@ def test_segment_frames_from_the_command_line_set_what_a_step_decodes_and_discri
     assert "--segment_frames 0: must be positive" in capsys.readouterr().err
 
 
+def test_the_objective_flags_reach_the_step_by_name(prepared_demo):
+    """Each loss weight from its --<name>_loss_weight flag, each step setting from the flag of its name
+    (recipes/shared.py train_step): none left at its default when the command line sets it."""
+    argv = ["--mel_loss_weight", "7", "--kl_loss_weight", "0.5", "--duration_loss_weight", "2", "--adam_eps", "1e-7"]
+    argv += ["--adversarial_loss_weight", "3", "--feature_matching_loss_weight", "4", "--max_grad_norm", "3"]
+    argv += ["--discriminator_every", "2", "--duration_every", "3", "--anchor_weight", "0.1", "--segment_frames", "16"]
+    step, _, _ = step_from_flags(prepared_demo, argv)
+    assert (step.weights.mel, step.weights.kl, step.weights.duration) == (7.0, 0.5, 2.0)
+    assert (step.weights.adversarial, step.weights.feature_matching) == (3.0, 4.0)
+    settings = step.settings
+    assert (settings.adam_eps, settings.max_grad_norm, settings.anchor_weight) == (1e-7, 3.0, 0.1)
+    assert (settings.discriminator_every, settings.duration_every, settings.segment_frames) == (2, 3, 16)
+    assert settings.learning_rate == settings.discriminator_learning_rate == 2e-3  # 0: the same as the generator's
+
+
 def step_from_flags(data_dir, argv: list[str]):
     """train_vits's optimizer step built from its command line (`argv`, at 2e-3) on a tiny voice, the way a run
     builds it (recipe.train_step): (step, model, a demo batch)."""

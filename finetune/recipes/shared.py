@@ -5,7 +5,7 @@ what a recipe brings (its starting point, its data, its evaluator, its choices) 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -34,6 +34,8 @@ from finetune.training.state import TrainingState
 from finetune.training.step import Regulariser, StepSettings, TrainStep
 from finetune.vits.generator import hop_length
 from finetune.vits.losses import LossWeights
+
+NOT_FLAGS = ("weight_decay",)  # StepSettings' fields no flag sets: AdamW's default
 
 
 def open_run(
@@ -80,25 +82,10 @@ def features_for(model, device: torch.device) -> Features:
 
 
 def train_step(flags: TrainingFlags, run: Run, model, discriminator, features: Features) -> TrainStep:
-    """The optimizer step: loss weights, learning rates and clipping from the flags."""
-    weights = LossWeights(
-        mel=flags.mel_loss_weight,
-        kl=flags.kl_loss_weight,
-        duration=flags.duration_loss_weight,
-        adversarial=flags.adversarial_loss_weight,
-        feature_matching=flags.feature_matching_loss_weight,
-    )
-    settings = StepSettings(
-        learning_rate=flags.learning_rate,
-        discriminator_learning_rate=flags.discriminator_learning_rate,
-        max_grad_norm=flags.max_grad_norm,
-        segment_frames=flags.segment_frames,
-        adam_eps=flags.adam_eps,
-        discriminator_loss_weight=flags.discriminator_loss_weight,
-        discriminator_every=flags.discriminator_every,
-        duration_every=flags.duration_every,
-        anchor_weight=flags.anchor_weight,
-    )
+    """The optimizer step, its settings and loss weights taken from the flags by name (a weight `mel` from
+    --mel_loss_weight; a renamed flag fails here, never falls back to a default)."""
+    weights = LossWeights(**{f.name: getattr(flags, f"{f.name}_loss_weight") for f in fields(LossWeights)})
+    settings = StepSettings(**{f.name: getattr(flags, f.name) for f in fields(StepSettings) if f.name not in NOT_FLAGS})
     return TrainStep(model, discriminator, features, weights, settings, run.precision, run.device, run.dist)
 
 
