@@ -165,23 +165,34 @@ class Evaluations:
         return False
 
     def keep_if_best(self, result: EvalResult, final: bool = False) -> tuple[bool, str, float]:
-        """The selection rule on an evaluation (one cut short: on the clips it scored, where selection.py
-        allows); its model exported as best_model when it wins, with its inference settings fitted (the final
-        evaluation's: where the time left allows, tempo_fits). (whether it was kept, what decided, export
+        """The selection rule on an evaluation (verdict); its model exported as best_model when it wins, with its
+        inference settings fitted (the final evaluation's: where the time left allows, tempo_fits); the best so
+        far and early stopping's count updated (record_best). (whether it was kept, what decided, export
         seconds)."""
-        best, step = self.state.best, result.step
+        best = self.state.best
         candidate = standing(
             result.eligible,
             result.length_ratio,
             result.mcd_db,
             self.evaluator.rule.max_length_ratio,
             result.choice_scores,
-            step,
+            result.step,
         )
         if result.says_nothing:  # not even as the fallback nearest the timing rule
             best.evals_since += 1
             return False, "a voice that says nothing is never kept", 0.0
-        kept = self.kept_standing()
+        kept, voting = self.kept_standing(), self.voting_scores(result)
+        verdict = self.verdict(result, candidate, kept, voting)
+        if not (verdict.replace and self.export_best(result, candidate, verdict, final)):
+            best.evals_since += 1
+            return False, verdict.why, 0.0
+        self.record_best(result, candidate, kept, voting)
+        return True, verdict.why, self.pacer.costs.export_s
+
+    def verdict(self, result: EvalResult, candidate, kept: Standing, voting: dict) -> Verdict:
+        """Whether `candidate` (result's standing) replaces the model kept (selection.py), and why: one cut short
+        compared clip by clip where the evaluator allows; a tie in rank vetoed by a voting judge that heard it
+        worse; said in the unit the evaluator's scores have."""
         if result.clips_scored < result.clips_planned:
             # Clip by clip where selection.py allows; never for an evaluator whose parts are judged by their means
             # (a feedback round's): there a mean over fewer clips would be compared with one over all of them.
@@ -192,34 +203,35 @@ class Evaluations:
             )
         else:
             verdict = judge_candidate(candidate, kept)
-        voting = self.voting_scores(result)
         if verdict.replace and kept.step >= 0 and candidate is not None and candidate.rank() == kept.rank():
             veto = judges_veto(self.state.best.judged, voting, self.higher_is_better(), kept.step)
             if veto:
                 verdict = Verdict(False, veto)
         if not self.evaluator.choice_in_db:  # the selection rule speaks in MCD's unit; these scores have none
             verdict = Verdict(verdict.replace, verdict.why.replace(" dB", ""))
-        improved = verdict.replace
-        if improved:
-            result.chosen_as = chosen_as(candidate, result.length_ratio, result.ineligible_reason)
-            summary = {**result.summary(), "chosen_as": result.chosen_as, "chosen_because": verdict.why}
-            improved = self.exports.export(
-                self.context.paths.best_dir,
-                {"eval.json": {**summary, "per_clip": result.per_clip_dict()}},
-                step,
-                summary,
-                tempo=not final or self.tempo_fits(result),
-            )
-        if not improved:
-            best.evals_since += 1
-            return False, verdict.why, 0.0
-        # Early stopping counts evaluations without a lower MCD (or a better timing): a tie kept for its
-        # training is no progress. Lower on the clips both scored (one of them may have been cut short).
+        return verdict
+
+    def export_best(self, result: EvalResult, candidate, verdict: Verdict, final: bool) -> bool:
+        """The winning evaluation's model written as best_model, with eval.json saying why (False: not written)."""
+        result.chosen_as = chosen_as(candidate, result.length_ratio, result.ineligible_reason)
+        summary = {**result.summary(), "chosen_as": result.chosen_as, "chosen_because": verdict.why}
+        return self.exports.export(
+            self.context.paths.best_dir,
+            {"eval.json": {**summary, "per_clip": result.per_clip_dict()}},
+            result.step,
+            summary,
+            tempo=not final or self.tempo_fits(result),
+        )
+
+    def record_best(self, result: EvalResult, candidate, kept: Standing, voting: dict) -> None:
+        """The new best kept in the state. Early stopping counts evaluations without a lower MCD (or a better
+        timing): a tie kept for its training is no progress. Lower on the clips both scored (one of them may have
+        been cut short)."""
+        best = self.state.best
         progress = kept.step < 0 or candidate.rank() != kept.rank() or compare(candidate, kept).advantage_db > 0
-        best.score, best.step, best.clips, best.judged = result.mcd_db, step, dict(candidate.clips), voting
+        best.score, best.step, best.clips, best.judged = result.mcd_db, result.step, dict(candidate.clips), voting
         best.eligible, best.timing_error = candidate.eligible, candidate.timing_error
         best.evals_since = 0 if progress else best.evals_since + 1
-        return True, verdict.why, self.pacer.costs.export_s
 
     def voting_scores(self, result: EvalResult) -> dict[str, dict[str, float]]:
         """Each voting judge's score of each clip of `result` (none without an evaluator's judges)."""
