@@ -33,9 +33,9 @@ def hash_ranked(ids: list[str]) -> list[str]:
 
 
 def split_by_speaker(kept: dict, fraction: float) -> set[str]:
-    """Held-out ids of a corpus (`kept`: each clip by id, with its `speaker`): one speaker's as split_validation; with several, each speaker's own share
-    (every voice a run may be asked to speak in has held-out clips of it): held_out_count of each speaker
-    with at least MIN_SPEAKER_CLIPS clips."""
+    """Held-out ids of a corpus (`kept`: each clip by id, with its `speaker`): one speaker's as split_validation;
+    with several, each speaker's own share (every voice a run may be asked to speak in has held-out clips of it):
+    held_out_count of each speaker with at least MIN_SPEAKER_CLIPS clips."""
     by_speaker: dict[str, list[str]] = {}
     for item_id, clip in kept.items():
         by_speaker.setdefault(clip.speaker, []).append(item_id)

@@ -1,6 +1,7 @@
-"""The wiring train_vits.py and train_feedback.py share, written once: a run's place and means (open_run: folder,
-log, metrics, budget, device, precision, in one Run that the loop holds too), the spectrogram features a model needs, and `build_loop`: from
-what a recipe brings (its starting point, its data, its evaluator, its choices) to the training loop.
+"""The wiring train_vits.py and train_feedback.py share, written once: a run's place and means (open_run:
+folder, log, metrics, budget, device, precision, in one Run the loop holds too), the spectrogram features a model
+needs, and `build_loop`: from what a recipe brings (its starting point, its clips, its evaluator, its choices) to
+the training loop.
 """
 
 from __future__ import annotations

@@ -252,9 +252,9 @@ class Pacer:
 
     def foretold_plan(self, steps_per_epoch: int, steps_done: int) -> Plan | None:
         """The plan the steps timed so far give (None before the first): the one the learning rate of the
-        benchmark's steps spans (schedule.rates). Without it they warmed up over the whole --warmup_steps, which the plan
-        then cut to a tenth of its steps: a 225 s fine-tune at the second scale ran its 25 benchmark steps,
-        half of its 48, at 0.2-5% of its rate, and then began its cosine half way down."""
+        benchmark's steps spans (schedule.rates). Without it they warmed up over the whole --warmup_steps, which
+        the plan then cut to a tenth of its steps: a 225 s fine-tune at the second scale ran its 25 benchmark
+        steps, half of its 48, at 0.2-5% of its rate, and then began its cosine half way down."""
         if not self.timer.ready:
             return None
         return self.plan_now(steps_per_epoch, steps_done, 0, evaluations_planned=True)
