@@ -24,7 +24,7 @@ class VoiceValidation:
     folder: Path  # the round's starting voice
     data_dir: Path  # its corpus: the held-out clips the ladders are made of
     speaker: str | None  # its speaker in a multi-speaker corpus
-    run: object  # shared.Run: its budget's clock, device, logger
+    run: object  # context.Run: its budget's clock, device, logger
     seed: int = 0
     clips: int = judge_ladders.CLIPS  # held-out clips of the voice on every rung
 

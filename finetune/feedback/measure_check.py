@@ -139,7 +139,7 @@ SHARE, MOST_S = 0.1, 120.0  # of the round's budget left, at most
 
 
 def before_training(round_, data, base: Path, references=None) -> None:
-    """`check` for a round (a shared.Run; its round_data.RoundData; `base`: its starting voice's folder;
+    """`check` for a round (a context.Run; its round_data.RoundData; `base`: its starting voice's folder;
     `references`: as `check` takes them), before it trains, on its main process: said in the log at once (a
     measure that cannot tell, with what to do, while the user can still stop the round) and kept in `data` for
     the report. The decision stays the same test: a measure that cannot see a change makes a rejection likelier,

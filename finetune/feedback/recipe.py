@@ -91,7 +91,7 @@ def review(config, base: Path) -> int:
     return 0
 
 
-def start_round(config, versions, base: Path, clock, stop, dist) -> shared.Run:
+def start_round(config, versions, base: Path, clock, stop, dist) -> context.Run:
     """The round's folder (made by the main process; every process learns it), log, budget, device."""
     budget = Budget(config.budget_s, clock, safety_s=safety_margin_s(config.budget_s))
     folder = None
@@ -108,7 +108,7 @@ def start_round(config, versions, base: Path, clock, stop, dist) -> shared.Run:
     return shared.open_run(folder, logger, config, budget, dist, stop)
 
 
-def starting_point(config, round_: shared.Run, data: round_data.RoundData, base: Path) -> shared.StartingPoint:
+def starting_point(config, round_: context.Run, data: round_data.RoundData, base: Path) -> shared.StartingPoint:
     """The base model and its discriminator (or a new one, warmed up first: the base model is pretrained), with
     what the round may move (--acoustics) and, for a round on what the corrections correct, the text anchor."""
     parts = list(config.freeze)
@@ -193,7 +193,7 @@ def text_anchor(config, data: round_data.RoundData) -> TextAnchor | None:
     return TextAnchor(data.model, texts, held, weight, config.batch_size, config.seed)
 
 
-def render_before(round_: shared.Run, data: round_data.RoundData, base: Path) -> dict[str, list]:
+def render_before(round_: context.Run, data: round_data.RoundData, base: Path) -> dict[str, list]:
     """listen/<id>_0_recording.wav and <id>_1_before.wav (the starting model) for each correction, and the words
     the start says differently from each recording (made while the focus was heard, when it was)."""
     listen = round_.folder / "listen"
@@ -209,7 +209,7 @@ def render_before(round_: shared.Run, data: round_data.RoundData, base: Path) ->
 RETEST_SEED_OFFSET = 7919  # the second draw of the voice's own clips at the baseline: another seed, the same clips
 
 
-def fit_round(config, round_: shared.Run, data: round_data.RoundData, start, base: Path, reserve_after_s: float):
+def fit_round(config, round_: context.Run, data: round_data.RoundData, start, base: Path, reserve_after_s: float):
     """The training loop of train_vits.py on corrections + replay, judged on corrections and originals.
     A round is short and never resumed: no checkpoints, no early stopping, no worker processes;
     `reserve_after_s` is kept for what follows the loop (the held-out corrections judged once, the "after"
@@ -306,7 +306,7 @@ def fit_round(config, round_: shared.Run, data: round_data.RoundData, start, bas
     return trainer, evaluator, loop.run_with_signals(trainer)
 
 
-def letters_after_timbre(config, round_: shared.Run, data: round_data.RoundData):
+def letters_after_timbre(config, round_: context.Run, data: round_data.RoundData):
     """--timbre_first: the loop's callback that lets the letters learn once the corrections' own speaker
     conditioning has had its share of the round's planned steps to take up their readers' timbre and tempo
     (learnt together, the letters took some of it, and a fix that sounded right in the readers' voices did not
@@ -329,7 +329,7 @@ def letters_after_timbre(config, round_: shared.Run, data: round_data.RoundData)
 
 
 def conclude_round(
-    config, round_: shared.Run, data: round_data.RoundData, versions, base: Path, trainer, evaluator, result, before
+    config, round_: context.Run, data: round_data.RoundData, versions, base: Path, trainer, evaluator, result, before
 ) -> int:
     """Judge the round's model once on the held-out corrections, decide, render it, make a version (and the app's
     voice) or not, write the report."""

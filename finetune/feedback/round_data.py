@@ -20,6 +20,7 @@ from finetune.feedback import corrections, hearing
 from finetune.feedback.focus import Focus, find_focus
 from finetune.recipes import shared
 from finetune.system import model_source
+from finetune.training import context
 from finetune.vits import generator, synthesis
 from finetune.vits import speakers as speaker_layers
 
@@ -145,7 +146,7 @@ def load_originals(data_dir: Path, tokenizer, features: Features, count: int, vo
     )
 
 
-def load_round_data(config, round_: shared.Run, base: Path, versions) -> RoundData:
+def load_round_data(config, round_: context.Run, base: Path, versions) -> RoundData:
     """Corrections prepared like the corpus (finetune/feedback/corrections.py), what they correct, which are
     held out (by sentence), the voice's held-out clips and a replay sample of its corpus. What is too thin to
     learn or to decide on stops the round here, before any training, saying how many more to record."""

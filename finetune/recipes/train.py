@@ -37,7 +37,7 @@ from finetune.vits import generator
 from finetune.vits import speakers as speaker_layers
 
 
-def open_run(config, given: set[str], clock, stop) -> tuple[shared.Run, object]:
+def open_run(config, given: set[str], clock, stop) -> tuple[context.Run, object]:
     """Run folder and log (leftovers of a killed process cleared); the checkpoint to resume (never silently
     mixing two runs; an unreadable newest one skipped) and the settings it continues with; budget; device."""
     dist = distributed.from_environment(config.device)
@@ -107,7 +107,7 @@ class Model:
     speakers: speakers.Speakers | None  # of a multi-speaker corpus, else None
 
 
-def build_model(config, run: shared.Run) -> Model:
+def build_model(config, run: context.Run) -> Model:
     """The generator (pretrained, scratch, or from the checkpoint), its tokenizer, and the features."""
     assembly.seed_everything(config.seed)  # before any weights are made (a resume restores its own state later)
     texts = assembly.corpus_texts(Path(config.data_dir))
@@ -150,7 +150,7 @@ class Data:
     precomputed: bool  # spectrograms in RAM (else computed per batch)
 
 
-def load_data(config, run: shared.Run, model: Model) -> Data:
+def load_data(config, run: context.Run, model: Model) -> Data:
     """Training and held-out clips into RAM (after the memory check) and the bucketed sampler."""
     data_dir, features, stop = Path(config.data_dir), model.features, run.stop
     hop, rate, tokenizer = features.config.hop_length, features.config.sample_rate, model.loaded.tokenizer
@@ -222,7 +222,7 @@ def load_data(config, run: shared.Run, model: Model) -> Data:
 OTHER_SPEAKERS, OTHER_CLIPS = 3, 3  # a conditioned run reports the 3 speakers with most hours, 3 held-out clips each
 
 
-def other_speakers(config, run: shared.Run, model: Model) -> dict:
+def other_speakers(config, run: context.Run, model: Model) -> dict:
     """Evaluators of a few other speakers of a conditioned run, each in its own voice on a few of its held-out
     clips: what the crowd sounds like beside the target (reported, never judged on)."""
     data_dir = Path(config.data_dir)
@@ -261,7 +261,7 @@ def other_speakers(config, run: shared.Run, model: Model) -> dict:
     return found
 
 
-def build_loop(config, run: shared.Run, model: Model, data: Data, step_callback):
+def build_loop(config, run: context.Run, model: Model, data: Data, step_callback):
     """What is particular to this recipe: its discriminator (the checkpoint's, a given one, or new), its
     held-out evaluation, its checkpoints and trackers, what its saves carry; shared.build_loop does the rest."""
     loaded, features = model.loaded, model.features
@@ -330,7 +330,7 @@ def build_loop(config, run: shared.Run, model: Model, data: Data, step_callback)
     return shared.build_loop(config, run, start, data.train.examples, data.sampler, evaluator, choices, step_callback)
 
 
-def fit(run: shared.Run, trainer) -> loop.LoopResult | None:
+def fit(run: context.Run, trainer) -> loop.LoopResult | None:
     """The loop, with Ctrl-C / SIGTERM as "save and stop at the next safe point"; None, said, when the budget
     cannot hold the work asked for."""
     try:
@@ -340,7 +340,7 @@ def fit(run: shared.Run, trainer) -> loop.LoopResult | None:
         return None
 
 
-def close(run: shared.Run, finished: bool) -> None:
+def close(run: context.Run, finished: bool) -> None:
     """The process group (under torchrun) left, and the output folder's lock released."""
     run.dist.close(finished)
     for lock in run.held:
@@ -359,12 +359,12 @@ def naturalness_for(wanted: bool | None, device, logger):
     return naturalness.load_naturalness(wanted and naturalness.available())
 
 
-def workers(config, run: shared.Run) -> int:
+def workers(config, run: context.Run) -> int:
     """DataLoader workers: as asked, else 2 on a GPU and none on a CPU (where they only compete for cores)."""
     return config.num_workers if config.num_workers >= 0 else (2 if run.device.type == "cuda" else 0)
 
 
-def ready_to_train(config, run: shared.Run, model: Model, data: Data) -> bool:
+def ready_to_train(config, run: context.Run, model: Model, data: Data) -> bool:
     """Training mode, the resolved settings written, the random state restored last; False when start-up has
     already spent the budget."""
     generator.train_mode(model.loaded.model, model.frozen_parts)
@@ -386,7 +386,7 @@ def ready_to_train(config, run: shared.Run, model: Model, data: Data) -> bool:
     return True
 
 
-def write_args(run: shared.Run, config, precomputed: bool) -> None:
+def write_args(run: context.Run, config, precomputed: bool) -> None:
     """training_args.json: the resolved flags, and what was decided from them on this machine."""
     resolved = {
         "device": str(run.device),
@@ -405,7 +405,7 @@ def write_args(run: shared.Run, config, precomputed: bool) -> None:
         OPTIONAL.failed("training_args.json", run.folder, error, run.logger.warning)
 
 
-def report_end(config, run: shared.Run, trainer, result) -> int:
+def report_end(config, run: context.Run, trainer, result) -> int:
     """The closing lines and the exit status: 0 finished, 1 stopped by a failure, 130/143 interrupted."""
     summary = trainer.summary(result.stop_reason)
     summary.update(
@@ -479,7 +479,7 @@ def check_hub(config) -> None:
             raise ConfigError([str(error)]) from error
 
 
-def push(config, run: shared.Run) -> bool:
+def push(config, run: context.Run) -> bool:
     """Upload the output folder (after the final save); False, with what to do logged, when it failed."""
     try:
         url = hub_upload.push_folder(Path(config.output_dir), config.push_to_hub, private=config.hub_private)
