@@ -92,7 +92,12 @@ class ScheduleFlags:
         "them all)",
     )
     warmup_steps: int = flag(500, "linear warmup in optimizer steps (shortened to 10%% of a short plan)")
-    max_epochs: int = flag(0, "stop after N epochs even if time is left (0: no limit)", on_resume="may_change")
+    max_epochs: int = flag(
+        0,
+        "stop after N epochs of training even if time is left (a new discriminator's warm-up does not count; 0: no "
+        "limit)",
+        on_resume="may_change",
+    )
     benchmark_samples: int = flag(
         200, "clips of real training steps timed at the start to plan the run", on_resume="may_change"
     )

@@ -678,6 +678,9 @@ def test_the_warm_up_ends_by_margin(prepared_demo, tmp_path, timed_work, pretrai
     # epochs all went to the warm-up said "data wait 13041964801.23% of step time")
     end = metrics(tmp_path, "end")[0]
     assert end["train_s"] >= 20 * 3.0 and 0 <= end["data_wait_share"] <= 1, end
+    # --max_epochs 1 is an epoch of training: the warm-up's 20 steps went through several epochs of these 12 clips,
+    # and the generator still trained its one (it stopped with 0 steps, the warm-up's epochs counted against it)
+    assert record["epochs"] >= 2 and end["stop_reason"] == "max_epochs" and end["steps"] == 3, (record, end)
 
 
 def test_the_warm_up_ends_by_its_time_cap(prepared_demo, tmp_path, timed_work, pretrained):

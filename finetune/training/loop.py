@@ -177,6 +177,7 @@ class TrainingLoop:
                 break
             if self.context.dist.any(pacer.checkpoint_due(result.epoch_ended, self.checkpoints.since_last_s())):
                 self.checkpoints.write(end_of_epoch=result.epoch_ended)
+        progress.epochs = self.epochs_done  # the epochs it drew: --max_epochs counts the training's
         warmup.end(ended)
         self.keep_the_warmed_discriminator()
         return None
@@ -346,7 +347,7 @@ class TrainingLoop:
             return "interrupted"
         if self.evaluations.early_stop:
             return "early_stopping"
-        if max_epochs and self.state.epoch >= max_epochs:
+        if max_epochs and self.epochs_done - self.state.warmup.epochs >= max_epochs - 1e-9:  # the warm-up's not
             return "max_epochs"
         if plan is not None and plan.limited_by == "max_epochs" and self.state.step >= plan.total_steps:
             return "max_epochs"
@@ -436,6 +437,12 @@ class TrainingLoop:
             self.write_plan()
         return True
 
+    @property
+    def epochs_done(self) -> float:
+        """The corpus's epochs the sampler has gone through, the part of the current one included."""
+        sampler = self.parts.sampler
+        return self.state.epoch + sampler.state.position / max(1, sampler.batches_per_epoch)
+
     def count_samples(self, clips: int, epoch_ended: bool) -> None:
         """The clips a step used (a cut or short micro-batch counts the clips it had), and the epoch."""
         self.state.samples_seen += clips
@@ -464,7 +471,7 @@ class TrainingLoop:
         fields = dict(
             step=state.step,
             total=total,
-            epoch=state.epoch + sampler.state.position / max(1, sampler.batches_per_epoch),
+            epoch=self.epochs_done,
             epochs=epochs,
             lr=lr,
             samples_per_s=samples_per_s,

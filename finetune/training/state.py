@@ -50,6 +50,7 @@ class WarmupProgress:
     """A new discriminator's warm-up (finetune/training/warmup.py)."""
 
     done: int = 0  # discriminator-only steps run
+    epochs: float = 0.0  # the corpus's epochs when it ended, the part of one included (not --max_epochs')
     finished: bool = False  # it ended (margin reached, step limit or its share of the budget)
     seconds: float = 0.0  # time it has taken so far (all processes of the run)
     allowed_s: float = 0.0  # its time cap, fixed when it first started (0: not started)

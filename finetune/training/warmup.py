@@ -119,6 +119,7 @@ class DiscriminatorWarmup:
         context.run_log.event(
             "discriminator_warmup",
             steps=progress.done,
+            epochs=round(progress.epochs, 3),
             ended_by=ended,
             first_loss=first["discriminator"],
             last_loss=last["discriminator"],
