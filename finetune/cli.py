@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import logging
 import os
 import sys
@@ -90,7 +91,7 @@ def build_parser(config_cls: type, description: str, with_defaults: bool = True)
 def declared_in(config_cls: type, name: str) -> type:
     """The class that first declares flag `name` among `config_cls`'s bases (a recipe declaring a shared flag
     again, with its own default, leaves it in the shared flag's group)."""
-    return [cls for cls in config_cls.__mro__ if name in cls.__dict__.get("__annotations__", {})][-1]
+    return [cls for cls in config_cls.__mro__ if name in inspect.get_annotations(cls)][-1]
 
 
 def group_title(cls: type) -> str:
