@@ -80,9 +80,8 @@ def build_parser(config_cls: type, description: str, with_defaults: bool = True)
     owners = {field.name: declared_in(config_cls, field.name) for field in shown}
     groups = {}
     if len(set(owners.values())) > 1:  # --help in parts, the script's own flags first (finetune/settings.py)
-        for owner in dict.fromkeys([config_cls, *owners.values()]):
-            if owner in owners.values():
-                groups[owner] = parser.add_argument_group(group_title(owner))
+        for owner in sorted(dict.fromkeys(owners.values()), key=lambda cls: cls is not config_cls):
+            groups[owner] = parser.add_argument_group(group_title(owner))
     for field in shown:
         _add_field(groups.get(owners[field.name], parser), field, hints[field.name], with_defaults)
     return parser

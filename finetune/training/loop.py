@@ -418,7 +418,7 @@ class TrainingLoop:
             self.progress.train_s += elapsed
             self.progress.last_lr, self.state.step = lr, number
             self.count_samples(result.clips, result.epoch_ended)
-            self.report_step(result, lr, result.clips / max(elapsed, 1e-9))
+            self.report_step(result, (lr, discriminator_lr), result.clips / max(elapsed, 1e-9))
             profile.end_step()
             return result, last
         finally:
@@ -459,8 +459,9 @@ class TrainingLoop:
         )
         return evaluation + checkpoint
 
-    def report_step(self, result: StepResult, lr: float, samples_per_s: float) -> None:
+    def report_step(self, result: StepResult, rates: tuple[float, float], samples_per_s: float) -> None:
         state, sampler, dist, used = self.state, self.parts.sampler, self.context.dist, result.used
+        lr, discriminator_lr = rates
         if not result.applied:
             self.context.run_log.logger.warning(f"step {state.step}: skipped ({result.reason}); losses {result.losses}")
         total, epochs = (self.pacer.plan.total_steps, self.pacer.plan.epochs) if self.pacer.plan else (0, 0.0)
@@ -482,7 +483,7 @@ class TrainingLoop:
         losses = dist.mean(result.losses)  # every process's share of the window, averaged
         scalars = {
             "lr": lr,
-            "discriminator_lr": lr * self.settings.schedule.discriminator_ratio,
+            "discriminator_lr": discriminator_lr,
             "samples_per_s": samples_per_s,
             "grad_norm_generator": result.grad_norm_generator,
             "grad_norm_discriminator": result.grad_norm_discriminator,
