@@ -266,17 +266,18 @@ def test_a_final_evaluation_slower_than_planned_is_cut_short_inside_the_budget(
     assert end["last_evaluation"]["cut_short"] == "the deadline"
 
 
+@pytest.mark.parametrize("slower", [2.0, 3.0])
 def test_a_finish_whose_parts_take_twice_their_planned_time_ends_inside_the_budget(
-    prepared_demo, tmp_path, timed_work, monkeypatch
+    prepared_demo, tmp_path, timed_work, monkeypatch, slower
 ):
-    """The machine gets twice as slow as the run's last step ends (nothing in training saw it coming): the final
-    evaluation's clips, the exports, the tempo fit and the checkpoint each take twice what they cost before, and the final
-    evaluation's model is the best (10 dB nearer on each clip), so the finish exports best_model too. The finish
-    asks the time left again before each part, at the slowdown its own parts showed, and leaves out what no longer
-    fits (last_model's tempo fit, last_model, the checkpoint, in that order): the run ends inside its budget,
-    final_model and best_model written, and the log and metrics.jsonl say what was left out. Before, the finish ran
-    every part whatever the time left (best_model, the checkpoint, last_model: 12 s where 8 were kept) and ended past
-    the budget."""
+    """The machine gets `slower` times as slow as the run's last step ends (nothing in training saw it coming): the
+    final evaluation's clips, the exports, the tempo fit and the checkpoint each take that much more than they cost
+    before, and the final evaluation's model is the best (10 dB nearer on each clip), so the finish exports
+    best_model too. The finish asks the time left again before each part, at the slowdown its own parts showed, and
+    leaves out what no longer fits (last_model's tempo fit, last_model, the checkpoint, in that order; three times
+    as slow, some part always): the run ends inside its budget, final_model and best_model written, and the log and
+    metrics.jsonl say what was left out. Before, the finish ran every part whatever the time left (best_model, the
+    checkpoint, last_model: 12 s where 8 were kept) and ended past the budget."""
     from dataclasses import replace
 
     from finetune.reporting.evaluation import Evaluator
@@ -298,9 +299,9 @@ def test_a_finish_whose_parts_take_twice_their_planned_time_ends_inside_the_budg
 
     def twice_as_slow(loop, reason):
         final["on"] = True
-        slow["clip_s"], slow["fit_s"] = 2 * slow["clip_s"], 2 * slow["fit_s"]
+        slow["clip_s"], slow["fit_s"] = slower * slow["clip_s"], slower * slow["fit_s"]
         for part in ("checkpoint_s", "export_s"):
-            costs[part] *= 2
+            costs[part] *= slower
         return real_finish(loop, reason)
 
     monkeypatch.setattr(Evaluator, "score_group", scored)
@@ -315,9 +316,11 @@ def test_a_finish_whose_parts_take_twice_their_planned_time_ends_inside_the_budg
     last = metrics(tmp_path, "eval")[-1]
     assert last["step"] == end["steps"] and last["best"], last  # the finish exported best_model
     left_out = [record["part"] for record in metrics(tmp_path, "left_out")]
-    assert left_out and set(left_out) <= {"last_model's tempo fit", "last_model", "the last checkpoint"}, left_out
+    assert set(left_out) <= {"last_model's tempo fit", "last_model", "the last checkpoint"}, left_out
+    assert left_out or slower == 2.0, "three times as slow, the finish cannot hold every part"
     log = log_of(tmp_path)
-    assert all(f"warning: {part}" in log for part in left_out) and "the deadline comes first" in log
+    assert all(f"warning: {part}" in log for part in left_out)
+    assert not left_out or "the deadline comes first" in log
     assert final_model_is_finite(tmp_path)
     summary = json.loads((tmp_path / "final_model" / "training_summary.json").read_text())
     assert summary["final_model_holds"] == f"best_model (step {last['step']})"

@@ -90,7 +90,7 @@ class FinishTimes:
 
     @property
     def margin_s(self) -> float:
-        return self.pacer.budget.safety_s * self.slowdown
+        return self.pacer.margin_s  # as set, not slowed down (Pacer.margin_s)
 
     def room(self, part_s: float) -> bool:
         return fits(part_s, self.then_s, self.slowdown, self.margin_s, self.pacer.budget.left_s())
