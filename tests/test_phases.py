@@ -824,10 +824,10 @@ def test_after_the_warm_up_a_rollback_keeps_the_warmed_discriminator(
 ):
     """The warm-up's end is a checkpoint: a NaN storm in the first training steps goes back to it (the
     warmed discriminator, the warm-up done), not to the random discriminator the run started with."""
-    from finetune.training import machinery
+    from finetune.recipes import shared
 
     policy = recovery.DivergencePolicy(max_in_row=3, max_rollbacks=2, lr_factor=0.5)
-    monkeypatch.setattr(machinery, "Divergence", lambda rollbacks=0: recovery.Divergence(policy, rollbacks))
+    monkeypatch.setattr(shared, "Divergence", lambda rollbacks=0: recovery.Divergence(policy, rollbacks))
     fake, _ = timed_work
     nan_losses_from(5, 7, monkeypatch)  # 4 warm-up micro-batches, then the first 3 training steps
     assert (
@@ -914,10 +914,10 @@ def test_weights_that_are_not_finite_are_never_written(prepared_demo, tmp_path, 
     """A weight turns NaN after step 4 (as a bad update would leave it): no checkpoint or export is written
     from it; the NaN steps that follow send the run back to its last good checkpoint, and every file on
     disk holds finite weights."""
-    from finetune.training import machinery
+    from finetune.recipes import shared
 
     policy = recovery.DivergencePolicy(max_in_row=3, max_rollbacks=2, lr_factor=0.5)
-    monkeypatch.setattr(machinery, "Divergence", lambda rollbacks=0: recovery.Divergence(policy, rollbacks))
+    monkeypatch.setattr(shared, "Divergence", lambda rollbacks=0: recovery.Divergence(policy, rollbacks))
     fake, _ = timed_work
 
     def poison_at_4(loop):

@@ -231,10 +231,10 @@ def test_an_unreadable_newest_checkpoint_is_skipped_with_a_warning(prepared_demo
 @pytest.fixture
 def quick_divergence(monkeypatch):
     """Go back after 3 non-finite steps in a row, give up after 2 returns."""
-    from finetune.training import machinery
+    from finetune.recipes import shared
 
     policy = recovery.DivergencePolicy(max_in_row=3, max_rollbacks=2, lr_factor=0.5)
-    monkeypatch.setattr(machinery, "Divergence", lambda rollbacks=0: recovery.Divergence(policy, rollbacks))
+    monkeypatch.setattr(shared, "Divergence", lambda rollbacks=0: recovery.Divergence(policy, rollbacks))
 
 
 def nan_losses_from(first_call: int, last_call: int, monkeypatch):

@@ -7,6 +7,7 @@ the training loop.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -14,6 +15,7 @@ from transformers import VitsModel, VitsTokenizer
 
 from finetune.cli import ConfigError
 from finetune.data.features import FeatureConfig, Features
+from finetune.data.feed import MicroBatchFeed
 from finetune.data.sampler import BucketSampler
 from finetune.reporting import judges as judging
 from finetune.reporting.logs import Metrics
@@ -21,18 +23,28 @@ from finetune.reporting.model_card import licence_sentence
 from finetune.reporting.run_log import RunLog
 from finetune.reporting.tracking import Tracker
 from finetune.settings import TrainingFlags
+from finetune.system.cpu_threads import CpuThreads
 from finetune.system.interrupt import StopRequest
 from finetune.system.profile import StepProfile
 from finetune.training.assembly import DiscriminatorChoice, pick_device
-from finetune.training.budget import Budget, Plan
+from finetune.training.batch_fit import BatchFitter
+from finetune.training.budget import Budget, Plan, StepTimer
+from finetune.training.checkpoint_writer import Checkpoints
 from finetune.training.context import Run
 from finetune.training.distributed import Distributed
 from finetune.training.loop import TrainingLoop
-from finetune.training.machinery import RunChoices, TrainingParts, build_machinery
+from finetune.training.machinery import Machinery, RunChoices, TrainingParts, checkpoint_payload
+from finetune.training.model_folders import Exports
+from finetune.training.pacing import Costs, Pacer
 from finetune.training.precision import precision_warning, resolve_precision
+from finetune.training.recovery import Divergence, LastGoodState
+from finetune.training.run_evaluations import Evaluations
 from finetune.training.run_settings import LoopSettings
+from finetune.training.saving import Saver
 from finetune.training.state import TrainingState
 from finetune.training.step import Regulariser, StepSettings, TrainStep
+from finetune.training.warmup import DiscriminatorWarmup
+from finetune.training.window import WindowRunner
 from finetune.vits.generator import hop_length
 from finetune.vits.losses import LossWeights
 
@@ -188,20 +200,15 @@ def build_loop(
     choices: RunChoices,
     step_callback=None,
 ) -> TrainingLoop:
-    """The shared part of every training recipe: the models on the device (a stop asked for meanwhile
-    honoured), the optimizer step, the state (restored from the checkpoint being resumed, or new), the run's
-    log and the loop over the run's budget, processes and stop request."""
-    model = start.model.to(run.device)
-    discriminator = start.discriminator.discriminator.to(run.device)
+    """A run assembled, top to bottom, from what its recipe brings (its starting point, clips, evaluator and
+    choices): the models on the device, the optimizer step and the state (a resumed checkpoint's, or new), the
+    run's log, the deadline's parts, the data's, the saves', and the loop over them. The budget stays in `run`
+    (the pacer decides against it); a stop asked for meanwhile is honoured."""
+    model, discriminator = start.model.to(run.device), start.discriminator.discriminator.to(run.device)
     run.stop.check()  # building and moving the models takes seconds
     step = train_step(flags, run, model, discriminator, start.features)
     step.generator_objective.regulariser = start.regulariser
-    state, plan = TrainingState(), None
-    if run.payload:
-        step.load_state_dict(run.payload["train_step"])
-        sampler.load_state_dict(run.payload["sampler"])
-        state = TrainingState.from_dict(run.payload["state"])
-        plan = Plan(**run.payload["plan"]) if run.payload.get("plan") else None
+    state, plan = restored_state(run.payload, step, sampler)
     settings = LoopSettings.from_flags(
         flags,
         warmup_steps=start.discriminator.warmup_steps,
@@ -210,14 +217,81 @@ def build_loop(
         early_stopping_patience=choices.early_stopping_patience,
         reserve_after_s=choices.reserve_after_s,
     )
-    log = run_log(
-        flags, run, choices.title, start.features.config.sample_rate, choices.tracker, best_dir=choices.paths.best_dir
-    )
-    card = choices.card
-    if card is not None:  # the base model's licence, which every voice made from it inherits: said at the start
-        log.event("licence", licence=card.licence, note=card.licence_note, base_model=card.base_model)
-        run.logger.info(licence_sentence(card))
-    run.run_log, run.paths = log, choices.paths
+    sample_rate = start.features.config.sample_rate
+    run.run_log = run_log(flags, run, choices.title, sample_rate, choices.tracker, best_dir=choices.paths.best_dir)
+    run.paths = choices.paths
+    say_licence(run, choices.card)
     parts = TrainingParts(step, start.tokenizer, examples, sampler, evaluator, start.frozen_parts)
-    machinery = build_machinery(parts, run, settings, state, plan, choices)
+
+    # The deadline: what a step costs, what the run spends besides steps, and the pacer deciding against the budget.
+    estimates = state.estimates
+    prior = {"prior_micro_batch_s": estimates.micro_batch_s or None, "prior_update_s": estimates.update_s or None}
+    timer = StepTimer(settings.batch.accumulation, **prior)  # a resumed run's estimates until its own are timed
+    costs = Costs.from_estimates(estimates, settings, cut_short_usable=evaluator.compares_cut_short)
+    pacer = Pacer.for_run(run.budget, timer, costs, settings, plan)
+
+    # The data: micro-batches fed from the sampler, run in windows against the deadline, fitted to memory.
+    hop, batch = step.features.config.hop_length, settings.batch
+    feed = MicroBatchFeed(examples, sampler, hop, batch.num_workers, batch.seed, step.device)
+    windows = WindowRunner(
+        step,
+        feed,
+        sampler,
+        run.budget.clock,
+        run.stop,
+        cpu_threads_for(step.device, run),
+        pacer.one_more_fits,
+        pacer.must_end_in_s,
+        lambda: timer.micro_batch_s,
+    )
+    fitter = BatchFitter(batch, state.batch, step, sampler, feed, timer, run.run_log)
+    timer.clips = fitter.micro_batch  # the last micro-batch may be cut a clip at a time
+
+    # Saves and judgements: model folders, evaluations, the last good state, checkpoints.
+    keep, is_main = settings.checkpoints.keep, run.dist.is_main
+    saver = Saver(step.model, start.tokenizer, step.discriminator, costs, run.now, run.logger, keep, is_main)
+    fit_tempo = evaluator.fit_tempo if settings.evaluation.fit_tempo else None
+    exports = Exports(saver, choices.card, run.paths, run.run_log, fit_tempo)
+    patience = settings.evaluation.early_stopping_patience
+    evaluations = Evaluations(run, evaluator, exports, state, pacer, step.model, start.frozen_parts, patience)
+    last_good = LastGoodState(step.model, step.discriminator, run.resume_path)
+    payload = partial(checkpoint_payload, parts, settings, state, pacer, evaluations, choices)
+
+    machinery = Machinery(
+        parts,
+        pacer,
+        windows,
+        fitter,
+        exports,
+        evaluations,
+        Divergence(rollbacks=state.setbacks.rollbacks),
+        last_good,
+        Checkpoints(run, saver, state, payload, last_good.saved),
+        DiscriminatorWarmup(settings.warmup, state.warmup, run),
+    )
     return TrainingLoop(run, settings, state, machinery, step_callback)
+
+
+def restored_state(payload: dict | None, step: TrainStep, sampler: BucketSampler) -> tuple[TrainingState, Plan | None]:
+    """The optimizer step's, the sampler's and the loop's state from the checkpoint being resumed (a new state
+    and no plan without one); the plan it had made."""
+    if not payload:
+        return TrainingState(), None
+    step.load_state_dict(payload["train_step"])
+    sampler.load_state_dict(payload["sampler"])
+    plan = Plan(**payload["plan"]) if payload.get("plan") else None
+    return TrainingState.from_dict(payload["state"]), plan
+
+
+def say_licence(run: Run, card) -> None:
+    """The base model's licence, which every voice made from it inherits: said at the start."""
+    if card is not None:
+        run.run_log.event("licence", licence=card.licence, note=card.licence_note, base_model=card.base_model)
+        run.logger.info(licence_sentence(card))
+
+
+def cpu_threads_for(device: torch.device, run: Run) -> CpuThreads | None:
+    """On CPU, fewer torch threads while other processes take the cores (finetune/system/cpu_threads.py)."""
+    if device.type != "cpu":
+        return None
+    return CpuThreads(run.run_log.logger, torch.get_num_threads, torch.set_num_threads)

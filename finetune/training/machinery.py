@@ -1,33 +1,28 @@
 """What the training loop works with, built for it: the deadline (timer, costs, pacer), the data and the
 windows a step draws from, the batch fitted to memory, saving and exports, evaluations, recovery, checkpoints
-and the discriminator's warm-up. finetune/recipes/shared.py builds them (build_machinery) and passes them to the
-TrainingLoop, which only uses them; what a checkpoint holds (checkpoint_payload) is written here too, from
-the same parts.
+and the discriminator's warm-up. finetune/recipes/shared.py builds them (build_loop, one function top to bottom)
+and passes them to the TrainingLoop, which only uses them; what a checkpoint holds (checkpoint_payload) is written
+here too, from the same parts.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
 from transformers import VitsTokenizer
 
 from finetune.data.examples import Example
-from finetune.data.feed import MicroBatchFeed
 from finetune.data.sampler import BucketSampler
 from finetune.reporting.model_card import CardFacts
 from finetune.reporting.tracking import Tracker
-from finetune.system.cpu_threads import CpuThreads
 from finetune.training.batch_fit import BatchFitter
-from finetune.training.budget import Plan, StepTimer
 from finetune.training.checkpoint_writer import Checkpoints
-from finetune.training.context import Run, RunPaths
+from finetune.training.context import RunPaths
 from finetune.training.model_folders import Exports
-from finetune.training.pacing import Costs, Pacer
+from finetune.training.pacing import Pacer
 from finetune.training.recovery import Divergence, LastGoodState
 from finetune.training.run_evaluations import Evaluations, RunEvaluator
 from finetune.training.run_settings import CheckpointSettings, LoopSettings
-from finetune.training.saving import Saver
 from finetune.training.state import TrainingState
 from finetune.training.step import TrainStep
 from finetune.training.warmup import DiscriminatorWarmup
@@ -77,109 +72,6 @@ class Machinery:
     last_good: LastGoodState
     checkpoints: Checkpoints
     warmup: DiscriminatorWarmup
-
-
-def build_machinery(
-    parts: TrainingParts,
-    context: Run,
-    settings: LoopSettings,
-    state: TrainingState,
-    plan: Plan | None,
-    choices: RunChoices,
-) -> Machinery:
-    """The collaborators of a run's loop, from its parts, settings and state (a resumed run's estimates and
-    plan included)."""
-    step, estimates, budget = parts.step, state.estimates, context.budget
-    timer = StepTimer(
-        settings.batch.accumulation,
-        prior_micro_batch_s=estimates.micro_batch_s or None,
-        prior_update_s=estimates.update_s or None,
-    )
-    costs = Costs(
-        eval_s=estimates.eval_s,
-        export_s=estimates.export_s,
-        checkpoint_s=estimates.checkpoint_s,
-        after_loop_s=settings.reserve_after_s,
-        checkpoints=settings.checkpoints.enabled,
-        # An evaluator that cannot use a cut-short final evaluation keeps a quarter more for it (pacing.py).
-        final_eval_cushion=1.0 if parts.evaluator.compares_cut_short else 1.25,
-    )
-    pacer = Pacer(
-        budget,
-        timer,
-        costs,
-        settings.checkpoints.every_s,
-        settings.max_epochs,
-        settings.schedule.warmup_steps,
-        plan,
-        checkpoint_min_s=settings.checkpoints.min_s,
-    )
-    feed = MicroBatchFeed(
-        parts.examples,
-        parts.sampler,
-        step.features.config.hop_length,
-        settings.batch.num_workers,
-        settings.batch.seed,
-        step.device,
-    )
-    # On CPU, fewer torch threads while other processes take the cores (finetune/system/cpu_threads.py).
-    cpu_threads = (
-        CpuThreads(context.run_log.logger, torch.get_num_threads, torch.set_num_threads)
-        if step.device.type == "cpu"
-        else None
-    )
-    windows = WindowRunner(
-        step,
-        feed,
-        parts.sampler,
-        budget.clock,
-        context.stop,
-        cpu_threads,
-        pacer.one_more_fits,
-        pacer.must_end_in_s,
-        lambda: timer.micro_batch_s,
-    )
-    fitter = BatchFitter(settings.batch, state.batch, step, parts.sampler, feed, timer, context.run_log)
-    timer.clips = fitter.micro_batch  # the last micro-batch may be cut a clip at a time
-    saver = Saver(
-        step.model,
-        parts.tokenizer,
-        step.discriminator,
-        costs,
-        budget.clock.now,
-        context.run_log.logger,
-        settings.checkpoints.keep,
-        context.dist.is_main,
-    )
-    fit_tempo = parts.evaluator.fit_tempo if settings.evaluation.fit_tempo else None
-    exports = Exports(saver, choices.card, context.paths, context.run_log, fit_tempo)
-    evaluations = Evaluations(
-        context,
-        parts.evaluator,
-        exports,
-        state,
-        pacer,
-        step.model,
-        parts.frozen_parts,
-        settings.evaluation.early_stopping_patience,
-    )
-    last_good = LastGoodState(step.model, step.discriminator, context.resume_path)
-
-    def payload(rng_by_rank: list) -> dict:
-        return checkpoint_payload(parts, settings, state, pacer, evaluations, choices, rng_by_rank)
-
-    return Machinery(
-        parts=parts,
-        pacer=pacer,
-        windows=windows,
-        fitter=fitter,
-        exports=exports,
-        evaluations=evaluations,
-        divergence=Divergence(rollbacks=state.setbacks.rollbacks),
-        last_good=last_good,
-        checkpoints=Checkpoints(context, saver, state, payload, last_good.saved),
-        warmup=DiscriminatorWarmup(settings.warmup, state.warmup, context),
-    )
 
 
 def checkpoint_payload(

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 from finetune.system.time_limit import TimeLimit
 from finetune.training.budget import Budget, Plan, StepTimer, make_plan
+from finetune.training.run_settings import LoopSettings
+from finetune.training.state import Estimates
 
 SLOWER_BY = 1.25  # micro-batches this much slower than when the final save was timed: the machine slowed down
 UNTIMED_UPDATE = 0.5  # an update not timed yet: this share of a micro-batch
@@ -56,6 +58,19 @@ class Costs:
     # What a micro-batch usually cost when the evaluation and the exports were last timed (0: not known yet): the
     # final save is expected to have slowed down as much as the micro-batches have since (Pacer.slowdown).
     timed_at_micro_batch_s: float = 0.0
+
+    @classmethod
+    def from_estimates(cls, estimates: Estimates, settings: LoopSettings, cut_short_usable: bool) -> "Costs":
+        """What a run's estimates (a resumed run's; zero for a new one) say its work besides steps costs. An evaluator
+        that cannot use a cut-short final evaluation keeps a quarter more for it (final_s)."""
+        return cls(
+            eval_s=estimates.eval_s,
+            export_s=estimates.export_s,
+            checkpoint_s=estimates.checkpoint_s,
+            after_loop_s=settings.reserve_after_s,
+            checkpoints=settings.checkpoints.enabled,
+            final_eval_cushion=1.0 if cut_short_usable else 1.25,
+        )
 
     @property
     def final_s(self) -> float:
@@ -119,6 +134,23 @@ class Pacer:
         self.budget, self.timer, self.costs, self.plan = budget, timer, costs, plan
         self.checkpoint_every_s, self.max_epochs, self.warmup_steps = checkpoint_every_s, max_epochs, warmup_steps
         self.checkpoint_min_s = checkpoint_min_s
+
+    @classmethod
+    def for_run(
+        cls, budget: Budget, timer: StepTimer, costs: Costs, settings: LoopSettings, plan: Plan | None
+    ) -> "Pacer":
+        """The pacer of a run with these settings (its checkpoints' spacing, its epochs, its warm-up), resuming `plan`."""
+        checkpoints = settings.checkpoints
+        return cls(
+            budget,
+            timer,
+            costs,
+            checkpoints.every_s,
+            settings.max_epochs,
+            settings.schedule.warmup_steps,
+            plan,
+            checkpoint_min_s=checkpoints.min_s,
+        )
 
     @property
     def slowdown(self) -> float:
