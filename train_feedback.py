@@ -7,6 +7,7 @@
     #    as wavs/<id>.wav + metadata.csv lines id|text (the LJSpeech layout)
     python train_feedback.py                              # 3. a feedback round (default 15 minutes)
     python train_feedback.py --rollback previous          # 4. undo the last accepted round
+    python train_feedback.py --find 300                   # what the voice says unlike the corpus's other readers
 
 A round starts from the current voice (training/voices/current, else the best model of the last
 training run) and its discriminator, trains on the corrections mixed with a replay sample of the
@@ -114,6 +115,14 @@ class FeedbackConfig(TrainingFlags):
     rollback: str | None = flag(None, "instead of training: make a version current again ('previous' or e.g. v001)")
     review: str | None = flag(None, "instead of training: speak this file's sentences with the current voice")
     review_dir: str = flag("review", "output folder of --review")
+    find: int = flag(
+        0,
+        "instead of training: hear up to N clips of --data_dir the voice did not train on (other readers', and its "
+        "own reader's held-out ones) against the voice saying them, and rank the letters and words it says unlike "
+        "most readers (0: off; 300 is a good start) -> --find_dir",
+    )
+    find_minutes: float = flag(3.0, "--find: the time it may take; what was heard by then is ranked")
+    find_dir: str = flag("find", "output folder of --find: findings.html, findings.json, review.txt, audio/")
     # Shared flags with a round's defaults: a short, gentle fine-tune.
     learning_rate: float = flag(
         0.0,
@@ -159,8 +168,10 @@ class FeedbackConfig(TrainingFlags):
             )
         if self.corrections_voice not in ("own", "voice"):
             problems.append(f"--corrections_voice {self.corrections_voice}: choose own or voice")
-        if self.rollback and self.review:
-            problems.append("--rollback and --review are separate actions: give one")
+        if sum(map(bool, (self.rollback, self.review, self.find))) > 1:
+            problems.append("--rollback, --review and --find are separate actions: give one")
+        if self.find < 0 or self.find_minutes <= 0:
+            problems.append("--find must be 0 (off) or a number of clips, and --find_minutes positive")
         if self.review and not Path(self.review).is_file():
             problems.append(f"--review {self.review}: no such file")
         return problems
@@ -192,6 +203,10 @@ def act(config: FeedbackConfig, clock) -> int:
     base = steps.base_model_dir(config, versions)
     if config.review:
         return steps.review(config, base)
+    if config.find:
+        from finetune.feedback import crowd
+
+        return crowd.run(config, base)
     stop = interrupt.StopRequest()
     dist = steps.processes(config)
     with stop.installed():  # from the start: Ctrl-C while preparing or loading stops within seconds too

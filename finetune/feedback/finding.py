@@ -1,0 +1,158 @@
+"""What the voice says unlike most readers, found from the corpus's own recordings (train_feedback.py --find).
+
+The voice speaks the sentences of clips it did not train on; each is compared with its recording frame by frame
+(differences.py: the recording taken as another speaker's, DTW over normalised cepstra at the warp that fits,
+each synthesised frame's distance to the frames aligned with it). The voice's own durations say which frames
+say which letter, so each letter and word of a sentence gets a figure: the log of its frames' mean distance over
+the sentence's median (the reader's timbre and channel raise every frame alike and fall out).
+
+A letter can stand out of its sentence for reasons that are no mistake: some sounds differ between any two
+speakers more than others. So the same figures are taken on the voice's own reader (clips held out of its
+training), whose way of saying each letter the voice learnt: a letter the voice says as its reader does but
+unlike the crowd stands out against the crowd only. Per letter or word, the crowd's figures against the own
+reader's in a Welch z, twice: one figure a sentence (the mean over its readers), and one a reader (the mean over
+their sentences); the smaller z is the unit's. A unit is reported beyond the noise when it passes the one-sided
+bound of FALSE_ALARM spread over every unit tested (Bonferroni: half over the letters, half over the words).
+Taken over readers, one reader's accent does not pass: it is one figure among theirs. What the voice says wrong
+on its own reader too (not learnt from its recordings) cancels out here: this finds what the voice learnt from
+its data.
+
+Pure numpy on distances: the renders and the recordings are finetune/feedback/crowd.py's.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from statistics import NormalDist
+
+import numpy as np
+
+from finetune.feedback.differences import word_spans
+from finetune.reporting.measures import focus_frames
+
+LETTER, WORD = "letter", "word"
+FALSE_ALARM = 0.05  # the chance, with nothing to find, that any unit is reported (spread over all units tested)
+MIN_SENTENCES = 3  # a unit judged on fewer of the crowd's sentences is not judged
+MIN_READERS = 3  # and readers: one figure a reader is the second z
+SPREAD_FLOOR = 0.05  # a figure's spread is taken as at least this (log units): a few equal figures are not certainty
+
+
+@dataclass(frozen=True)
+class Heard:
+    """The voice saying one clip's sentence, compared with that clip: each letter's and word's log relative
+    distance (the mean over its occurrences in the sentence)."""
+
+    clip: str
+    reader: str
+    sentence: str
+    own: bool  # the recording is by the voice's own reader
+    units: dict[tuple[str, str], float]  # (LETTER or WORD, the unit) -> log(distance / the sentence's median)
+
+
+def units_heard(per_frame: np.ndarray, token_frames: np.ndarray, token_ids, decoder: dict[int, str]) -> dict:
+    """Each letter's and word's log relative distance in one comparison (`per_frame`: each synthesised frame's
+    distance to the recording; `token_frames`: the frames the voice gave each token)."""
+    median = max(float(np.median(per_frame)), 1e-9)
+    frames, found = len(per_frame), defaultdict(list)
+    chars = [decoder.get(int(t), "") for t in token_ids]
+    for index, char in enumerate(chars):
+        if len(char) == 1 and char.isalpha():
+            mask = focus_frames(np.arange(len(chars)) == index, token_frames, frames)
+            if mask is not None:
+                found[(LETTER, char.lower())].append(float(per_frame[mask].mean()))
+    ends = np.cumsum(token_frames)
+    for word, first, last in word_spans(np.asarray(token_ids), decoder):
+        span = per_frame[int(ends[first] - token_frames[first]) : int(ends[last - 1])]
+        if len(span):
+            found[(WORD, word.lower())].append(float(span.mean()))
+    return {unit: float(np.log(max(np.mean(values), 1e-9) / median)) for unit, values in found.items()}
+
+
+@dataclass
+class Finding:
+    kind: str  # LETTER or WORD
+    unit: str
+    z: float  # the crowd's figures above the own reader's, in standard errors (the smaller over sentences, readers)
+    ratio: float  # how many times further from the crowd than from the own reader (geometric means)
+    sentences: int  # the crowd's sentences that hold it
+    readers: int  # the crowd's readers who read it
+    readers_further: int  # of them, those the voice says it further from than from its own reader
+    own_clips: int  # the own reader's clips it was judged against (0: against the own reader's typical unit)
+    beyond_noise: bool = False
+    clips: list[str] = field(default_factory=list)  # the crowd's clips that hold it, furthest first
+
+    def to_dict(self) -> dict:
+        return {
+            "kind": self.kind,
+            "unit": self.unit,
+            "z": round(self.z, 2),
+            "ratio": round(self.ratio, 3),
+            "sentences": self.sentences,
+            "readers": self.readers,
+            "readers_further": self.readers_further,
+            "own_clips": self.own_clips,
+            "beyond_noise": self.beyond_noise,
+            "clips": self.clips[:5],
+        }
+
+
+def welch_z(crowd: list[float], own: list[float]) -> float:
+    """How far the crowd's mean lies above the own reader's, in standard errors (spreads floored)."""
+    spread = lambda values: max(float(np.std(values, ddof=1)) if len(values) > 1 else 0.0, SPREAD_FLOOR)  # noqa: E731
+    error = np.sqrt(spread(crowd) ** 2 / len(crowd) + spread(own) ** 2 / len(own))
+    return float((np.mean(crowd) - np.mean(own)) / error)
+
+
+def bound_z(tested: int, false_alarm: float = FALSE_ALARM) -> float:
+    """The one-sided z a unit must pass for `false_alarm` to hold over `tested` units (Bonferroni)."""
+    return NormalDist().inv_cdf(1.0 - false_alarm / max(1, tested))
+
+
+def rank(heard: list[Heard], false_alarm: float = FALSE_ALARM) -> list[Finding]:
+    """Every letter and word the crowd read in enough sentences, by how far the voice says it from the crowd
+    against its own reader, furthest first; those beyond the noise marked (see the module docstring)."""
+    crowd: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))  # unit -> sentence -> figures
+    by_reader: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    clips: dict[tuple, list[tuple[float, str]]] = defaultdict(list)
+    own: dict[tuple, list[float]] = defaultdict(list)
+    for h in heard:
+        for unit, value in h.units.items():
+            if h.own:
+                own[unit].append(value)
+            else:
+                crowd[unit][h.sentence].append(value)
+                by_reader[unit][h.reader].append(value)
+                clips[unit].append((value, h.clip))
+    typical = {kind: [v for unit, values in own.items() if unit[0] == kind for v in values] for kind in (LETTER, WORD)}
+    findings = []
+    for unit, sentences in crowd.items():
+        readers = by_reader[unit]
+        if len(sentences) < MIN_SENTENCES or len(readers) < MIN_READERS:
+            continue
+        against = own[unit] if len(own[unit]) >= 2 else typical[unit[0]]
+        if len(against) < 2:
+            continue
+        per_sentence = [float(np.mean(values)) for values in sentences.values()]
+        per_reader = [float(np.mean(values)) for values in readers.values()]
+        baseline = float(np.mean(against))
+        further = sum(value > baseline for value in per_reader)
+        findings.append(
+            Finding(
+                unit[0],
+                unit[1],
+                min(welch_z(per_sentence, against), welch_z(per_reader, against)),
+                float(np.exp(np.mean(per_sentence) - baseline)),
+                len(sentences),
+                len(readers),
+                int(further),
+                len(own[unit]) if against is own[unit] else 0,
+                clips=[clip for _, clip in sorted(clips[unit], reverse=True)],
+            )
+        )
+    for kind in (LETTER, WORD):
+        of_kind = [f for f in findings if f.kind == kind]
+        bound = bound_z(len(of_kind), false_alarm / 2)  # half of the chance to the letters, half to the words
+        for f in of_kind:
+            f.beyond_noise = f.z > bound
+    return sorted(findings, key=lambda f: (not f.beyond_noise, -f.z))

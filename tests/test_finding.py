@@ -1,0 +1,152 @@
+"""train_feedback.py --find: what the voice says unlike most readers (finetune/feedback/finding.py, crowd.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import train_feedback
+from finetune.feedback.finding import LETTER, WORD, Heard, rank
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def crowd_heard(planted: dict, accent: dict | None = None, seed: int = 0) -> list[Heard]:
+    """Six readers and the voice's own, ten sentences each holding the letters a-h and the words w0-w3 (figures
+    drawn around 0 with a spread of 0.2); `planted` units stand out by their figure on every other reader, `accent`
+    units on one reader alone."""
+    rng = np.random.default_rng(seed)
+    units = [(LETTER, c) for c in "abcdefgh"] + [(WORD, f"w{i}") for i in range(4)]
+    heard = []
+    for sentence in range(10):
+        for reader in ["own", *(f"r{i}" for i in range(6))]:
+            own = reader == "own"
+            figures = {unit: float(rng.normal(0.0, 0.2)) for unit in units}
+            for unit, extra in planted.items():
+                figures[unit] += 0.0 if own else extra
+            for unit, extra in (accent or {}).items():
+                figures[unit] += extra if reader == "r0" else 0.0
+            heard.append(Heard(f"{reader}_{sentence}", reader, f"sentence {sentence}", own, figures))
+    return heard
+
+
+def test_a_letter_and_a_word_said_unlike_every_other_reader_rank_first_beyond_the_noise():
+    findings = rank(crowd_heard({(LETTER, "c"): 0.5, (WORD, "w2"): 0.5}))
+    beyond = [(f.kind, f.unit) for f in findings if f.beyond_noise]
+    assert sorted(beyond) == [(LETTER, "c"), (WORD, "w2")], [(f.unit, round(f.z, 1)) for f in findings]
+    assert [(f.kind, f.unit) for f in findings[:2]] == beyond  # ranked first
+    c = next(f for f in findings if f.unit == "c")
+    assert c.readers == 6 and c.readers_further == 6 and c.sentences == 10 and c.own_clips == 10
+    assert c.ratio == pytest.approx(np.exp(0.5), rel=0.15)
+
+
+def test_nothing_planted_or_one_readers_accent_is_not_reported():
+    """With nothing planted, nothing passes the bound; a letter one reader of six says otherwise, on every sentence
+    (as large as a planted one a sentence), is that reader's: over readers it is one figure of six."""
+    assert not any(f.beyond_noise for f in rank(crowd_heard({})))
+    findings = rank(crowd_heard({}, accent={(LETTER, "e"): 3.0}))
+    assert not any(f.beyond_noise for f in findings)
+    e = next(f for f in findings if f.unit == "e")
+    assert e.readers_further >= 1
+
+
+def crafted_corpus(base: Path, data_dir: Path, letter: str | None, texts: list[str]) -> None:
+    """The voice's own renders as recordings, each at its own draw: "own" reads every sentence (held out), four
+    readers read them too, with `letter`'s frames (as their draw timed them) replaced by a loud tone: a letter each
+    of them says otherwise."""
+    import torch
+
+    from finetune.data.audio import write_pcm16
+    from finetune.vits.inference import ceiling_for_text, speak
+    from finetune.vits.synthesis import load_voice, prepare_lines
+
+    voice = load_voice(base, torch.device("cpu"))
+    decoder = {i: t for t, i in voice.tokenizer.encoder.items()}
+    (data_dir / "wavs").mkdir(parents=True)
+    held, trained = [], []
+    for reader_index, reader in enumerate(["own", "r1", "r2", "r3", "r4"]):
+        for index, line in enumerate(prepare_lines(voice, [(str(i), t) for i, t in enumerate(texts)])):
+            ceiling = ceiling_for_text(len(line.token_ids)) / voice.model.speaking_rate
+            speech = speak(voice.model, [line.token_ids], voice.device, 100 * reader_index + index + 1, [ceiling])
+            wave, frames = speech.waveforms[0].copy(), speech.token_frames[0]
+            ends = np.cumsum(frames) * 256
+            for token, end, count in zip(line.token_ids, ends, frames):
+                if reader != "own" and letter and decoder.get(int(token)) == letter and count:
+                    start = int(end - count * 256)
+                    wave[start : int(end)] = 0.5 * np.sin(np.arange(int(end) - start) * 2 * np.pi * 1500 / 16000)
+            item_id = f"{reader}_{index}"
+            write_pcm16(data_dir / "wavs" / f"{item_id}.wav", wave, voice.sample_rate)
+            held.append(f"{item_id}|{reader}|{line.text}")
+        trained.append(f"own_{reader_index}|own|{texts[0]}")
+    (data_dir / "metadata_val.csv").write_text("\n".join(held) + "\n", encoding="utf-8")
+    (data_dir / "metadata.csv").write_text("\n".join(trained) + "\n", encoding="utf-8")
+
+
+def find(base: Path, data_dir: Path, out: Path) -> dict:
+    code = train_feedback.main(
+        [
+            "--base_model",
+            str(base),
+            "--data_dir",
+            str(data_dir),
+            "--target_speaker",
+            "own",
+            "--find",
+            "200",
+            "--find_dir",
+            str(out),
+            "--output_dir",
+            str(out.parent / "voices"),
+        ]
+    )
+    assert code == 0
+    return json.loads((out / "findings.json").read_text(encoding="utf-8"))
+
+
+def test_a_forced_mispronunciation_is_found_by_the_aligner(base_run, prepared_demo, tmp_path):
+    """The voice's own renders as five readers' recordings, four of them with one letter's frames replaced (as each
+    draw timed them): --find hears each against the voice, letter by letter, and ranks that letter first among the
+    letters, beyond the noise, with a page to listen to and the sentences to review."""
+    from finetune.data.metadata import read_metadata
+
+    base = base_run / "checkpoints" / "best_model"
+    texts = [text for _, text in read_metadata(prepared_demo / "metadata.csv")][:8]
+    counts = {c: sum(c in t.lower() for t in texts) for c in set("".join(texts).lower()) if c.isalpha()}
+    letter = max(sorted(counts), key=lambda c: (4 <= counts[c] <= 6, counts[c]))  # in some sentences, not all
+    crafted_corpus(base, tmp_path / "planted", letter, texts)
+    found = find(base, tmp_path / "planted", tmp_path / "find")
+    letters = [f for f in found["findings"] if f["kind"] == LETTER]
+    assert letters[0]["unit"] == letter and letters[0]["beyond_noise"], letters[:3]
+    assert letters[0]["readers"] == 4 and found["own_clips"] == len(texts) and found["readers"] == 4
+    page = (tmp_path / "find" / "findings.html").read_text(encoding="utf-8")
+    assert f"<b>{letter}</b>" in page and page.count("<audio") >= 4
+    review = (tmp_path / "find" / "review.txt").read_text(encoding="utf-8").splitlines()
+    assert review and all(letter in line.lower() for line in review if line)
+
+
+def test_find_refuses_a_corpus_without_other_readers(base_run, prepared_demo, tmp_path, capsys):
+    """A corpus of one voice has no readers to compare with: refused, naming what to give, before anything runs."""
+    single = tmp_path / "single"
+    (single / "wavs").mkdir(parents=True)
+    (single / "metadata.csv").write_text("a|Ez baş im.\nb|Tu çawa yî?\n", encoding="utf-8")
+    code = train_feedback.main(
+        [
+            "--base_model",
+            str(base_run / "checkpoints" / "best_model"),
+            "--data_dir",
+            str(single),
+            "--find",
+            "50",
+            "--find_dir",
+            str(tmp_path / "find"),
+            "--output_dir",
+            str(tmp_path / "voices"),
+        ]
+    )
+    assert code == 1
+    error = capsys.readouterr().err
+    assert "other readers" in error and "--speaker_column" in error
+    assert not (tmp_path / "find").exists()
