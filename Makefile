@@ -14,7 +14,7 @@ TORCH_VERSION := 2.13.0
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 TORCH_BUILD ?= auto
 
-.PHONY: demo demo-feedback test setup lock clean-demo judges
+.PHONY: demo demo-feedback demo-find test setup lock clean-demo judges
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10+ is needed; set PYTHON=python3.x")'
@@ -103,6 +103,16 @@ demo-feedback: setup
 	@echo
 	@echo "Listen: $(DEMO_DIR)/voices/rounds/round_001/listen/; undo an accepted round with"
 	@echo "  $(BIN)/python train_feedback.py --output_dir $(DEMO_DIR)/voices --rollback previous"
+
+# What the demo model says unlike the corpus's other readers (after `make demo`): their held-out clips, which no
+# step of its run trained on, heard against it letter by letter, and ciya's own as the reference.
+demo-find: setup
+	@test -f $(DEMO_DIR)/checkpoints/best_model/config.json || (echo "run make demo first"; exit 1)
+	rm -rf $(DEMO_DIR)/find
+	$(BIN)/python train_feedback.py --base_model $(DEMO_DIR)/checkpoints/best_model --data_dir $(DEMO_DIR)/data \
+		--output_dir $(DEMO_DIR)/voices --find 300 --find_dir $(DEMO_DIR)/find
+	@echo
+	@echo "Read $(DEMO_DIR)/find/findings.html; $(DEMO_DIR)/find/review.txt holds sentences to review"
 
 # One test process a core (pytest-xdist), at most 8; tests steal work from each other so the long ones
 # do not leave a core idle at the end.

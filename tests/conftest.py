@@ -192,6 +192,64 @@ def demo_batch(data_dir: Path, tokenizer, count: int = 4):
     return collate(examples, hop=256).to("cpu")
 
 
+# Session-scoped, here for test_feedback.py and test_finding.py, and trained once for the session (built_once): a
+# module's fixture is torn down whenever its process steals a test from another module (make test: --dist
+# worksteal), and this one was trained three times, 9 s each.
+@pytest.fixture(scope="session")
+def base_run(prepared_demo, tmp_path_factory):
+    """A tiny model trained for a few epochs on the first demo clips (best_model with its discriminator).
+    30 steps from scratch do not learn the corpus's tempo; the timing rule is relaxed for these tests (it
+    has its own)."""
+    return built_once(tmp_path_factory, "feedback_base", lambda run: train_base(prepared_demo, run))
+
+
+def train_base(prepared_demo: Path, run: Path) -> None:
+    import train_vits
+
+    fake = FakeClock()
+    code = train_vits.main(
+        [
+            "--data_dir",
+            str(prepared_demo),
+            "--checkpoint_dir",
+            str(run / "checkpoints"),
+            "--output_dir",
+            str(run / "final_model"),
+            "--model_name",
+            f"scratch:{TEST_SIZE}",
+            "--discriminator_width",
+            "0.0625",
+            "--discriminator_periods",
+            "2",
+            "3",
+            "--batch_size",
+            "4",
+            "--gradient_accumulation_steps",
+            "1",
+            "--learning_rate",
+            "2e-3",
+            "--benchmark_samples",
+            "8",
+            "--val_samples",
+            "3",
+            "--max_epochs",
+            "6",
+            "--target_hours",
+            "1",
+            "--val_every",
+            "100",
+            "--log_every_seconds",
+            "60",
+            "--max_length_ratio",
+            "100",
+            "--report_to",
+            "none",
+        ],
+        clock=clock_for(fake),
+    )
+    assert code == 0
+
+
 # ---------------------------------------------------------------- injected time
 
 

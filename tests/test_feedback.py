@@ -11,14 +11,13 @@ import pytest
 import torch
 
 import train_feedback
-import train_vits
 from finetune.feedback.corrections import FeedbackError, replay_sample
 from finetune.feedback.decision import decide
 from finetune.feedback.report import summary_text
 from finetune.feedback.versions import Versions
 from finetune.reporting import evaluation
 from finetune.reporting.evaluation import ClipScore, EvalResult
-from tests.conftest import DEMO_CORPUS, TEST_SIZE, built_once, clock_for, demo_texts
+from tests.conftest import DEMO_CORPUS, built_once, clock_for, demo_texts
 
 # Corrections as a user records them: sentences that share what they correct, here the word "gund" (demo clips outside
 # the training slice, read by the crowd's other voices). The rounds name it (--focus gund): finding it is tested apart.
@@ -32,64 +31,6 @@ def folder_digest(folder) -> dict[str, str]:
         for p in sorted(folder.rglob("*"))
         if p.is_file()
     }
-
-
-# Session-scoped, though only this module uses it, and trained once for the session (built_once): a module's
-# fixture is torn down whenever its process steals a test from another module (make test: --dist worksteal),
-# and this one was trained three times, 9 s each.
-@pytest.fixture(scope="session")
-def base_run(prepared_demo, tmp_path_factory):
-    """A tiny model trained for a few epochs on the first demo clips (best_model with its discriminator).
-    30 steps from scratch do not learn the corpus's tempo; the timing rule is relaxed for these tests (it
-    has its own)."""
-    return built_once(tmp_path_factory, "feedback_base", lambda run: train_base(prepared_demo, run))
-
-
-def train_base(prepared_demo: Path, run: Path) -> None:
-    from tests.conftest import FakeClock
-
-    fake = FakeClock()
-    code = train_vits.main(
-        [
-            "--data_dir",
-            str(prepared_demo),
-            "--checkpoint_dir",
-            str(run / "checkpoints"),
-            "--output_dir",
-            str(run / "final_model"),
-            "--model_name",
-            f"scratch:{TEST_SIZE}",
-            "--discriminator_width",
-            "0.0625",
-            "--discriminator_periods",
-            "2",
-            "3",
-            "--batch_size",
-            "4",
-            "--gradient_accumulation_steps",
-            "1",
-            "--learning_rate",
-            "2e-3",
-            "--benchmark_samples",
-            "8",
-            "--val_samples",
-            "3",
-            "--max_epochs",
-            "6",
-            "--target_hours",
-            "1",
-            "--val_every",
-            "100",
-            "--log_every_seconds",
-            "60",
-            "--max_length_ratio",
-            "100",
-            "--report_to",
-            "none",
-        ],
-        clock=clock_for(fake),
-    )
-    assert code == 0
 
 
 def make_feedback(folder, ids=CORRECTION_IDS, extra_rows=()):

@@ -54,9 +54,11 @@ def test_nothing_planted_or_one_readers_accent_is_not_reported():
 
 
 def crafted_corpus(base: Path, data_dir: Path, letter: str | None, texts: list[str]) -> None:
-    """The voice's own renders as recordings, each at its own draw: "own" reads every sentence (held out), four
-    readers read them too, with `letter`'s frames (as their draw timed them) replaced by a loud tone: a letter each
-    of them says otherwise."""
+    """The voice's own renders as recordings: "own" reads every sentence (held out) as the voice says it, under a
+    little noise; four readers read them too, each as another speaker (the render resampled: its pitch, formants
+    and tempo scaled by 0.92-1.08), with `letter`'s sound (its frames and the blanks beside it) replaced by a loud
+    tone: a letter each of them says otherwise."""
+    import soxr
     import torch
 
     from finetune.data.audio import write_pcm16
@@ -65,22 +67,25 @@ def crafted_corpus(base: Path, data_dir: Path, letter: str | None, texts: list[s
 
     voice = load_voice(base, torch.device("cpu"))
     decoder = {i: t for t, i in voice.tokenizer.encoder.items()}
+    rng = np.random.default_rng(0)
     (data_dir / "wavs").mkdir(parents=True)
     held, trained = [], []
-    for reader_index, reader in enumerate(["own", "r1", "r2", "r3", "r4"]):
-        for index, line in enumerate(prepare_lines(voice, [(str(i), t) for i, t in enumerate(texts)])):
-            ceiling = ceiling_for_text(len(line.token_ids)) / voice.model.speaking_rate
-            speech = speak(voice.model, [line.token_ids], voice.device, 100 * reader_index + index + 1, [ceiling])
-            wave, frames = speech.waveforms[0].copy(), speech.token_frames[0]
-            ends = np.cumsum(frames) * 256
-            for token, end, count in zip(line.token_ids, ends, frames):
-                if reader != "own" and letter and decoder.get(int(token)) == letter and count:
-                    start = int(end - count * 256)
-                    wave[start : int(end)] = 0.5 * np.sin(np.arange(int(end) - start) * 2 * np.pi * 1500 / 16000)
+    for index, line in enumerate(prepare_lines(voice, [(str(i), t) for i, t in enumerate(texts)])):
+        ceiling = ceiling_for_text(len(line.token_ids)) / voice.model.speaking_rate
+        speech = speak(voice.model, [line.token_ids], voice.device, 0, [ceiling])  # the draw --find renders
+        ends = np.cumsum(speech.token_frames[0]) * 256
+        for reader, scale in (("own", 1.0), ("r1", 0.92), ("r2", 0.96), ("r3", 1.04), ("r4", 1.08)):
+            wave = speech.waveforms[0].astype(np.float64).copy()
+            for position, token in enumerate(line.token_ids):
+                if reader != "own" and letter and decoder.get(int(token)) == letter:
+                    start, end = int(ends[max(0, position - 2)]), int(ends[min(len(ends) - 1, position + 1)])
+                    wave[start:end] = 0.5 * np.sin(np.arange(end - start) * 2 * np.pi * 1500 / 16000)
+            wave = soxr.resample(wave, 16000, 16000 * scale) if scale != 1.0 else wave
+            wave = wave + rng.normal(0.0, 0.003, len(wave))
             item_id = f"{reader}_{index}"
-            write_pcm16(data_dir / "wavs" / f"{item_id}.wav", wave, voice.sample_rate)
+            write_pcm16(data_dir / "wavs" / f"{item_id}.wav", wave.astype(np.float32), voice.sample_rate)
             held.append(f"{item_id}|{reader}|{line.text}")
-        trained.append(f"own_{reader_index}|own|{texts[0]}")
+        trained.append(f"own_t{index}|own|{line.text}")
     (data_dir / "metadata_val.csv").write_text("\n".join(held) + "\n", encoding="utf-8")
     (data_dir / "metadata.csv").write_text("\n".join(trained) + "\n", encoding="utf-8")
 
@@ -109,7 +114,8 @@ def find(base: Path, data_dir: Path, out: Path) -> dict:
 def test_a_forced_mispronunciation_is_found_by_the_aligner(base_run, prepared_demo, tmp_path):
     """The voice's own renders as five readers' recordings, four of them with one letter's frames replaced (as each
     draw timed them): --find hears each against the voice, letter by letter, and ranks that letter first among the
-    letters, beyond the noise, with a page to listen to and the sentences to review."""
+    letters, beyond the noise, with a page to listen to and the sentences to review; with nothing replaced,
+    nothing is beyond the noise."""
     from finetune.data.metadata import read_metadata
 
     base = base_run / "checkpoints" / "best_model"
@@ -125,28 +131,22 @@ def test_a_forced_mispronunciation_is_found_by_the_aligner(base_run, prepared_de
     assert f"<b>{letter}</b>" in page and page.count("<audio") >= 4
     review = (tmp_path / "find" / "review.txt").read_text(encoding="utf-8").splitlines()
     assert review and all(letter in line.lower() for line in review if line)
+    # The same readers with nothing replaced: nothing beyond the noise.
+    crafted_corpus(base, tmp_path / "nothing", None, texts)
+    nothing = find(base, tmp_path / "nothing", tmp_path / "find_nothing")
+    assert not any(f["beyond_noise"] for f in nothing["findings"]), nothing["findings"][:3]
 
 
-def test_find_refuses_a_corpus_without_other_readers(base_run, prepared_demo, tmp_path, capsys):
-    """A corpus of one voice has no readers to compare with: refused, naming what to give, before anything runs."""
+def test_find_refuses_a_corpus_without_other_readers(base_run, tmp_path):
+    """A corpus of one voice has no readers to compare with: refused, naming what to give, before anything is heard
+    or written (the script prints the message and exits 1: finetune/cli.py, run_script)."""
+    from finetune.feedback.corrections import FeedbackError
+
     single = tmp_path / "single"
     (single / "wavs").mkdir(parents=True)
     (single / "metadata.csv").write_text("a|Ez baş im.\nb|Tu çawa yî?\n", encoding="utf-8")
-    code = train_feedback.main(
-        [
-            "--base_model",
-            str(base_run / "checkpoints" / "best_model"),
-            "--data_dir",
-            str(single),
-            "--find",
-            "50",
-            "--find_dir",
-            str(tmp_path / "find"),
-            "--output_dir",
-            str(tmp_path / "voices"),
-        ]
-    )
-    assert code == 1
-    error = capsys.readouterr().err
-    assert "other readers" in error and "--speaker_column" in error
+    argv = ["--base_model", str(base_run / "checkpoints" / "best_model"), "--data_dir", str(single)]
+    argv += ["--find", "50", "--find_dir", str(tmp_path / "find"), "--output_dir", str(tmp_path / "voices")]
+    with pytest.raises(FeedbackError, match=r"other readers.*--speaker_column"):
+        train_feedback.main(argv)
     assert not (tmp_path / "find").exists()

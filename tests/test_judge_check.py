@@ -21,7 +21,6 @@ from finetune.feedback.report import judges_line
 from finetune.reporting import judge_ladders, judges
 from finetune.training.budget import Budget, Clock
 from tests.conftest import FakeClock
-from tests.test_feedback import base_run  # noqa: F401 (the session's tiny voice, trained once)
 
 
 class SpectrumJudge:
@@ -69,7 +68,7 @@ def round_run(clock: FakeClock, budget_s: float = 900.0):
     return SimpleNamespace(budget=Budget(budget_s, Clock(clock.now)), device=torch.device("cpu"), logger=logger)
 
 
-def voice_copy(base_run, tmp_path):  # noqa: F811
+def voice_copy(base_run, tmp_path):
     folder = tmp_path / "voice"
     shutil.copytree(base_run / "checkpoints" / "best_model", folder)
     return folder
@@ -77,7 +76,7 @@ def voice_copy(base_run, tmp_path):  # noqa: F811
 
 def test_a_round_validates_its_judges_on_its_voice_once_and_says_why_one_does_not_vote(
     prepared_demo,
-    base_run,  # noqa: F811
+    base_run,
     tmp_path,
 ):
     folder = voice_copy(base_run, tmp_path)
@@ -109,7 +108,7 @@ def test_a_round_validates_its_judges_on_its_voice_once_and_says_why_one_does_no
 
 def test_a_validation_that_runs_out_of_time_lets_no_judge_vote_and_keeps_nothing(
     prepared_demo,
-    base_run,  # noqa: F811
+    base_run,
     tmp_path,
 ):
     folder = voice_copy(base_run, tmp_path)
@@ -123,7 +122,7 @@ def test_a_validation_that_runs_out_of_time_lets_no_judge_vote_and_keeps_nothing
 @pytest.mark.skipif(not judges.available("phonetic"), reason=f"the phonetic judge's extra: {judges.INSTALL_HINT}")
 def test_a_judge_a_round_asks_for_is_validated_on_its_voice_and_its_vote_logged(
     prepared_demo,
-    base_run,  # noqa: F811
+    base_run,
     tmp_path,
     caplog,
 ):

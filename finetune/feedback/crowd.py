@@ -39,6 +39,7 @@ OWN_SHARE = 0.25  # of the clips heard, at most this share the voice's own reade
 MIN_OWN = 8
 TIMED_AFTER = 5  # clips heard before the time the rest will take is said
 SHOWN_READERS = 3  # readers beside the voice on a finding's sentence in findings.html
+PROGRESS_EVERY_S = 30.0  # without a terminal (no progress bar), a progress line this often
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,7 @@ def find(config, base: Path, voice, features, voice_name: str | None, stop, logg
     (out / "audio").mkdir(parents=True, exist_ok=True)
     renders, decoder = Renders(voice, features, out / "audio"), {i: t for t, i in voice.tokenizer.encoder.items()}
     heard, voice_file, started = [], {}, time.monotonic()
+    said_at = started
     limit_s, why = 60.0 * config.find_minutes, "every clip heard"
     bar = tqdm(total=len(sayable), unit="clip", disable=not sys.stderr.isatty())
     for index, clip in enumerate(sayable):
@@ -156,6 +158,9 @@ def find(config, base: Path, voice, features, voice_name: str | None, stop, logg
         found, voice_file[clip.text] = hear(clip, data_dir, renders, lines[clip.item_id].token_ids, decoder)
         heard.append(found)
         bar.update(1)
+        if bar.disable and time.monotonic() - said_at >= PROGRESS_EVERY_S:  # in a log or a pipe: a line now and then
+            said_at = time.monotonic()
+            logger(f"find: {index + 1}/{len(sayable)} clips heard, {said_at - started:.0f}s")
         if index + 1 == TIMED_AFTER:
             each_s = (time.monotonic() - started) / TIMED_AFTER
             logger(
@@ -169,7 +174,9 @@ def find(config, base: Path, voice, features, voice_name: str | None, stop, logg
     findings = finding.rank(heard)
     write_findings(out, findings, heard, voice_file, data_dir, base, voice_name, why, time.monotonic() - started)
     beyond = [f for f in findings if f.beyond_noise]
-    said = ", ".join(f"{f.kind} {f.unit!r} (x{f.ratio:.2f}, z {f.z:.1f}, {f.readers_further}/{f.readers} readers)" for f in beyond)
+    said = ", ".join(
+        f"{f.kind} {f.unit!r} (x{f.ratio:.2f}, z {f.z:.1f}, {f.readers_further}/{f.readers} readers)" for f in beyond
+    )
     logger(
         f"find: {len(heard)} clips heard ({why}); {len(findings)} letters and words judged; beyond the noise: "
         f"{said or 'nothing'} -> {out}/findings.html, findings.json, review.txt"
