@@ -35,8 +35,10 @@ from finetune.reporting import measures
 from finetune.vits.inference import ceiling_for_text
 from finetune.vits.inference import speak as speak_bounded
 
-OWN_SHARE = 0.25  # of the clips heard, at most this share the voice's own reader's (at least MIN_OWN where held out)
-MIN_OWN = 8
+OWN_SHARE = (
+    0.25  # of the clips heard, at most this share the voice's own reader's (at least OWN_AT_LEAST where held out)
+)
+OWN_AT_LEAST = 8
 TIMED_AFTER = 5  # clips heard before the time the rest will take is said
 SHOWN_READERS = 3  # readers beside the voice on a finding's sentence in findings.html
 PROGRESS_EVERY_S = 30.0  # without a terminal (no progress bar), a progress line this often
@@ -87,7 +89,7 @@ def pick_clips(data_dir: Path, voice: str | None, trained: set[str], count: int,
             f"--find: {data_dir} holds no clips of other readers that the voice did not train on (its run trained on "
             "every reader's training clips, and none are held out): prepare the corpus with a larger --val_fraction"
         )
-    own = own[: max(MIN_OWN, int(OWN_SHARE * count))]
+    own = own[: max(OWN_AT_LEAST, int(OWN_SHARE * count))]
     for clips in by_reader.values():
         rng.shuffle(clips)
     crowd, readers = [], sorted(by_reader)

@@ -35,6 +35,7 @@ LETTER, WORD = "letter", "word"
 FALSE_ALARM = 0.05  # the chance, with nothing to find, that any unit is reported (spread over all units tested)
 MIN_SENTENCES = 3  # a unit judged on fewer of the crowd's sentences is not judged
 MIN_READERS = 3  # and readers: one figure a reader is the second z
+MIN_OWN = 3  # and of the own reader's clips: a unit it never read has nothing to be set against
 SPREAD_FLOOR = 0.05  # a figure's spread is taken as at least this (log units): a few equal figures are not certainty
 
 
@@ -78,7 +79,7 @@ class Finding:
     sentences: int  # the crowd's sentences that hold it
     readers: int  # the crowd's readers who read it
     readers_further: int  # of them, those the voice says it further from than from its own reader
-    own_clips: int  # the own reader's clips it was judged against (0: against the own reader's typical unit)
+    own_clips: int  # the own reader's clips it was judged against
     beyond_noise: bool = False
     clips: list[str] = field(default_factory=list)  # the crowd's clips that hold it, furthest first
 
@@ -98,10 +99,15 @@ class Finding:
 
 
 def welch_z(crowd: list[float], own: list[float]) -> float:
-    """How far the crowd's mean lies above the own reader's, in standard errors (spreads floored)."""
+    """How far the crowd's mean lies above the own reader's: Welch's t (spreads floored), as the normal z of the same
+    one-sided chance (a t on a few of the own reader's clips is worth less than on many: its degrees of freedom)."""
+    from scipy.stats import norm, t
+
     spread = lambda values: max(float(np.std(values, ddof=1)) if len(values) > 1 else 0.0, SPREAD_FLOOR)  # noqa: E731
-    error = np.sqrt(spread(crowd) ** 2 / len(crowd) + spread(own) ** 2 / len(own))
-    return float((np.mean(crowd) - np.mean(own)) / error)
+    parts = [spread(crowd) ** 2 / len(crowd), spread(own) ** 2 / len(own)]
+    statistic = (np.mean(crowd) - np.mean(own)) / np.sqrt(sum(parts))
+    freedom = sum(parts) ** 2 / (parts[0] ** 2 / max(1, len(crowd) - 1) + parts[1] ** 2 / max(1, len(own) - 1))
+    return float(norm.isf(t.sf(statistic, freedom)))
 
 
 def bound_z(tested: int, false_alarm: float = FALSE_ALARM) -> float:
@@ -110,8 +116,9 @@ def bound_z(tested: int, false_alarm: float = FALSE_ALARM) -> float:
 
 
 def rank(heard: list[Heard], false_alarm: float = FALSE_ALARM) -> list[Finding]:
-    """Every letter and word the crowd read in enough sentences, by how far the voice says it from the crowd
-    against its own reader, furthest first; those beyond the noise marked (see the module docstring)."""
+    """Every letter and word read in enough of the crowd's sentences (MIN_SENTENCES, by MIN_READERS) and of the own
+    reader's clips (MIN_OWN), by how far the voice says it from the crowd against its own reader, furthest first;
+    those beyond the noise marked (see the module docstring)."""
     crowd: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))  # unit -> sentence -> figures
     by_reader: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     clips: dict[tuple, list[tuple[float, str]]] = defaultdict(list)
@@ -124,14 +131,13 @@ def rank(heard: list[Heard], false_alarm: float = FALSE_ALARM) -> list[Finding]:
                 crowd[unit][h.sentence].append(value)
                 by_reader[unit][h.reader].append(value)
                 clips[unit].append((value, h.clip))
-    typical = {kind: [v for unit, values in own.items() if unit[0] == kind for v in values] for kind in (LETTER, WORD)}
     findings = []
     for unit, sentences in crowd.items():
         readers = by_reader[unit]
         if len(sentences) < MIN_SENTENCES or len(readers) < MIN_READERS:
             continue
-        against = own[unit] if len(own[unit]) >= 2 else typical[unit[0]]
-        if len(against) < 2:
+        against = own[unit]
+        if len(against) < MIN_OWN:  # against a typical letter, a letter harder for any two people would stand out
             continue
         per_sentence = [float(np.mean(values)) for values in sentences.values()]
         per_reader = [float(np.mean(values)) for values in readers.values()]
@@ -146,7 +152,7 @@ def rank(heard: list[Heard], false_alarm: float = FALSE_ALARM) -> list[Finding]:
                 len(sentences),
                 len(readers),
                 int(further),
-                len(own[unit]) if against is own[unit] else 0,
+                len(against),
                 clips=[clip for _, clip in sorted(clips[unit], reverse=True)],
             )
         )
