@@ -39,8 +39,13 @@ SMOKE = {
     "bench_timing.py": ["--smoke"],
     "bench_train.py": ["--target_hours", "0.05", "--max_samples", "24", "--max_epochs", "1"],
 }
-# script -> a helper with a command line of its own, run after it on its work folder
-AFTER = {"bench_corrections.py": ("deciding_measures", ["--mistakes", "x:k", "--seeds", "2", "--pairs", "1"])}
+# script -> the helpers with a command line of their own, run after it on its work folder, each writing <helper>.json
+AFTER = {
+    "bench_corrections.py": [
+        ("deciding_measures", ["--mistakes", "x:k", "--seeds", "2", "--pairs", "1"]),
+        ("find_learnt", ["--mistakes", "x:k", "--smoke"]),
+    ]
+}
 
 
 def test_every_bench_script_has_a_smoke_setting():
@@ -62,8 +67,7 @@ def test_bench_script_runs(script, prepared_demo, tmp_path):
     done = launch.run(f"bench/{Path(script).stem}", [*args, *extra], timeout=240)
     assert done.returncode == 0, f"{script} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     assert "machine:" in done.stdout or "machine:" in done.stderr
-    if script in AFTER:
-        helper, helper_args = AFTER[script]
+    for helper, helper_args in AFTER.get(script, []):
         done = launch.run(f"bench/{helper}", [*helper_args, "--work_dir", str(tmp_path / "work")], timeout=120)
         assert done.returncode == 0, f"{helper} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         assert (tmp_path / "work" / f"{helper}.json").is_file()

@@ -1,0 +1,137 @@
+"""What `train_feedback.py --find` finds on a voice that learnt its mistakes from its reader (issue 85).
+
+bench_corrections.py's voice (bench/learnt_voice.py: a pretrained tiny voice fine-tuned on one reader's recordings
+that say x as k, ş as s and the word "min" as "man" while their transcripts keep them right) is heard against a
+crowd of three readers neither corpus holds (learnt_voice.CORRECTORS), on the judge's sentences: those no step of
+the voice's run or of any round saw (learnt_voice's unseen and other sentences). The voice's own reader's clips are
+its readings of the same sentences, with its mistakes (judge/mistaken): what a held-out clip of theirs says. Two
+crowds, the same voice and the same own clips:
+
+    planted  the crowd says every sentence right: --find should rank x, ş and min first, beyond the noise
+    none     the crowd says the sentences with the voice's mistakes, as its reader does: nothing to find, and
+             whatever is reported beyond the noise is a false alarm
+
+    .venv/bin/python bench/bench_corrections.py --work_dir W --only x:k   # the voice (made once there, then reused)
+    .venv/bin/python bench/find_learnt.py --work_dir W                    # -> W/find_learnt.json
+
+--find runs as a user runs it (train_feedback.py, its defaults but the clip count and time limit, which hold the
+whole crowd here). --smoke (after bench_corrections.py --smoke): the crowd is the judge's right readings under three
+names, the planted case alone; its figures mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from bench import learnt_voice
+from bench.bench_corrections import prepare, run
+from bench.machine import describe
+from finetune.data.metadata import read_rows
+
+CASES = ("planted", "none")
+
+
+def crowd_readings(work: Path, case: str, texts: dict[str, str], mistakes, smoke: bool) -> dict[str, Path]:
+    """Each crowd reader's prepared folder (16 kHz, as prepare_data.py writes it) of the judge's sentences, said
+    right (planted) or with the voice's mistakes (none)."""
+    if smoke:  # the judge's right readings, under three names: no espeak-ng
+        return {f"reader{n}": work / "judge_right" for n in range(len(learnt_voice.CORRECTORS))}
+    prepared = {}
+    for n, reader in enumerate(learnt_voice.CORRECTORS):
+        name = f"reader{n}"
+        folder = work / "find_recordings" / case / name
+        said = (lambda t: t) if case == "planted" else (lambda t: learnt_voice.mistaken_reading(t, mistakes, reader))
+        learnt_voice.record(folder, [(item, said(text), reader) for item, text in texts.items()])
+        learnt_voice.write_rows(folder / "metadata.csv", list(texts.items()))
+        prepared[name] = prepare(folder, work / "find_prepared" / case / name, work / f"find_prepare_{case}_{name}.log")
+    return prepared
+
+
+def crowd_corpus(work: Path, case: str, own: Path, crowd: dict[str, Path]) -> Path:
+    """A multi-speaker corpus as prepare_data.py lays one out: the voice's reader ("target": its training clips in
+    metadata.csv, its judge readings held out) and the crowd's readers (held out), each clip's wav linked in."""
+    data = work / f"find_data_{case}"
+    shutil.rmtree(data, ignore_errors=True)
+    (data / "wavs").mkdir(parents=True)
+    held = []
+    for reader, folder in (("target", own), *crowd.items()):
+        for item, _, text in read_rows(folder / "metadata.csv"):
+            clip = f"{reader}_{item}"
+            (data / "wavs" / f"{clip}.wav").symlink_to((folder / "wavs" / f"{item}.wav").resolve())
+            held.append(f"{clip}|{reader}|{text}")
+    trained = [f"t_{item}|target|{text}" for item, _, text in read_rows(work / "user_data" / "metadata.csv")]
+    (data / "metadata.csv").write_text("".join(f"{row}\n" for row in trained), encoding="utf-8")
+    (data / "metadata_val.csv").write_text("".join(f"{row}\n" for row in held), encoding="utf-8")
+    return data
+
+
+def find(work: Path, case: str, data: Path, voice: Path) -> dict:
+    out = work / f"find_{case}"
+    argv = ["--base_model", voice, "--data_dir", data, "--target_speaker", "target", "--find", 1000]
+    argv += ["--find_minutes", 20, "--find_dir", out, "--output_dir", work / "find_voices"]
+    run("train_feedback.py", argv, work / f"find_{case}.log", f"--find ({case})")
+    return json.loads((out / "findings.json").read_text(encoding="utf-8"))
+
+
+def placed(found: dict, mistakes) -> dict:
+    """Each planted letter's and word's place in the ranked list (1: first), its figures, and whether beyond the
+    noise."""
+    ranked = found["findings"]
+    where = {}
+    for mistake in mistakes:
+        unit = mistake.right
+        index = next((i for i, f in enumerate(ranked) if f["kind"] == mistake.kind and f["unit"] == unit), None)
+        where[mistake.name] = (
+            {"place": index + 1, **{k: ranked[index][k] for k in ("z", "ratio", "sentences", "readers", "own_clips")}}
+            | {"beyond_noise": ranked[index]["beyond_noise"]}
+            if index is not None
+            else {"place": None, "why": "not judged (too few sentences, readers or own clips hold it)"}
+        )
+    return where
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work_dir", required=True, help="bench_corrections.py's work folder (its voice)")
+    parser.add_argument("--mistakes", nargs="+", default=list(learnt_voice.DEFAULT_MISTAKES), help="as the voice's")
+    parser.add_argument(
+        "--smoke", action="store_true", help="after bench_corrections.py --smoke (figures mean nothing)"
+    )
+    args = parser.parse_args()
+    print(f"machine: {describe()}", flush=True)
+    work = Path(args.work_dir)
+    voice = work / "voice" / "final_model"
+    if not (voice / "config.json").is_file():
+        sys.exit(f"no voice in {work}: run bench/bench_corrections.py --work_dir {work} first")
+    mistakes = learnt_voice.parse_mistakes(args.mistakes)
+    texts = {item: text for item, _, text in read_rows(work / "judge_right" / "metadata.csv")}
+    results = {}
+    for case in CASES[:1] if args.smoke else CASES:
+        crowd = crowd_readings(work, case, texts, mistakes, args.smoke)
+        found = find(work, case, crowd_corpus(work, case, work / "judge_mistaken", crowd), voice)
+        beyond = [f"{f['kind']} {f['unit']}" for f in found["findings"] if f["beyond_noise"]]
+        results[case] = {
+            "clips_heard": found["clips_heard"],
+            "own_clips": found["own_clips"],
+            "readers": found["readers"],
+            "seconds": found["seconds"],
+            "judged": len(found["findings"]),
+            "bound_z": found["bound_z"],
+            "beyond_noise": beyond,
+            "planted": placed(found, mistakes),
+            "top5": [{k: f[k] for k in ("kind", "unit", "z", "ratio", "beyond_noise")} for f in found["findings"][:5]],
+        }
+        print(f"\n== {case}: {found['clips_heard']} clips heard in {found['seconds']} s; beyond the noise: {beyond}")
+        for name, where in results[case]["planted"].items():
+            print(f"  {name}: {where}")
+        for line in results[case]["top5"]:
+            print(f"  top: {line}")
+    (work / "find_learnt.json").write_text(json.dumps(results, indent=2, ensure_ascii=False), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
