@@ -24,6 +24,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -41,6 +42,7 @@ OWN_SHARE = (
 OWN_AT_LEAST = 8
 TIMED_AFTER = 5  # clips heard before the time the rest will take is said
 SHOWN_READERS = 3  # readers beside the voice on a finding's sentence in findings.html
+BETWEEN_PAIRS = 3  # pairs of readers of one sentence compared with each other
 PROGRESS_EVERY_S = 30.0  # without a terminal (no progress bar), a progress line this often
 
 
@@ -63,7 +65,8 @@ def trained_readers(base: Path) -> set[str]:
 
 def pick_clips(data_dir: Path, voice: str | None, trained: set[str], count: int, seed: int) -> list[Clip]:
     """Up to `count` clips: the voice's own reader's held-out ones (OWN_SHARE), then other readers' it did not
-    train on, a reader at a time in turn (one reader's many clips do not fill the sample)."""
+    train on, a reader at a time in turn (one reader's many clips do not fill the sample), each reader's sentences
+    that other readers read too first (they compare the readers with each other)."""
     if voice is None:
         raise FeedbackError(
             f"--find compares the voice with the corpus's other readers: {data_dir}/metadata.csv names no speakers "
@@ -90,8 +93,13 @@ def pick_clips(data_dir: Path, voice: str | None, trained: set[str], count: int,
             "every reader's training clips, and none are held out): prepare the corpus with a larger --val_fraction"
         )
     own = own[: max(OWN_AT_LEAST, int(OWN_SHARE * count))]
+    shared = defaultdict(set)  # a sentence's readers: those read by two or more are heard first (crowd.between_readers)
+    for reader, clips in by_reader.items():
+        for clip in clips:
+            shared[clip.text].add(reader)
     for clips in by_reader.values():
         rng.shuffle(clips)
+        clips.sort(key=lambda clip: len(shared[clip.text]) > 1)  # popped from the end: the shared ones first
     crowd, readers = [], sorted(by_reader)
     while len(crowd) < count - len(own) and any(by_reader.values()):
         for reader in readers:
@@ -122,14 +130,33 @@ class Renders:
         return self.made[key]
 
 
-def hear(clip: Clip, data_dir: Path, renders: Renders, token_ids, decoder) -> tuple[finding.Heard, str]:
-    """One clip against the voice saying its sentence; the voice's render's file name."""
+def hear(clip: Clip, data_dir: Path, renders: Renders, token_ids, decoder) -> tuple[finding.Heard, str, tuple]:
+    """One clip against the voice saying its sentence; the voice's render's file name; where the clip's frames
+    fell on the voice's (for the comparisons between readers)."""
     samples, rate = audio.read_pcm16(data_dir / "wavs" / f"{clip.item_id}.wav")
     mel, token_frames, name = renders.of(token_ids)
     references = measures.warped_references(samples.astype("float32") / 32768.0, rate, renders.mel)
-    per_frame = measures.frame_distances(mel, references)
+    per_frame, paired, cepstra = measures.aligned_frames(mel, references)
     units = finding.units_heard(per_frame, token_frames, token_ids, decoder)
-    return finding.Heard(clip.item_id, clip.reader, clip.text, clip.own, units), name
+    return finding.Heard(clip.item_id, clip.reader, clip.text, clip.own, units), name, (paired, cepstra, token_frames)
+
+
+def between_readers(heard: list[finding.Heard], placed: dict, token_ids: dict, decoder) -> list[finding.Heard]:
+    """Two readers of one sentence compared with each other on the voice's frames (each placed where its own path to
+    the voice put it): how far any two people say each letter and word apart (BETWEEN_PAIRS a sentence at most)."""
+    by_sentence: dict[str, list[finding.Heard]] = defaultdict(list)
+    for h in heard:
+        if not h.own:
+            by_sentence[h.sentence].append(h)
+    found = []
+    for sentence, readers in by_sentence.items():
+        pairs = [(a, b) for i, a in enumerate(readers) for b in readers[i + 1 :] if a.reader != b.reader]
+        for a, b in pairs[:BETWEEN_PAIRS]:
+            (paired_a, cepstra_a, token_frames), (paired_b, cepstra_b, _) = placed[a.clip], placed[b.clip]
+            per_frame = measures.MCD_SCALE * np.linalg.norm(cepstra_a[:, paired_a] - cepstra_b[:, paired_b], axis=0)
+            units = finding.units_heard(per_frame, token_frames, token_ids[a.clip], decoder)
+            found.append(finding.Heard(f"{a.clip}~{b.clip}", f"{a.reader}~{b.reader}", sentence, False, units, True))
+    return found
 
 
 def find(config, base: Path, voice, features, voice_name: str | None, stop, logger=print) -> int:
@@ -148,7 +175,7 @@ def find(config, base: Path, voice, features, voice_name: str | None, stop, logg
     )
     (out / "audio").mkdir(parents=True, exist_ok=True)
     renders, decoder = Renders(voice, features, out / "audio"), {i: t for t, i in voice.tokenizer.encoder.items()}
-    heard, voice_file, started = [], {}, time.monotonic()
+    heard, voice_file, placed, started = [], {}, {}, time.monotonic()
     said_at = started
     limit_s, why = 60.0 * config.find_minutes, "every clip heard"
     bar = tqdm(total=len(sayable), unit="clip", disable=not sys.stderr.isatty())
@@ -157,7 +184,9 @@ def find(config, base: Path, voice, features, voice_name: str | None, stop, logg
         if time.monotonic() - started > limit_s:
             why = f"the time limit ({config.find_minutes:g} min, --find_minutes) after {index} clips"
             break
-        found, voice_file[clip.text] = hear(clip, data_dir, renders, lines[clip.item_id].token_ids, decoder)
+        found, voice_file[clip.text], placed[clip.item_id] = hear(
+            clip, data_dir, renders, lines[clip.item_id].token_ids, decoder
+        )
         heard.append(found)
         bar.update(1)
         if bar.disable and time.monotonic() - said_at >= PROGRESS_EVERY_S:  # in a log or a pipe: a line now and then
@@ -173,7 +202,8 @@ def find(config, base: Path, voice, features, voice_name: str | None, stop, logg
     if not any(not h.own for h in heard):
         logger(f"find: no other reader's clip was heard ({why}): nothing to rank; raise --find_minutes")
         return 1
-    findings = finding.rank(heard)
+    token_ids = {c.item_id: lines[c.item_id].token_ids for c in sayable}
+    findings = finding.rank(heard + between_readers(heard, placed, token_ids, decoder))
     write_findings(out, findings, heard, voice_file, data_dir, base, voice_name, why, time.monotonic() - started)
     beyond = [f for f in findings if f.beyond_noise]
     said = ", ".join(
@@ -214,7 +244,7 @@ def write_findings(out: Path, findings, heard, voice_file, data_dir, base, voice
             players.append(player(f"audio/{h.clip}.wav", f"reader {h.reader}"))
         rows.append(
             f"<tr><td>{f.kind}</td><td><b>{html.escape(f.unit)}</b></td><td>x{f.ratio:.2f}</td><td>{f.z:.1f}</td>"
-            f"<td>{f.sentences}</td><td>{f.readers_further}/{f.readers}</td>"
+            f"<td>{f.sentences}</td><td>{f.readers_further}/{f.readers}</td><td>{'yes' if f.across_readers else 'no'}</td>"
             f"<td>{'yes' if f.beyond_noise else 'no'}</td><td>{html.escape(first.sentence)}<br>{''.join(players)}</td></tr>"
         )
         sentences += [by_clip[c].sentence for c in f.clips[:5] if f.beyond_noise]
@@ -226,6 +256,7 @@ def write_findings(out: Path, findings, heard, voice_file, data_dir, base, voice
         "than from the voice's own reader; z: in standard errors (the bound in findings.json); readers: those "
         "the voice says it further from than from its own reader.</p><table border=1 cellpadding=4>"
         "<tr><th>kind</th><th>what</th><th>ratio</th><th>z</th><th>sentences</th><th>readers</th>"
+        "<th>checked against the readers between them</th>"
         f"<th>beyond the noise</th><th>a sentence that holds it</th></tr>{''.join(rows)}</table>\n",
         encoding="utf-8",
     )

@@ -6,16 +6,20 @@ each synthesised frame's distance to the frames aligned with it). The voice's ow
 say which letter, so each letter and word of a sentence gets a figure: the log of its frames' mean distance over
 the sentence's median (the reader's timbre and channel raise every frame alike and fall out).
 
-A letter can stand out of its sentence for reasons that are no mistake: some sounds differ between any two
-speakers more than others. So the same figures are taken on the voice's own reader (clips held out of its
-training), whose way of saying each letter the voice learnt: a letter the voice says as its reader does but
-unlike the crowd stands out against the crowd only. Per letter or word, the crowd's figures against the own
-reader's in a Welch z, twice: one figure a sentence (the mean over its readers), and one a reader (the mean over
-their sentences); the smaller z is the unit's. A unit is reported beyond the noise when it passes the one-sided
-bound of FALSE_ALARM spread over every unit tested (Bonferroni: half over the letters, half over the words).
-Taken over readers, one reader's accent does not pass: it is one figure among theirs. What the voice says wrong
-on its own reader too (not learnt from its recordings) cancels out here: this finds what the voice learnt from
-its data.
+A letter can stand out of its sentence for reasons that are no mistake, so each unit is set against two
+references. The voice's own reader (clips held out of its training), whose way of saying each letter the voice
+learnt: what the voice renders badly on any sentence stands out there too. And the crowd's readers against each
+other, on the same sentences (crowd.between_readers): a unit any two people say apart (a short word whose reading
+follows the reader's pace, a sound that differs between any two voices) stands out there too. Per letter or word,
+Welch's t (as the normal z of the same one-sided chance: a few clips weigh less) three times: the crowd's figures
+one a sentence (the mean over its readers) against the own reader's, one a reader (the mean over their sentences)
+against the own reader's (one reader's accent is one figure among theirs), and one a sentence against the
+readers' figures between them; the smallest z is the unit's. A unit is reported beyond the noise when it passes
+the one-sided bound of FALSE_ALARM spread over every unit tested (Bonferroni: half over the letters, half over
+the words). A unit without MIN_OWN of the own reader's clips is not judged; one without MIN_SENTENCES sentences read
+by two of the crowd is judged against the own reader alone (`across_readers` false: a corpus whose readers each
+read their own sentences, as the demo's, has nothing to compare them by). What this finds is what the voice says as its reader does and unlike most people: what it learnt
+from its data. A mistake the voice makes on its own reader's sentences too cancels out here.
 
 Pure numpy on distances: the renders and the recordings are finetune/feedback/crowd.py's.
 """
@@ -49,6 +53,7 @@ class Heard:
     sentence: str
     own: bool  # the recording is by the voice's own reader
     units: dict[tuple[str, str], float]  # (LETTER or WORD, the unit) -> log(distance / the sentence's median)
+    between: bool = False  # two of the crowd's readers compared with each other (crowd.between_readers), not the voice
 
 
 def units_heard(per_frame: np.ndarray, token_frames: np.ndarray, token_ids, decoder: dict[int, str]) -> dict:
@@ -74,12 +79,13 @@ def units_heard(per_frame: np.ndarray, token_frames: np.ndarray, token_ids, deco
 class Finding:
     kind: str  # LETTER or WORD
     unit: str
-    z: float  # the crowd's figures above the own reader's, in standard errors (the smaller over sentences, readers)
+    z: float  # the crowd's figures above the references', in standard errors (the smallest of the three)
     ratio: float  # how many times further from the crowd than from the own reader (geometric means)
     sentences: int  # the crowd's sentences that hold it
     readers: int  # the crowd's readers who read it
     readers_further: int  # of them, those the voice says it further from than from its own reader
     own_clips: int  # the own reader's clips it was judged against
+    across_readers: bool  # also against the crowd's readers between them (MIN_SENTENCES read by two of them)
     beyond_noise: bool = False
     clips: list[str] = field(default_factory=list)  # the crowd's clips that hold it, furthest first
 
@@ -93,6 +99,7 @@ class Finding:
             "readers": self.readers,
             "readers_further": self.readers_further,
             "own_clips": self.own_clips,
+            "across_readers": self.across_readers,
             "beyond_noise": self.beyond_noise,
             "clips": self.clips[:5],
         }
@@ -123,9 +130,12 @@ def rank(heard: list[Heard], false_alarm: float = FALSE_ALARM) -> list[Finding]:
     by_reader: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     clips: dict[tuple, list[tuple[float, str]]] = defaultdict(list)
     own: dict[tuple, list[float]] = defaultdict(list)
+    between: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for h in heard:
         for unit, value in h.units.items():
-            if h.own:
+            if h.between:
+                between[unit][h.sentence].append(value)
+            elif h.own:
                 own[unit].append(value)
             else:
                 crowd[unit][h.sentence].append(value)
@@ -137,6 +147,7 @@ def rank(heard: list[Heard], false_alarm: float = FALSE_ALARM) -> list[Finding]:
         if len(sentences) < MIN_SENTENCES or len(readers) < MIN_READERS:
             continue
         against = own[unit]
+        apart = [float(np.mean(values)) for values in between[unit].values()]
         if len(against) < MIN_OWN:  # against a typical letter, a letter harder for any two people would stand out
             continue
         per_sentence = [float(np.mean(values)) for values in sentences.values()]
@@ -147,12 +158,17 @@ def rank(heard: list[Heard], false_alarm: float = FALSE_ALARM) -> list[Finding]:
             Finding(
                 unit[0],
                 unit[1],
-                min(welch_z(per_sentence, against), welch_z(per_reader, against)),
+                min(
+                    welch_z(per_sentence, against),
+                    welch_z(per_reader, against),
+                    *([welch_z(per_sentence, apart)] if len(apart) >= MIN_SENTENCES else []),
+                ),
                 float(np.exp(np.mean(per_sentence) - baseline)),
                 len(sentences),
                 len(readers),
                 int(further),
                 len(against),
+                len(apart) >= MIN_SENTENCES,
                 clips=[clip for _, clip in sorted(clips[unit], reverse=True)],
             )
         )

@@ -127,6 +127,12 @@ def mcd_across_speakers(
 def frame_distances(synthesised_log_mel: np.ndarray, references: list[np.ndarray]) -> np.ndarray:
     """[frames] of the synthesised speech: each frame's cepstral distance (dB) to the recording's frames the DTW
     path pairs it with (`warped_references`), at the warp whose path costs least over the whole sentence."""
+    return aligned_frames(synthesised_log_mel, references)[0]
+
+
+def aligned_frames(synthesised_log_mel: np.ndarray, references: list[np.ndarray]) -> tuple:
+    """frame_distances, with where they were found: (per-frame distances, for each synthesised frame the first
+    recording frame the path pairs it with, the recording's normalised cepstra at the warp that fits best)."""
     import librosa
 
     synthesised = normalised_cepstrum(synthesised_log_mel)
@@ -140,7 +146,9 @@ def frame_distances(synthesised_log_mel: np.ndarray, references: list[np.ndarray
     per_frame, pairs = np.zeros(synthesised.shape[1]), np.zeros(synthesised.shape[1])
     np.add.at(per_frame, path[:, 0], distances)
     np.add.at(pairs, path[:, 0], 1.0)
-    return per_frame / np.maximum(pairs, 1.0)
+    paired = np.zeros(synthesised.shape[1], dtype=int)
+    paired[path[:, 0]] = path[:, 1]  # librosa's path runs from the end: the last write is each frame's first pair
+    return per_frame / np.maximum(pairs, 1.0), paired, reference
 
 
 def focus_over_sentence(per_frame: np.ndarray, spoken: np.ndarray) -> float:
