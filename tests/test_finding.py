@@ -151,10 +151,16 @@ def test_a_forced_mispronunciation_is_found_by_the_aligner(base_run, prepared_de
     assert f"<b>{letter}</b>" in page and page.count("<audio") >= 4
     review = (tmp_path / "find" / "review.txt").read_text(encoding="utf-8").splitlines()
     assert review and all(letter in line.lower() for line in review if line)
+    corrections = (tmp_path / "find" / "corrections" / "metadata.csv").read_text(encoding="utf-8").splitlines()
+    assert corrections and all(letter in line.split("|")[1].lower() for line in corrections)
+    assert all(
+        (tmp_path / "find" / "corrections" / "wavs" / f"{line.split('|')[0]}.wav").is_file() for line in corrections
+    )
     # The same readers with nothing replaced: nothing beyond the noise.
     crafted_corpus(base, tmp_path / "nothing", None, texts)
     nothing = find(base, tmp_path / "nothing", tmp_path / "find_nothing")
     assert not any(f["beyond_noise"] for f in nothing["findings"]), nothing["findings"][:3]
+    assert not (tmp_path / "find_nothing" / "corrections").exists()
 
 
 def test_find_refuses_a_corpus_without_other_readers(base_run, tmp_path):

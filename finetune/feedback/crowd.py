@@ -9,7 +9,8 @@ time it will take is said once the first clips are timed.
 
 Written to --find_dir: findings.json (every unit judged, with its figures), findings.html (those beyond the
 noise first, each with the voice and up to three readers on the same sentence to listen to), review.txt (the
-corpus's sentences that hold what was found, for `train_feedback.py --review`) and audio/.
+corpus's sentences that hold what was found, for `train_feedback.py --review`), corrections/ (the crowd's clips
+that hold it, as a round's corrections) and audio/.
 """
 
 from __future__ import annotations
@@ -212,6 +213,7 @@ def find(config, base: Path, voice, features, voice_name: str | None, stop, logg
     logger(
         f"find: {len(heard)} clips heard ({why}); {len(findings)} letters and words judged; beyond the noise: "
         f"{said or 'nothing'} -> {out}/findings.html, findings.json, review.txt"
+        + (f"; the crowd's clips of it as corrections: {out}/corrections/" if beyond else "")
     )
     return 0
 
@@ -262,6 +264,22 @@ def write_findings(out: Path, findings, heard, voice_file, data_dir, base, voice
     )
     unique = list(dict.fromkeys(sentences))
     (out / "review.txt").write_text("".join(f"{s}\n" for s in unique), encoding="utf-8")
+    write_corrections(out / "corrections", [f for f in findings if f.beyond_noise], by_clip, data_dir)
+
+
+def write_corrections(folder: Path, found: list, by_clip: dict, data_dir: Path) -> None:
+    """The crowd's clips that hold what was found, as corrections in the LJSpeech layout (wavs/ + metadata.csv
+    id|text; readers.csv id|reader beside it): `train_feedback.py --feedback_dir find/corrections --focus UNIT`
+    runs a round on them, its held-out sentences deciding it as any round's. Nothing found: no folder."""
+    shutil.rmtree(folder, ignore_errors=True)
+    clips = list(dict.fromkeys(clip for f in found for clip in f.clips))
+    if not clips:
+        return
+    (folder / "wavs").mkdir(parents=True)
+    for clip in clips:
+        shutil.copyfile(data_dir / "wavs" / f"{clip}.wav", folder / "wavs" / f"{clip}.wav")
+    (folder / "metadata.csv").write_text("".join(f"{c}|{by_clip[c].sentence}\n" for c in clips), encoding="utf-8")
+    (folder / "readers.csv").write_text("".join(f"{c}|{by_clip[c].reader}\n" for c in clips), encoding="utf-8")
 
 
 def player(source: str, label: str) -> str:
