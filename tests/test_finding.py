@@ -176,3 +176,25 @@ def test_find_refuses_a_corpus_without_other_readers(base_run, tmp_path):
     with pytest.raises(FeedbackError, match=r"other readers.*--speaker_column"):
         train_feedback.main(argv)
     assert not (tmp_path / "find").exists()
+
+
+def test_the_crowds_corrections_train_each_reader_under_a_speaker_id_of_their_own(tmp_path):
+    """--find's corrections name each clip's reader (readers.csv): a round gives each reader its own speaker id, in
+    the order of their names (the model's speaker_names after the voice's); a correction it does not name, and
+    every correction of a folder without readers.csv, is 1; the voice's own recordings (--corrections_voice
+    voice) stay 0."""
+    from types import SimpleNamespace
+
+    from finetune.feedback.round_data import mark_speaker, readers_of
+
+    (tmp_path / "readers.csv").write_text("c1|ana\nc2|bo\nc 3.wav|ana\n", encoding="utf-8")
+    readers = readers_of(tmp_path)
+    assert readers == {"c1": "ana", "c2": "bo", "c_3": "ana"}
+    examples = [SimpleNamespace(item_id=i, speaker=0) for i in ("c1", "c2", "c_3", "c4")]
+    mark_speaker(examples, True, readers)
+    assert [e.speaker for e in examples] == [1, 2, 1, 1]
+    mark_speaker(examples, True, readers_of(tmp_path / "none"))
+    assert [e.speaker for e in examples] == [1, 1, 1, 1]
+    voice = [SimpleNamespace(item_id="c1", speaker=0)]
+    mark_speaker(voice, False, readers)
+    assert voice[0].speaker == 0

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 from transformers import VitsModel, VitsTokenizer
 
-from finetune.data import corpus, speakers
+from finetune.data import corpus, sources, speakers
 from finetune.data.features import Features
 from finetune.data.metadata import read_rows
 from finetune.feedback import corrections, hearing
@@ -123,10 +123,25 @@ def decide_focus(corrections_texts: list[str], corpus_texts: list[str], looks: b
     return find_focus(corrections_texts, corpus_texts)
 
 
-def mark_speaker(examples: list, own: bool) -> None:
-    """The corrections under their own speaker id (1), the voice being 0."""
+READERS_FILE = "readers.csv"  # beside a corrections folder: id|reader, each correction's reader (--find writes it)
+
+
+def readers_of(folder: Path) -> dict[str, str]:
+    """Each correction's reader, by its prepared id, from READERS_FILE in the corrections folder ({}: none)."""
+    path = folder / READERS_FILE
+    if not path.is_file():
+        return {}
+    pairs = [line.split("|", 1) for line in path.read_text(encoding="utf-8").splitlines() if "|" in line]
+    return {sources.safe_id(item): reader.strip() for item, reader in pairs}
+
+
+def mark_speaker(examples: list, own: bool, readers: dict[str, str] | None = None) -> None:
+    """The corrections under speaker ids of their own, the voice being 0: each reader `readers` names its own (1, 2,
+    ... in the order of their names, as the model's speaker_names), every other correction 1."""
+    names = sorted(set((readers or {}).values()))
     for example in examples if own else []:
-        example.speaker = 1
+        reader = (readers or {}).get(example.item_id)
+        example.speaker = 1 + names.index(reader) if reader in names else 1
 
 
 def load_originals(data_dir: Path, tokenizer, features: Features, count: int, voice: str | None, run) -> corpus.Corpus:
@@ -172,12 +187,15 @@ def load_round_data(config, round_: context.Run, base: Path, versions) -> RoundD
         data_dir, config.target_speaker, getattr(model.config, "speaker", None), int(model.config.sampling_rate)
     )
     own = config.corrections_voice == "own"
-    if own:  # other people's recordings: their own speaker id, the voice its own
-        model = speaker_layers.add_speakers(model, 2, seed=config.seed)
+    readers = readers_of(corrections.feedback_folder(config.feedback_dir)) if own else {}
+    names = sorted(set(readers.values()))
+    if own:  # other people's recordings: their own speaker id (each reader's, where named), the voice its own
+        model = speaker_layers.add_speakers(model, 1 + max(1, len(names)), seed=config.seed)
         speaker_layers.pin_target_speaker(model)  # the voice's own path: only the shared parts can move it
-        model.config.speaker_names = [voice or "voice", "corrections"]
+        model.config.speaker_names = [voice or "voice", *(names or ["corrections"])]
+        whose = f"each of their {len(names)} readers ({READERS_FILE})" if names else "the corrections"
         round_.logger.info(
-            "speakers: the corrections train under a speaker id of their own, the replayed clips as "
+            f"speakers: {whose} train under a speaker id of their own, the replayed clips as "
             f"the voice ({voice or 'the corpus'}); the voice is judged and exported "
             "(--corrections_voice voice: the corrections are the voice's own)"
         )
@@ -185,7 +203,7 @@ def load_round_data(config, round_: context.Run, base: Path, versions) -> RoundD
     fixed = corpus.load_corpus(
         out, "metadata.csv", tokenizer, features, features.config.sample_rate, 0, False, round_.device, round_.stop
     )
-    mark_speaker(fixed.examples, own)
+    mark_speaker(fixed.examples, own, readers)
     texts = texts_by_id(out)
     corpus_texts = corpus_sentences(data_dir, voice)
     focus = decide_focus(
