@@ -15,7 +15,12 @@ crowds, the same voice and the same own clips:
     .venv/bin/python bench/find_learnt.py --work_dir W                    # -> W/find_learnt.json
 
 --find runs as a user runs it (train_feedback.py, its defaults but the clip count and time limit, which hold the
-whole crowd here). --smoke (after bench_corrections.py --smoke): the crowd is the judge's right readings under three
+whole crowd here).
+
+--round: the whole path, with no recording by the user. Half of the planted letter's sentences (every other one)
+are kept apart; --find hears the crowd on the rest, and its corrections/ (the crowd's clips of what it found) feed
+a round at the user's defaults with `--focus` what it found (bench_corrections.feedback_round); bench_corrections'
+judge then hears the voice before and after on the sentences kept apart, which neither --find nor the round saw. --smoke (after bench_corrections.py --smoke): the crowd is the judge's right readings under three
 names, the planted case alone; its figures mean nothing.
 """
 
@@ -28,7 +33,7 @@ import sys
 from pathlib import Path
 
 from bench import learnt_voice
-from bench.bench_corrections import prepare, run
+from bench.bench_corrections import feedback_round, judge_case, prepare, run
 from bench.machine import describe
 from finetune.data.metadata import read_rows
 
@@ -51,7 +56,7 @@ def crowd_readings(work: Path, case: str, texts: dict[str, str], mistakes, smoke
     return prepared
 
 
-def crowd_corpus(work: Path, case: str, own: Path, crowd: dict[str, Path]) -> Path:
+def crowd_corpus(work: Path, case: str, own: Path, crowd: dict[str, Path], leave_out: set[str] = frozenset()) -> Path:
     """A multi-speaker corpus as prepare_data.py lays one out: the voice's reader ("target": its training clips in
     metadata.csv, its judge readings held out) and the crowd's readers (held out), each clip's wav linked in."""
     data = work / f"find_data_{case}"
@@ -60,6 +65,8 @@ def crowd_corpus(work: Path, case: str, own: Path, crowd: dict[str, Path]) -> Pa
     held = []
     for reader, folder in (("target", own), *crowd.items()):
         for item, _, text in read_rows(folder / "metadata.csv"):
+            if item in leave_out:
+                continue
             clip = f"{reader}_{item}"
             (data / "wavs" / f"{clip}.wav").symlink_to((folder / "wavs" / f"{item}.wav").resolve())
             held.append(f"{clip}|{reader}|{text}")
@@ -67,6 +74,57 @@ def crowd_corpus(work: Path, case: str, own: Path, crowd: dict[str, Path]) -> Pa
     (data / "metadata.csv").write_text("".join(f"{row}\n" for row in trained), encoding="utf-8")
     (data / "metadata_val.csv").write_text("".join(f"{row}\n" for row in held), encoding="utf-8")
     return data
+
+
+def kept_apart(work: Path, mistake) -> list[str]:
+    """Every other sentence of the judge's with the mistake: the sentences the round's judge hears."""
+    listing = work / "judge_right" / f"with_{learnt_voice.safe(mistake.name)}.csv"
+    return [line.split("|", 1)[0] for line in listing.read_text(encoding="utf-8").splitlines() if line][1::2]
+
+
+def judge_folders(work: Path, mistake, apart: set[str]) -> dict[str, Path]:
+    """The judge's readings (right and mistaken) with the mistake's listing cut to the sentences kept apart."""
+    folders, listing = {}, f"with_{learnt_voice.safe(mistake.name)}.csv"
+    for reading in ("right", "mistaken"):
+        source, folder = work / f"judge_{reading}", work / "find_round_judge" / f"judge_{reading}"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        for name in ("wavs", "metadata.csv", "other.csv"):
+            (folder / name).symlink_to((source / name).resolve())
+        rows = (source / listing).read_text(encoding="utf-8").splitlines()
+        kept = "".join(f"{row}\n" for row in rows if row.split("|", 1)[0] in apart)
+        (folder / listing).write_text(kept, encoding="utf-8")
+        folders[f"judge_{reading}"] = folder
+    return folders
+
+
+def round_from_the_crowd(work: Path, texts: dict, mistakes, voice: Path, smoke: bool) -> dict:
+    """--find on the crowd without the sentences kept apart, a round on its corrections, the judge on those."""
+    mistake = next(m for m in mistakes if m.kind == "letter")
+    apart = set(kept_apart(work, mistake))
+    crowd = crowd_readings(work, "planted", texts, mistakes, smoke)
+    data = crowd_corpus(work, "round", work / "judge_mistaken", crowd, leave_out=apart)
+    found = find(work, "round", data, voice)
+    beyond = [f for f in found["findings"] if f["beyond_noise"]]
+    corrections = work / "find_round" / "corrections"  # what --find wrote
+    if smoke:  # figures mean nothing: the smoke crowd is too small to correct; bench_corrections' own corrections
+        corrections, focus = work / "recordings" / f"corrections_{learnt_voice.safe(mistake.name)}", mistake.right
+    elif not beyond:
+        return {"found": [], "round": "none: nothing beyond the noise"}
+    else:
+        focus = beyond[0]["unit"] if beyond[0]["kind"] == "letter" else f"word:{beyond[0]['unit']}"
+    case = work / "find_round_case"
+    report = feedback_round(work / "voice", work / "user_data", corrections, case, smoke, ["--focus", focus])
+    before = work / "voice" / "checkpoints" / "best_model"
+    after = Path(report["app_dir"] if report["accepted"] else report["candidate_dir"])
+    judged = judge_case(before, after, judge_folders(work, mistake, apart), mistake, 1 if smoke else 3)
+    return {
+        "found": [f"{f['kind']} {f['unit']}" for f in beyond],
+        "focus": focus,
+        "kept_apart": len(apart),
+        "round": {k: report.get(k) for k in ("accepted", "reason", "decided_by", "improvement", "steps")},
+        **judged,
+    }
 
 
 def find(work: Path, case: str, data: Path, voice: Path) -> dict:
@@ -101,6 +159,7 @@ def main() -> None:
     parser.add_argument(
         "--smoke", action="store_true", help="after bench_corrections.py --smoke (figures mean nothing)"
     )
+    parser.add_argument("--round", action="store_true", help="and a round from the crowd's corrections, judged apart")
     args = parser.parse_args()
     print(f"machine: {describe()}", flush=True)
     work = Path(args.work_dir)
@@ -130,6 +189,11 @@ def main() -> None:
             print(f"  {name}: {where}")
         for line in results[case]["top5"]:
             print(f"  top: {line}")
+    if args.round:
+        results["round"] = round_from_the_crowd(work, texts, mistakes, voice, args.smoke)
+        print(
+            f"\n== a round from the crowd's corrections, judged on sentences kept apart: {json.dumps(results['round'])}"
+        )
     (work / "find_learnt.json").write_text(json.dumps(results, indent=2, ensure_ascii=False), encoding="utf-8")
 
 
