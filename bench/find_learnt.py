@@ -17,10 +17,11 @@ crowds, the same voice and the same own clips:
 --find runs as a user runs it (train_feedback.py, its defaults but the clip count and time limit, which hold the
 whole crowd here).
 
---round: the whole path, with no recording by the user. Half of the planted letter's sentences (every other one)
-are kept apart; --find hears the crowd on the rest, and its corrections/ (the crowd's clips of what it found) feed
-a round at the user's defaults with `--focus` what it found (bench_corrections.feedback_round); bench_corrections'
-judge then hears the voice before and after on the sentences kept apart, which neither --find nor the round saw. --smoke (after bench_corrections.py --smoke): the crowd is the judge's right readings under three
+--round: the whole path, with no recording by the user. Half of each mistake's sentences (every other one) are
+kept apart; --find hears the crowd on the rest, and its corrections/ (the crowd's clips of what it found) feed
+a round at the user's defaults with `--focus` the first it found (bench_corrections.feedback_round); bench_corrections'
+judge then hears the voice before and after on that mistake's sentences kept apart, which neither --find nor the
+round saw. --smoke (after bench_corrections.py --smoke): the crowd is the judge's right readings under three
 names, the planted case alone; its figures mean nothing.
 """
 
@@ -99,29 +100,38 @@ def judge_folders(work: Path, mistake, apart: set[str]) -> dict[str, Path]:
 
 
 def round_from_the_crowd(work: Path, texts: dict, mistakes, voice: Path, smoke: bool) -> dict:
-    """--find on the crowd without the sentences kept apart, a round on its corrections, the judge on those."""
-    mistake = next(m for m in mistakes if m.kind == "letter")
-    apart = set(kept_apart(work, mistake))
+    """--find on the crowd without the sentences kept apart (half of each mistake's), a round on its corrections with
+    the first unit it found as the focus, the judge on that mistake's sentences kept apart."""
+    apart = {item for m in mistakes for item in kept_apart(work, m)}
     crowd = crowd_readings(work, "planted", texts, mistakes, smoke)
     data = crowd_corpus(work, "round", work / "judge_mistaken", crowd, leave_out=apart)
     found = find(work, "round", data, voice)
     beyond = [f for f in found["findings"] if f["beyond_noise"]]
     corrections = work / "find_round" / "corrections"  # what --find wrote
     if smoke:  # figures mean nothing: the smoke crowd is too small to correct; bench_corrections' own corrections
-        corrections, focus = work / "recordings" / f"corrections_{learnt_voice.safe(mistake.name)}", mistake.right
+        mistake = mistakes[0]
+        corrections = work / "recordings" / f"corrections_{learnt_voice.safe(mistake.name)}"
     elif not beyond:
         return {"found": [], "round": "none: nothing beyond the noise"}
     else:
-        focus = beyond[0]["unit"] if beyond[0]["kind"] == "letter" else f"word:{beyond[0]['unit']}"
+        first = beyond[0]
+        mistake = next((m for m in mistakes if (m.kind, m.right) == (first["kind"], first["unit"])), None)
+        if mistake is None:
+            return {
+                "found": [f"{f['kind']} {f['unit']}" for f in beyond],
+                "round": "none: the first found is no mistake",
+            }
+    focus = mistake.right if mistake.kind == "letter" else f"word:{mistake.right}"
     case = work / "find_round_case"
     report = feedback_round(work / "voice", work / "user_data", corrections, case, smoke, ["--focus", focus])
     before = work / "voice" / "checkpoints" / "best_model"
     after = Path(report["app_dir"] if report["accepted"] else report["candidate_dir"])
-    judged = judge_case(before, after, judge_folders(work, mistake, apart), mistake, 1 if smoke else 3)
+    mine = set(kept_apart(work, mistake))
+    judged = judge_case(before, after, judge_folders(work, mistake, mine), mistake, 1 if smoke else 3)
     return {
         "found": [f"{f['kind']} {f['unit']}" for f in beyond],
         "focus": focus,
-        "kept_apart": len(apart),
+        "kept_apart": len(mine),
         "round": {k: report.get(k) for k in ("accepted", "reason", "decided_by", "improvement", "steps")},
         **judged,
     }
