@@ -133,16 +133,17 @@ class Renders:
 
 def hear(clip: Clip, data_dir: Path, renders: Renders, token_ids, decoder) -> tuple[finding.Heard, str, tuple]:
     """One clip against the voice saying its sentence; the voice's render's file name; where the clip's frames
-    fell on the voice's (for the comparisons between readers)."""
+    fell on the voice's, and the sentence's tokens (for the comparisons between readers)."""
     samples, rate = audio.read_pcm16(data_dir / "wavs" / f"{clip.item_id}.wav")
     mel, token_frames, name = renders.of(token_ids)
     references = measures.warped_references(samples.astype("float32") / 32768.0, rate, renders.mel)
     per_frame, paired, cepstra = measures.aligned_frames(mel, references)
     units = finding.units_heard(per_frame, token_frames, token_ids, decoder)
-    return finding.Heard(clip.item_id, clip.reader, clip.text, clip.own, units), name, (paired, cepstra, token_frames)
+    heard = finding.Heard(clip.item_id, clip.reader, clip.text, clip.own, units)
+    return heard, name, (paired, cepstra, token_frames, token_ids)
 
 
-def between_readers(heard: list[finding.Heard], placed: dict, token_ids: dict, decoder) -> list[finding.Heard]:
+def between_readers(heard: list[finding.Heard], placed: dict, decoder) -> list[finding.Heard]:
     """Two readers of one sentence compared with each other on the voice's frames (each placed where its own path to
     the voice put it): how far any two people say each letter and word apart (BETWEEN_PAIRS a sentence at most)."""
     by_sentence: dict[str, list[finding.Heard]] = defaultdict(list)
@@ -153,9 +154,9 @@ def between_readers(heard: list[finding.Heard], placed: dict, token_ids: dict, d
     for sentence, readers in by_sentence.items():
         pairs = [(a, b) for i, a in enumerate(readers) for b in readers[i + 1 :] if a.reader != b.reader]
         for a, b in pairs[:BETWEEN_PAIRS]:
-            (paired_a, cepstra_a, token_frames), (paired_b, cepstra_b, _) = placed[a.clip], placed[b.clip]
+            (paired_a, cepstra_a, token_frames, token_ids), (paired_b, cepstra_b, *_) = placed[a.clip], placed[b.clip]
             per_frame = measures.MCD_SCALE * np.linalg.norm(cepstra_a[:, paired_a] - cepstra_b[:, paired_b], axis=0)
-            units = finding.units_heard(per_frame, token_frames, token_ids[a.clip], decoder)
+            units = finding.units_heard(per_frame, token_frames, token_ids, decoder)
             found.append(finding.Heard(f"{a.clip}~{b.clip}", f"{a.reader}~{b.reader}", sentence, False, units, True))
     return found
 
@@ -203,8 +204,7 @@ def find(config, base: Path, voice, features, voice_name: str | None, stop, logg
     if not any(not h.own for h in heard):
         logger(f"find: no other reader's clip was heard ({why}): nothing to rank; raise --find_minutes")
         return 1
-    token_ids = {c.item_id: lines[c.item_id].token_ids for c in sayable}
-    findings = finding.rank(heard + between_readers(heard, placed, token_ids, decoder))
+    findings = finding.rank(heard + between_readers(heard, placed, decoder))
     write_findings(out, findings, heard, voice_file, data_dir, base, voice_name, why, time.monotonic() - started)
     beyond = [f for f in findings if f.beyond_noise]
     said = ", ".join(

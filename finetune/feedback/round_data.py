@@ -135,10 +135,15 @@ def readers_of(folder: Path) -> dict[str, str]:
     return {sources.safe_id(item): reader.strip() for item, reader in pairs}
 
 
+def reader_names(readers: dict[str, str]) -> list[str]:
+    """The readers in the order of their speaker ids (1, 2, ...): the model's speaker_names after the voice's."""
+    return sorted(set(readers.values()))
+
+
 def mark_speaker(examples: list, own: bool, readers: dict[str, str] | None = None) -> None:
     """The corrections under speaker ids of their own, the voice being 0: each reader `readers` names its own (1, 2,
-    ... in the order of their names, as the model's speaker_names), every other correction 1."""
-    names = sorted(set((readers or {}).values()))
+    ... as reader_names orders them), every other correction 1."""
+    names = reader_names(readers or {})
     for example in examples if own else []:
         reader = (readers or {}).get(example.item_id)
         example.speaker = 1 + names.index(reader) if reader in names else 1
@@ -188,7 +193,7 @@ def load_round_data(config, round_: context.Run, base: Path, versions) -> RoundD
     )
     own = config.corrections_voice == "own"
     readers = readers_of(corrections.feedback_folder(config.feedback_dir)) if own else {}
-    names = sorted(set(readers.values()))
+    names = reader_names(readers)
     if own:  # other people's recordings: their own speaker id (each reader's, where named), the voice its own
         model = speaker_layers.add_speakers(model, 1 + max(1, len(names)), seed=config.seed)
         speaker_layers.pin_target_speaker(model)  # the voice's own path: only the shared parts can move it
