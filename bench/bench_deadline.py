@@ -222,10 +222,10 @@ def child_slow_final_evaluation(slow_clip_s: float, argv: list[str]) -> int:
     import train_vits
     from finetune.cli import run_script
     from finetune.reporting import evaluation
-    from finetune.training.loop import TrainingLoop
+    from finetune.training import finishing
 
     final = {"on": False}
-    real_finish, real_score = TrainingLoop.finish, evaluation.Evaluator.score_group
+    real_finish, real_score = finishing.finish, evaluation.Evaluator.score_group
 
     def finish(self, reason):
         final["on"] = True
@@ -236,7 +236,7 @@ def child_slow_final_evaluation(slow_clip_s: float, argv: list[str]) -> int:
             time.sleep(slow_clip_s * len(group))
         return real_score(self, model, group, *a, **k)
 
-    TrainingLoop.finish, evaluation.Evaluator.score_group = finish, score_group
+    finishing.finish, evaluation.Evaluator.score_group = finish, score_group
     return run_script(lambda: train_vits.main(argv))
 
 

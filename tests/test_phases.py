@@ -17,7 +17,7 @@ import train_vits
 from finetune.data import corpus
 from finetune.reporting import evaluation
 from finetune.reporting.evaluation import ClipScore
-from finetune.training import assembly, recovery, step
+from finetune.training import assembly, finishing, recovery, step
 from finetune.training.checkpoint_file import list_checkpoints, load_checkpoint
 from tests.conftest import clock_for
 from tests.test_reliability import final_model_is_finite, nan_losses_from, resume, sigterm_on_call
@@ -225,18 +225,17 @@ def test_a_final_evaluation_slower_than_planned_is_cut_short_inside_the_budget(
     2 were planned): it is scored on the clips that fit, says so, is not kept as best on fewer than 3 clips,
     and the run ends inside its budget (a phase can overrun its limit by one clip's misestimate, which the
     safety margin absorbs)."""
-    from finetune.training.loop import TrainingLoop
 
     fake, _ = timed_work
     per_clip = {"s": 0.5}
     slow_clips(monkeypatch, fake, per_clip)
-    real_finish = TrainingLoop.finish
+    real_finish = finishing.finish
 
     def slow_final(loop, reason):
         per_clip["s"] = 2.0
         return real_finish(loop, reason)
 
-    monkeypatch.setattr(TrainingLoop, "finish", slow_final)
+    monkeypatch.setattr(finishing, "finish", slow_final)
     target_s = 60.0
     assert (
         train_vits.main(
@@ -281,12 +280,11 @@ def test_a_finish_whose_parts_take_twice_their_planned_time_ends_inside_the_budg
     from dataclasses import replace
 
     from finetune.reporting.evaluation import Evaluator
-    from finetune.training.loop import TrainingLoop
 
     fake, costs = timed_work
     costs["clips"] = 4  # a micro-batch cut at the deadline costs its clips' share, as the pacer expects
     slow, final = {"clip_s": 0.1, "fit_s": 1.0}, {"on": False}
-    real_group, real_fit, real_finish = Evaluator.score_group, Evaluator.fit_tempo, TrainingLoop.finish
+    real_group, real_fit, real_finish = Evaluator.score_group, Evaluator.fit_tempo, finishing.finish
 
     def scored(self, model, group, *a, **k):
         fake.t += slow["clip_s"] * len(group)
@@ -306,7 +304,7 @@ def test_a_finish_whose_parts_take_twice_their_planned_time_ends_inside_the_budg
 
     monkeypatch.setattr(Evaluator, "score_group", scored)
     monkeypatch.setattr(Evaluator, "fit_tempo", timed_fit)
-    monkeypatch.setattr(TrainingLoop, "finish", twice_as_slow)
+    monkeypatch.setattr(finishing, "finish", twice_as_slow)
     target_s = 60.0
     run = args(prepared_demo, tmp_path, "--target_hours", str(target_s / 3600), "--max_samples", "12")
     run += ["--val_samples", "4", "--val_every", "100", "--max_length_ratio", "4", "--inference_settings", "fitted"]
@@ -335,12 +333,10 @@ def test_a_final_evaluation_cut_short_is_kept_when_better_beyond_the_noise_on_th
     a cut-short evaluation never took part, and a 450 s run's final_model was its start (bench/RESULTS.md)."""
     from dataclasses import replace
 
-    from finetune.training.loop import TrainingLoop
-
     fake, costs = timed_work
     costs["clips"] = 4  # a micro-batch cut to fewer clips takes its share of the time, as the pacer expects
     final = {"on": False}
-    real_group, real_finish = evaluation.Evaluator.score_group, TrainingLoop.finish
+    real_group, real_finish = evaluation.Evaluator.score_group, finishing.finish
 
     def scored(self, model, group, *a, **k):
         fake.t += 0.8 if final["on"] else 0.5
@@ -352,7 +348,7 @@ def test_a_final_evaluation_cut_short_is_kept_when_better_beyond_the_noise_on_th
         return real_finish(loop, reason)
 
     monkeypatch.setattr(evaluation.Evaluator, "score_group", scored)
-    monkeypatch.setattr(TrainingLoop, "finish", slow_final)
+    monkeypatch.setattr(finishing, "finish", slow_final)
     target_s = 60.0
     run = args(prepared_demo, tmp_path, "--target_hours", str(target_s / 3600), "--max_samples", "12")
     # the timing rule wide enough for a barely trained tiny voice: the choice is then the MCD's, clip by clip
@@ -411,10 +407,9 @@ def test_a_final_evaluation_with_no_time_for_one_clip_is_skipped_and_said(
 def test_test_sentences_stop_at_the_time_limit(prepared_demo, tmp_path, timed_work, monkeypatch):
     """Test sentences take 1 s each, then 2.5 s in the final evaluation (10 s where 4 were planned): it
     writes those that fit, is marked cut short, and the run ends inside its budget."""
-    from finetune.training.loop import TrainingLoop
 
     fake, _ = timed_work
-    real_speak, real_finish, real_write = evaluation.speak, TrainingLoop.finish, evaluation.Evaluator.write_samples
+    real_speak, real_finish, real_write = evaluation.speak, finishing.finish, evaluation.Evaluator.write_samples
     per_sentence = {"s": 1.0, "writing": False}
 
     def timed_speak(*a, **k):
@@ -438,7 +433,7 @@ def test_test_sentences_stop_at_the_time_limit(prepared_demo, tmp_path, timed_wo
     )
     monkeypatch.setattr(evaluation, "speak", timed_speak)
     monkeypatch.setattr(evaluation.Evaluator, "write_samples", write_samples)
-    monkeypatch.setattr(TrainingLoop, "finish", slow_final)
+    monkeypatch.setattr(finishing, "finish", slow_final)
     target_s = 60.0
     code = train_vits.main(
         args(

@@ -16,7 +16,7 @@ from transformers import VitsModel
 import train_vits
 from finetune.data import corpus
 from finetune.reporting import evaluation
-from finetune.training import recovery, step
+from finetune.training import finishing, recovery, step
 from finetune.training.checkpoint_file import list_checkpoints, load_checkpoint
 from tests import launch
 from tests.conftest import clock_for
@@ -460,24 +460,23 @@ def test_sigterm_in_the_final_evaluation_still_publishes_the_best_model(
 ):
     """A real SIGTERM while the final evaluation scores its first clip: the budget is spent (a resume would be
     refused), so the stop still copies best_model into the output folder before its checkpoint."""
-    from finetune.training.loop import TrainingLoop
 
     fake, _ = timed_work
     improving_scores(monkeypatch)
-    real_finish, real_score = TrainingLoop.finish, evaluation.Evaluator.score_group
-    finishing = {"on": False}
+    real_finish, real_score = finishing.finish, evaluation.Evaluator.score_group
+    in_finish = {"on": False}
 
     def finish(self, reason):
-        finishing["on"] = True
+        in_finish["on"] = True
         return real_finish(self, reason)
 
     def score_group(self, *a, **k):
-        if finishing["on"]:
-            finishing["on"] = False
+        if in_finish["on"]:
+            in_finish["on"] = False
             os.kill(os.getpid(), signal.SIGTERM)
         return real_score(self, *a, **k)
 
-    monkeypatch.setattr(TrainingLoop, "finish", finish)
+    monkeypatch.setattr(finishing, "finish", finish)
     monkeypatch.setattr(evaluation.Evaluator, "score_group", score_group)
     flags = (*COMMON, "--val_every", "2", "--max_epochs", "2")  # evaluations at steps 0, 4 and 6 (the final one)
     assert train_vits.main(args(prepared_demo, tmp_path, *flags), clock=clock_for(fake)) == 143

@@ -21,14 +21,21 @@ final evaluation's best_model may lose its tempo fit; last_model goes first (its
 last checkpoint. Each part left out is said in the log and
 in metrics.jsonl (`left_out`), with the seconds it needed and the seconds that were left.
 
-Imports only the pacer's module: the loop (finetune/training/loop.py) runs the parts.
+`finish` runs the parts over the loop's own (finetune/training/loop.py: its state, evaluations, exports and
+checkpoints); FinishTimes decides which still fit.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
+from finetune.system.interrupt import StopRequested
+from finetune.training.ending import LoopResult
 from finetune.training.pacing import SLOWER_BY, Costs, Pacer
+
+if TYPE_CHECKING:  # the loop calls these; only its type is named here
+    from finetune.training.loop import TrainingLoop
 
 LAST_MODEL_CHOICES = ("copy of best_model", "export", "export without its tempo fit", "left out")
 TIMED_FROM_S = 1.0  # a part of the finish planned shorter than this does not tell how slow the machine is
@@ -117,3 +124,112 @@ class FinishTimes:
             f"and the safety margin{slower}; {max(0.0, left_s):.1f}s are left: the deadline comes first"
         )
         run_log.event("left_out", part=what.split(" (")[0], needed_s=round(needed_s, 2), left_s=round(left_s, 2))
+
+
+def finish(loop: TrainingLoop, reason: str) -> LoopResult:
+    """The end of a run that was not stopped: on a failure, the best model trained so far published;
+    otherwise the final evaluation (unless the last one saw these weights), best_model copied to the
+    output folder, a checkpoint, then last_model, each part checked against the time left before it
+    starts (FinishTimes: last_model, then the checkpoint, are left out when they no longer fit). In that
+    order of worth: on a full disk the final saves may free older checkpoints, and last_model/ (the
+    checkpoint holds the same weights) is the one left out. A stop request
+    meanwhile still publishes (TrainingLoop.stop_cleanly): the budget is spent, so no resume would."""
+    if reason == "interrupted":
+        raise StopRequested(loop.context.stop.signal_name or "SIGINT")
+    if reason == "out_of_memory":
+        publish_trained_best(loop)  # nothing more fits on the card; what the run learnt still reaches the app
+        return loop.result(reason)
+    loop.progress.finishing = True
+    times = FinishTimes.starting(loop.pacer)
+    if loop.evaluations.last_step != loop.state.step:
+        final_evaluation(loop, times)
+    started, copied = loop.context.now(), (loop.context.paths.best_dir / "config.json").is_file()
+    loop.progress.final_saved = loop.context.dist.broadcast(loop.context.on_main(lambda: save_final(loop)))
+    took_s = loop.context.now() - started
+    if not copied:  # an export, timed as one; a copy's planned figure is only a bound (an export's or less)
+        times.took(times.planned.export_s, took_s)
+    times.copy_s = took_s if copied else None
+    checkpointed = final_checkpoint(loop, times)
+    loop.context.on_main(lambda: save_last(loop, times, checkpointed))
+    return loop.result(reason)
+
+
+def final_checkpoint(loop: TrainingLoop, times: FinishTimes) -> bool:
+    """The last checkpoint, where the run writes them and the time left holds one (a joint decision:
+    writing one is a collective); whether it was written."""
+    if not loop.pacer.costs.checkpoints:
+        return False
+    if not loop.context.dist.broadcast(times.room(times.planned.checkpoint_s)):
+        times.left_out(
+            loop.context.run_log, "the last checkpoint (the one before it stays)", times.planned.checkpoint_s
+        )
+        return False
+    started = loop.context.now()
+    path = loop.checkpoints.write(end_of_epoch=loop.parts.sampler.state.position == 0, final=True)
+    times.took(times.planned.checkpoint_s, loop.context.now() - started)
+    return path is not None
+
+
+def final_evaluation(loop: TrainingLoop, times: FinishTimes) -> None:
+    """The final evaluation; how fast it scored its clips, and a best model it exports, tell how much slower
+    than planned the rest of the finish will run (shared: each process decides the finish's parts alike)."""
+    best_before = loop.state.best.step
+    result = loop.evaluations.evaluate(final=True)
+    done = loop.context.dist.broadcast((result.clips_scored, result.clips_planned, result.seconds) if result else None)
+    if done:
+        times.evaluated(*done)
+    if loop.state.best.step == loop.state.step != best_before:
+        times.took(times.planned.export_s, loop.pacer.costs.export_s)
+
+
+def save_last(loop: TrainingLoop, times: FinishTimes, checkpointed: bool) -> None:
+    """last_model/, written as the time left allows (finishing.py, last_model_choice)."""
+    paths, costs, step = loop.context.paths, times.planned, loop.state.step
+    same_as_best = loop.state.best.step == step and (paths.best_dir / "config.json").is_file()
+    choice = last_model_choice(
+        same_as_best,
+        times.room_for_copy(),
+        times.room(costs.export_s),
+        costs.tempo_fit_s > 0 and times.room(costs.export_s - costs.tempo_fit_s),
+    )
+    summary = {"training_summary.json": final_summary(loop)}
+    if choice == LAST_MODEL_CHOICES[0]:
+        loop.exports.copy_best_as_last(summary, step)
+    elif choice == LAST_MODEL_CHOICES[3]:
+        held = "the last checkpoint holds its weights" if checkpointed else "its weights are not kept"
+        times.left_out(loop.context.run_log, f"last_model ({held})", costs.copy_s if same_as_best else costs.export_s)
+    else:
+        fitted = choice == LAST_MODEL_CHOICES[1]
+        if not fitted:
+            times.left_out(
+                loop.context.run_log,
+                "last_model's tempo fit (its config.json keeps the model's own settings)",
+                costs.export_s,
+            )
+        loop.exports.export(paths.last_dir, summary, step, loop.last_evaluation_here(), tempo=fitted)
+
+
+def save_final(loop: TrainingLoop) -> bool:
+    """OUTPUT_DIR: a copy of best_model, or the last weights when there is none; its
+    training_summary.json says which."""
+    paths, best = loop.context.paths, loop.state.best
+    has_best = (paths.best_dir / "config.json").is_file()
+    loop.progress.final_source = f"best_model (step {best.step})" if has_best else "the last weights (no best_model)"
+    extra = {"training_summary.json": final_summary(loop)}
+    if not has_best:
+        return loop.exports.export(
+            paths.output_dir, extra, loop.state.step, loop.last_evaluation_here(), final=True, tempo=True
+        )
+    return loop.exports.publish_best(extra, best.step)
+
+
+def publish_trained_best(loop: TrainingLoop) -> None:
+    """best_model copied to the output folder, when a trained one is there (a run stopped by a failure:
+    its last weights are not worth publishing, and the starting model is no news to the app)."""
+    trained = loop.state.best.step > 0 and (loop.context.paths.best_dir / "config.json").is_file()
+    if loop.context.dist.broadcast(trained):
+        loop.progress.final_saved = loop.context.dist.broadcast(loop.context.on_main(lambda: save_final(loop)))
+
+
+def final_summary(loop: TrainingLoop) -> dict:
+    return {**loop.summary("finished"), "final_model_holds": loop.progress.final_source}

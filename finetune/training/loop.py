@@ -16,12 +16,13 @@ skipping itself where a resumed run has done it already:
                     --checkpoint_every_minutes, the plan re-estimated at each evaluation
     finish          a final evaluation (unless the last one saw these weights), best_model copied to the
                     output folder, a checkpoint, the last weights' export: all inside the budget
+                    (finetune/training/finishing.py)
 
 A step of the warm-up or of training is one window of micro-batches through the optimizer, top to
 bottom in TrainStep.optimizer_step (finetune/training/step.py), drawn from finetune/training/window.py. Ctrl-C or SIGTERM (finetune/system/interrupt.py) is honoured at the next
 safe point: the window under way is rewound, a checkpoint is written, and the loop returns
 "interrupted". Many non-finite steps in a row send the run back to its last good state at a lower
-learning rate (finetune/training/recovery.py); out-of-memory errors in training refit the batch, bounded
+learning rate (finetune/training/recovery.py, after_failure); out-of-memory errors in training refit the batch, bounded
 (finetune/training/batch_fit.py). One optimizer step reads top to bottom in `training_step` here (its window,
 learning rate, the step, its timing, its report) and TrainStep.optimizer_step in step.py.
 """
@@ -31,16 +32,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-import torch
-
 from finetune.system.errors import ToolError
 from finetune.system.interrupt import StopRequested
-from finetune.training import schedule
-from finetune.training.batch_fit import OOM_WINDOWS_PER_REFIT, OUT_OF_MEMORY_ADVICE
+from finetune.training import finishing, recovery, schedule
 from finetune.training.budget import Plan
 from finetune.training.context import Run
 from finetune.training.ending import LoopResult, RunFigures, summary
-from finetune.training.finishing import LAST_MODEL_CHOICES, FinishTimes, last_model_choice
 from finetune.training.machinery import Machinery
 from finetune.training.run_settings import LoopSettings
 from finetune.training.state import TrainingState
@@ -102,7 +99,7 @@ class TrainingLoop:
             self.pacer.costs.report_s = self.context.dist.broadcast(self.pacer.costs.report_s)
             self.baseline_evaluation()
             reason = self.discriminator_warmup() or self.benchmark() or self.train()
-            return self.finish(reason)
+            return finishing.finish(self, reason)
         except StopRequested:
             return self.stop_cleanly()
         finally:
@@ -169,7 +166,7 @@ class TrainingLoop:
             elapsed = self.context.now() - started
             self.progress.train_s += elapsed  # the data it waited for is counted too (the feed's wait_s)
             reached = warmup.record(result, elapsed)
-            failure = self.after_failure(result, f"discriminator warm-up step {progress.done}")
+            failure = recovery.after_failure(self, result, f"discriminator warm-up step {progress.done}")
             if failure:
                 return failure
             if reached:
@@ -216,7 +213,7 @@ class TrainingLoop:
             result, last = self.training_step()
             if self.step_callback is not None:
                 self.step_callback(self)
-            failure = self.after_failure(result)
+            failure = recovery.after_failure(self, result)
             if failure:
                 return failure
             if last:
@@ -243,96 +240,15 @@ class TrainingLoop:
         if self.context.dist.any(self.pacer.checkpoint_due(epoch_ended, self.checkpoints.since_last_s())):
             self.checkpoints.write(end_of_epoch=epoch_ended)
 
-    def finish(self, reason: str) -> LoopResult:
-        """The end of a run that was not stopped: on a failure, the best model trained so far published;
-        otherwise the final evaluation (unless the last one saw these weights), best_model copied to the
-        output folder, a checkpoint, then last_model, each part checked against the time left before it
-        starts (finetune/training/finishing.py: last_model, then the checkpoint, are left out when they
-        no longer fit). In that order of worth: on a full disk the final saves may free older checkpoints,
-        and last_model/ (the checkpoint holds the same weights) is the one left out. A stop request
-        meanwhile still publishes (stop_cleanly): the budget is spent, so no resume would."""
-        if reason == "interrupted":
-            raise StopRequested(self.context.stop.signal_name or "SIGINT")
-        if reason == "out_of_memory":
-            self.publish_trained_best()  # nothing more fits on the card; what the run learnt still reaches the app
-            return self.result(reason)
-        self.progress.finishing = True
-        times = FinishTimes.starting(self.pacer)
-        if self.evaluations.last_step != self.state.step:
-            self.final_evaluation(times)
-        started, copied = self.context.now(), (self.context.paths.best_dir / "config.json").is_file()
-        self.progress.final_saved = self.context.dist.broadcast(self.context.on_main(self.save_final))
-        took_s = self.context.now() - started
-        if not copied:  # an export, timed as one; a copy's planned figure is only a bound (an export's or less)
-            times.took(times.planned.export_s, took_s)
-        times.copy_s = took_s if copied else None
-        checkpointed = self.final_checkpoint(times)
-        self.context.on_main(lambda: self.save_last(times, checkpointed))
-        return self.result(reason)
-
-    def final_checkpoint(self, times: FinishTimes) -> bool:
-        """The last checkpoint, where the run writes them and the time left holds one (a joint decision:
-        writing one is a collective); whether it was written."""
-        if not self.pacer.costs.checkpoints:
-            return False
-        if not self.context.dist.broadcast(times.room(times.planned.checkpoint_s)):
-            times.left_out(
-                self.context.run_log, "the last checkpoint (the one before it stays)", times.planned.checkpoint_s
-            )
-            return False
-        started = self.context.now()
-        path = self.checkpoints.write(end_of_epoch=self.parts.sampler.state.position == 0, final=True)
-        times.took(times.planned.checkpoint_s, self.context.now() - started)
-        return path is not None
-
-    def final_evaluation(self, times: FinishTimes) -> None:
-        """The final evaluation; how fast it scored its clips, and a best model it exports, tell how much slower
-        than planned the rest of the finish will run (shared: each process decides the finish's parts alike)."""
-        best_before = self.state.best.step
-        result = self.evaluations.evaluate(final=True)
-        done = self.context.dist.broadcast(
-            (result.clips_scored, result.clips_planned, result.seconds) if result else None
-        )
-        if done:
-            times.evaluated(*done)
-        if self.state.best.step == self.state.step != best_before:
-            times.took(times.planned.export_s, self.pacer.costs.export_s)
-
-    def save_last(self, times: FinishTimes, checkpointed: bool) -> None:
-        """last_model/, written as the time left allows (finishing.py, last_model_choice)."""
-        paths, costs, step = self.context.paths, times.planned, self.state.step
-        same_as_best = self.state.best.step == step and (paths.best_dir / "config.json").is_file()
-        choice = last_model_choice(
-            same_as_best,
-            times.room_for_copy(),
-            times.room(costs.export_s),
-            costs.tempo_fit_s > 0 and times.room(costs.export_s - costs.tempo_fit_s),
-        )
-        summary = {"training_summary.json": self.final_summary()}
-        if choice == LAST_MODEL_CHOICES[0]:
-            self.exports.copy_best_as_last(summary, step)
-        elif choice == LAST_MODEL_CHOICES[3]:
-            held = "the last checkpoint holds its weights" if checkpointed else "its weights are not kept"
-            times.left_out(
-                self.context.run_log, f"last_model ({held})", costs.copy_s if same_as_best else costs.export_s
-            )
-        else:
-            fitted = choice == LAST_MODEL_CHOICES[1]
-            if not fitted:
-                times.left_out(
-                    self.context.run_log,
-                    "last_model's tempo fit (its config.json keeps the model's own settings)",
-                    costs.export_s,
-                )
-            self.exports.export(paths.last_dir, summary, step, self.last_evaluation_here(), tempo=fitted)
-
     def stop_cleanly(self) -> LoopResult:
         """After a stop request: back to the last completed step if it came mid-window, then a checkpoint
         (and, in the final evaluation, the output folder first)."""
         self.windows.rewind()
         train_mode(self.parts.step.model, self.parts.frozen_parts)
         if self.progress.finishing and not self.progress.final_saved:
-            self.progress.final_saved = self.context.dist.broadcast(self.context.on_main(self.save_final))
+            self.progress.final_saved = self.context.dist.broadcast(
+                self.context.on_main(lambda: finishing.save_final(self))
+            )
         result = self.result("interrupted")
         result.checkpoint = self.checkpoints.write(end_of_epoch=False, final=True)  # None: none could be written
         return result
@@ -493,74 +409,6 @@ class TrainingLoop:
         }
         self.context.run_log.step(self.context.now(), fields, used, accumulation, losses, scalars)
 
-    # ------------------------------------------------------------ when steps keep failing
-
-    def after_failure(self, result: StepResult, at: str = "") -> str | None:
-        """A stop reason when training cannot go on, else None (after going back to the last good state
-        if the failures call for it). `at` names the step for the log (default: the training step)."""
-        at, setbacks, logger = at or f"step {self.state.step}", self.state.setbacks, self.context.run_log.logger
-        if result.update_failed and not result.first_update:
-            self.refit(result.reason, self.state.step + 1)  # as the bound says; the torn update is rolled back below
-        if (result.oom or result.update_failed) and self.fitter.exhausted:  # the same on every process: no collective
-            logger.error(
-                f"error: out of GPU memory again at one clip a micro-batch ({result.reason or 'on another process'}; "
-                f"{OOM_WINDOWS_PER_REFIT} windows since the last refit): stopped; best_model is what the run keeps. "
-                f"{OUT_OF_MEMORY_ADVICE}"
-            )
-            return "out_of_memory"
-        action = self.divergence.record(result.applied, result.reason.startswith("non-finite"), result.update_failed)
-        if action == "ok":
-            return None
-        if result.update_failed and result.first_update:
-            self.go_back()
-            logger.error(
-                "error: the optimizers' state does not fit in GPU memory (the first update ran out of it): "
-                "freeze parts (--freeze posterior_encoder), use a narrower --discriminator_width, or a GPU "
-                "with more memory; nothing was trained"
-            )
-            return "out_of_memory"
-        went_back, restored = self.go_back()
-        if not went_back:
-            return "out_of_memory"
-        where = self.last_good.describe() + (f" (step {restored})" if restored is not None else "")
-        if action == "give_up":
-            logger.error(
-                f"error: training keeps failing ({result.reason}) after going back {self.divergence.rollbacks} "
-                f"times: stopped with the last good weights, {where}. Lower --learning_rate, or check the data"
-            )
-            return "diverged"
-        setbacks.lr_scale *= self.divergence.policy.lr_factor
-        setbacks.rollbacks = self.divergence.rollbacks
-        what = (
-            f"{result.reason} at {at}"
-            if result.update_failed
-            else f"{result.reason} in {self.divergence.policy.max_in_row} steps in a row ({at})"
-        )
-        logger.warning(
-            f"warning: {what}: went back to {where}; learning rate now x{setbacks.lr_scale:g} of the schedule"
-        )
-        self.context.run_log.event(
-            "rollback", step=self.state.step, at=at, to=where, lr_scale=setbacks.lr_scale, reason=result.reason
-        )
-        return None
-
-    def go_back(self) -> tuple[bool, int | None]:
-        """The last good state put back on every process: (whether it could be, its step). Loading it may
-        itself run out of GPU memory (the card just did): then every process stops, said in one line."""
-        restored, failed = None, ""
-        try:
-            restored = self.last_good.restore(self.parts.step.model, self.parts.step.discriminator, self.parts.step)
-        except torch.OutOfMemoryError as error:  # torch.cuda.OutOfMemoryError is this type
-            failed = str(error).strip().splitlines()[0] if str(error).strip() else "out of memory"
-        if self.context.dist.any(bool(failed)):
-            where = failed or "on another process"
-            self.context.run_log.logger.error(
-                f"error: going back to {self.last_good.describe()} ran out of GPU memory "
-                f"({where}): stopped; best_model is what the run keeps. {OUT_OF_MEMORY_ADVICE}"
-            )
-            return False, None
-        return True, restored
-
     def keep_the_warmed_discriminator(self) -> None:
         """After the warm-up, the warmed discriminator becomes the state to go back to: a checkpoint (which
         also keeps it from a kill), or, where the run writes none or the write failed, a copy in RAM."""
@@ -621,31 +469,6 @@ class TrainingLoop:
         """The last evaluation's figures when it saw the weights as they are now."""
         last = self.evaluations.last
         return last.summary() if last is not None and last.step == self.state.step else None
-
-    def save_final(self) -> bool:
-        """OUTPUT_DIR: a copy of best_model, or the last weights when there is none; its
-        training_summary.json says which."""
-        paths, best = self.context.paths, self.state.best
-        has_best = (paths.best_dir / "config.json").is_file()
-        self.progress.final_source = (
-            f"best_model (step {best.step})" if has_best else "the last weights (no best_model)"
-        )
-        extra = {"training_summary.json": self.final_summary()}
-        if not has_best:
-            return self.exports.export(
-                paths.output_dir, extra, self.state.step, self.last_evaluation_here(), final=True, tempo=True
-            )
-        return self.exports.publish_best(extra, best.step)
-
-    def publish_trained_best(self) -> None:
-        """best_model copied to the output folder, when a trained one is there (a run stopped by a failure:
-        its last weights are not worth publishing, and the starting model is no news to the app)."""
-        trained = self.state.best.step > 0 and (self.context.paths.best_dir / "config.json").is_file()
-        if self.context.dist.broadcast(trained):
-            self.progress.final_saved = self.context.dist.broadcast(self.context.on_main(self.save_final))
-
-    def final_summary(self) -> dict:
-        return {**self.summary("finished"), "final_model_holds": self.progress.final_source}
 
     def summary(self, reason: str) -> dict:
         return summary(

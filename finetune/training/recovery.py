@@ -17,10 +17,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
+from finetune.training.batch_fit import OOM_WINDOWS_PER_REFIT, OUT_OF_MEMORY_ADVICE
 from finetune.training.checkpoint_file import load_checkpoint
+
+if TYPE_CHECKING:  # the loop calls after_failure; only its types are named here
+    from finetune.training.loop import TrainingLoop
+    from finetune.training.step import StepResult
 
 
 @dataclass
@@ -99,3 +105,69 @@ class LastGoodState:
         discriminator.load_state_dict(self.snapshot["discriminator"])
         train_step.reset_optimizers()
         return None
+
+
+def after_failure(loop: TrainingLoop, result: StepResult, at: str = "") -> str | None:
+    """A stop reason when training cannot go on, else None (after going back to the last good state
+    if the failures call for it). `at` names the step for the log (default: the training step)."""
+    at, setbacks, logger = at or f"step {loop.state.step}", loop.state.setbacks, loop.context.run_log.logger
+    if result.update_failed and not result.first_update:
+        loop.refit(result.reason, loop.state.step + 1)  # as the bound says; the torn update is rolled back below
+    if (result.oom or result.update_failed) and loop.fitter.exhausted:  # the same on every process: no collective
+        logger.error(
+            f"error: out of GPU memory again at one clip a micro-batch ({result.reason or 'on another process'}; "
+            f"{OOM_WINDOWS_PER_REFIT} windows since the last refit): stopped; best_model is what the run keeps. "
+            f"{OUT_OF_MEMORY_ADVICE}"
+        )
+        return "out_of_memory"
+    action = loop.divergence.record(result.applied, result.reason.startswith("non-finite"), result.update_failed)
+    if action == "ok":
+        return None
+    if result.update_failed and result.first_update:
+        go_back(loop)
+        logger.error(
+            "error: the optimizers' state does not fit in GPU memory (the first update ran out of it): "
+            "freeze parts (--freeze posterior_encoder), use a narrower --discriminator_width, or a GPU "
+            "with more memory; nothing was trained"
+        )
+        return "out_of_memory"
+    went_back, restored = go_back(loop)
+    if not went_back:
+        return "out_of_memory"
+    where = loop.last_good.describe() + (f" (step {restored})" if restored is not None else "")
+    if action == "give_up":
+        logger.error(
+            f"error: training keeps failing ({result.reason}) after going back {loop.divergence.rollbacks} "
+            f"times: stopped with the last good weights, {where}. Lower --learning_rate, or check the data"
+        )
+        return "diverged"
+    setbacks.lr_scale *= loop.divergence.policy.lr_factor
+    setbacks.rollbacks = loop.divergence.rollbacks
+    what = (
+        f"{result.reason} at {at}"
+        if result.update_failed
+        else f"{result.reason} in {loop.divergence.policy.max_in_row} steps in a row ({at})"
+    )
+    logger.warning(f"warning: {what}: went back to {where}; learning rate now x{setbacks.lr_scale:g} of the schedule")
+    loop.context.run_log.event(
+        "rollback", step=loop.state.step, at=at, to=where, lr_scale=setbacks.lr_scale, reason=result.reason
+    )
+    return None
+
+
+def go_back(loop: TrainingLoop) -> tuple[bool, int | None]:
+    """The last good state put back on every process: (whether it could be, its step). Loading it may
+    itself run out of GPU memory (the card just did): then every process stops, said in one line."""
+    restored, failed = None, ""
+    try:
+        restored = loop.last_good.restore(loop.parts.step.model, loop.parts.step.discriminator, loop.parts.step)
+    except torch.OutOfMemoryError as error:  # torch.cuda.OutOfMemoryError is this type
+        failed = str(error).strip().splitlines()[0] if str(error).strip() else "out of memory"
+    if loop.context.dist.any(bool(failed)):
+        where = failed or "on another process"
+        loop.context.run_log.logger.error(
+            f"error: going back to {loop.last_good.describe()} ran out of GPU memory "
+            f"({where}): stopped; best_model is what the run keeps. {OUT_OF_MEMORY_ADVICE}"
+        )
+        return False, None
+    return True, restored
