@@ -22,7 +22,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from finetune.cli import ConfigError, config_to_dict, flag, parse_config
-from finetune.data.prepare import ClipSettings, Preparer, write_outputs
+from finetune.data.prepare import ClipSettings, Preparer
+from finetune.data.prepared_folder import write_outputs
 from finetune.data.quality import QualityLimits
 from finetune.data.sources import SourceError, open_source
 from finetune.data.text import TextNormalizer

@@ -12,8 +12,8 @@ from transformers import VitsModel, pipeline
 import prepare_data
 import train_vits
 from finetune.data.held_out import split_by_speaker, split_validation
-from finetune.data.metadata import read_rows
-from finetune.data.prepare import Kept, write_metadata
+from finetune.data.metadata import read_rows, write_metadata
+from finetune.data.prepare import Kept
 from finetune.vits.inference import speak
 from finetune.vits.objective import generator_forward
 from finetune.vits.speakers import MULTI_SPEAKER_DIR, add_speakers, conditioning_layers, single_speaker

@@ -1,5 +1,5 @@
-"""A prepared corpus's lists: `metadata.csv` and `metadata_val.csv`, one clip a line, read without loading any
-audio (so a recipe's flags can be checked, and a corpus's speakers counted, before torch is imported).
+"""A prepared corpus's lists: `metadata.csv` and `metadata_val.csv`, one clip a line, written atomically and read
+without loading any audio (so a recipe's flags can be checked, and a corpus's speakers counted, before torch is imported).
 
     id|text            one speaker (the speaker is "")
     id|speaker|text    several speakers (every line so)
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from finetune.system.atomic import write_text_atomic
 from finetune.system.errors import ToolError
 
 WAV_HEADER_BYTES = 44  # a prepared clip's WAV header: 16-bit mono PCM, so hours follow from the file sizes
@@ -43,3 +44,9 @@ def texts_of(data_dir: Path) -> dict[str, str]:
     """Clip id -> text of a prepared folder's lists (training and held-out, those there are)."""
     names = [name for name in ("metadata.csv", "metadata_val.csv") if (data_dir / name).is_file()]
     return {item: text for name in names for item, text in read_metadata(data_dir / name)}
+
+
+def write_metadata(path: Path, rows: list[tuple[str, str, str]], with_speakers: bool) -> None:
+    """`id|text` lines, or `id|speaker|text` (Piper's multi-speaker layout) when `with_speakers`."""
+    lines = (f"{i}|{speaker}|{text}\n" if with_speakers else f"{i}|{text}\n" for i, speaker, text in rows)
+    write_text_atomic(path, "".join(lines))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from finetune.data import prepare, sources
+from finetune.data import prepare, prepared_folder, sources
 from finetune.data.corpus import load_examples
 from finetune.data.metadata import read_rows
 from finetune.data.speakers import clip_hours
@@ -79,7 +79,7 @@ def prepare_corrections(
         max_seconds=max_seconds,
     )
     preparer = prepare.Preparer(out, TextNormalizer(model_source.model_vocabulary(model)), settings, num_workers=1)
-    report = prepare.write_outputs(out, preparer.run(source), 0.0, {"source": source.description})
+    report = prepared_folder.write_outputs(out, preparer.run(source), 0.0, {"source": source.description})
     logger.info(
         f"corrections: {report['counts']['kept']} of {report['counts']['items']} usable"
         + "".join(f"; {d['id']} dropped: {d['reason']} ({d['detail']})" for d in report["dropped"])
