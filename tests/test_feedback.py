@@ -945,6 +945,15 @@ def test_the_words_that_carry_the_fix_are_held_out_in_their_share_the_rest_train
     everywhere = [f"bavê min {i}" for i in range(12)]  # one word in every correction: a third of them held out
     held, _ = hold_out(everywhere, 0.34, 0, carriers=Focus(words=("min",)).carriers)
     assert len(held) == 4
+    # --find's corrections of two mistakes, a round on one: its share of the corrections that say it is held out,
+    # the rest of them trained on (a share of all 96 held out all 36 with "min", none left to learn it from)
+    six = range(6)  # readers of each sentence
+    texts_only = [f"bavê min {i}" for i in range(6) for _ in six] + [f"şev {i} baş" for i in range(10) for _ in six]
+    for seed in range(10):
+        held, trained = hold_out(texts_only, 0.34, seed, carriers=Focus(words=("min",)).carriers)
+        with_min = lambda side: len({texts_only[i] for i in side if "min" in texts_only[i].split()})  # noqa: E731
+        assert with_min(held) == 2 and with_min(trained) == 4, seed  # sentences, each read by six
+        assert len(held) == 12
 
 
 def test_too_few_corrections_to_hold_some_out_decide_on_the_trained_ones():

@@ -105,10 +105,11 @@ def hold_out(
     """(held out, trained): indices of the corrections (their texts), split by sentence, never one sentence on both
     sides. Sentences the voice's earlier rounds held out (`held_before`, sentence_keys) are held out again; then
     sentences drawn with `seed` until `share` of the corrections (at least MIN_HELD_OUT) are held out, as many at
-    least left to train on. `carriers(text)`: the words of a sentence that say what the round corrects; the
-    sentences with some are drawn first (the held-out ones must show the fix), and a sentence is held out only
-    while each of those words that other corrections hold too stays held out in about `share` of its sentences,
-    the rest left to train on, as a split stratified by word would (drawn as they came, the bench's 24 corrections
+    least left to train on. `carriers(text)`: the words of a sentence that say what the round corrects; the share
+    is of the corrections with some (--find's corrections of a letter and a word, a round on the word: a share of
+    all 96 held out all 36 with the word, and none was left to learn it from), those sentences are drawn first
+    (the held-out ones must show the fix), and a sentence is held out only while each of those words that other
+    corrections hold too stays held out in about `share` of its sentences, the rest left to train on, as a split stratified by word would (drawn as they came, the bench's 24 corrections
     of x held out all four with "xwe", the commonest word with x, and the round never learnt it:
     bench/log/2026-12-05.md); where that leaves too few held out, the others drawn follow in the same order. None
     held out (`share` 0, or too few sentences): the round then decides on those it trained on, which says they
@@ -121,7 +122,9 @@ def hold_out(
         fresh = [key for key in groups if key not in held_before]
         words = {key: carriers(key) if carriers else set() for key in groups}
         relevant = [key for key in fresh if carriers is None or words[key]] or fresh
-        wanted = max(MIN_HELD_OUT, round(share * len(texts)))
+        # the share of the corrections that can show the fix: those of other mistakes decide nothing here
+        showing = sum(len(groups[key]) for key in groups if carriers is None or words[key]) or len(texts)
+        wanted = max(MIN_HELD_OUT, round(share * showing))
         sentences = Counter(w for key in groups for w in words[key])
         most = {w: min(n - 1, max(1, round(share * n))) for w, n in sentences.items()}  # held out of a word's n
         held_with = Counter(w for key in held_keys for w in words[key])
