@@ -2,8 +2,8 @@
 
 bench_corrections.py's voice (bench/learnt_voice.py: a pretrained tiny voice fine-tuned on one reader's recordings
 that say x as k, ş as s and the word "min" as "man" while their transcripts keep them right) is heard against a
-crowd of three readers neither corpus holds (learnt_voice.CORRECTORS), on the judge's sentences: those no step of
-the voice's run or of any round saw (learnt_voice's unseen and other sentences). The voice's own reader's clips are
+crowd of readers neither corpus holds (--readers: 3 by default, learnt_voice.CORRECTORS; up to 6), on the judge's
+sentences: those no step of the voice's run or of any round saw (learnt_voice's unseen and other sentences). The voice's own reader's clips are
 its readings of the same sentences, with its mistakes (judge/mistaken): what a held-out clip of theirs says. Two
 crowds, the same voice and the same own clips:
 
@@ -23,12 +23,19 @@ a round at the user's defaults with `--focus` the first it found (bench_correcti
 judge then hears the voice before and after on that mistake's sentences kept apart, which neither --find nor the
 round saw. --smoke (after bench_corrections.py --smoke): the crowd is the judge's right readings under three
 names, the planted case alone; its figures mean nothing.
+
+--crowds K: --find on K crowds of --crowd_size readers (3 by default) drawn from the six, both cases: in how many
+the planted letter and word rank in the top 3 and beyond the noise, and in how many a crowd with nothing to find
+has anything reported beyond the noise (its false alarms). The crowds share readers and sentences: a spread over
+crowds, not independent trials.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import random
 import shutil
 import sys
 from pathlib import Path
@@ -39,15 +46,27 @@ from bench.machine import describe
 from finetune.data.metadata import read_rows
 
 CASES = ("planted", "none")
+# Readers beyond learnt_voice.CORRECTORS for a larger crowd (--readers): espeak-ng voices neither corpus nor the
+# corrections hold. Common Voice Kurmanji has hundreds of readers; three is the fewest --find judges a word across.
+MORE_READERS = (("ku+m4", 140, 35), ("ku+f1", 170, 70), ("ku+m6", 150, 48))
 
 
-def crowd_readings(work: Path, case: str, texts: dict[str, str], mistakes, smoke: bool) -> dict[str, Path]:
+def crowd_voices(count: int) -> tuple:
+    voices = (*learnt_voice.CORRECTORS, *MORE_READERS)
+    if not len(learnt_voice.CORRECTORS) <= count <= len(voices):
+        raise SystemExit(f"--readers takes {len(learnt_voice.CORRECTORS)} to {len(voices)}")
+    return voices[:count]
+
+
+def crowd_readings(
+    work: Path, case: str, texts: dict[str, str], mistakes, smoke: bool, readers: int
+) -> dict[str, Path]:
     """Each crowd reader's prepared folder (16 kHz, as prepare_data.py writes it) of the judge's sentences, said
     right (planted) or with the voice's mistakes (none)."""
-    if smoke:  # the judge's right readings, under three names: no espeak-ng
-        return {f"reader{n}": work / "judge_right" for n in range(len(learnt_voice.CORRECTORS))}
+    if smoke:  # the judge's right readings, under `readers` names: no espeak-ng
+        return {f"reader{n}": work / "judge_right" for n in range(readers)}
     prepared = {}
-    for n, reader in enumerate(learnt_voice.CORRECTORS):
+    for n, reader in enumerate(crowd_voices(readers)):
         name = f"reader{n}"
         folder = work / "find_recordings" / case / name
         said = (lambda t: t) if case == "planted" else (lambda t: learnt_voice.mistaken_reading(t, mistakes, reader))
@@ -99,11 +118,11 @@ def judge_folders(work: Path, mistake, apart: set[str]) -> dict[str, Path]:
     return folders
 
 
-def round_from_the_crowd(work: Path, texts: dict, mistakes, voice: Path, smoke: bool) -> dict:
+def round_from_the_crowd(work: Path, texts: dict, mistakes, voice: Path, smoke: bool, readers: int) -> dict:
     """--find on the crowd without the sentences kept apart (half of each mistake's), a round on its corrections with
     the first unit it found as the focus, the judge on that mistake's sentences kept apart."""
     apart = {item for m in mistakes for item in kept_apart(work, m)}
-    crowd = crowd_readings(work, "planted", texts, mistakes, smoke)
+    crowd = crowd_readings(work, "planted", texts, mistakes, smoke, readers)
     data = crowd_corpus(work, "round", work / "judge_mistaken", crowd, leave_out=apart)
     found = find(work, "round", data, voice)
     beyond = [f for f in found["findings"] if f["beyond_noise"]]
@@ -135,6 +154,59 @@ def round_from_the_crowd(work: Path, texts: dict, mistakes, voice: Path, smoke: 
         "round": {k: report.get(k) for k in ("accepted", "reason", "decided_by", "improvement", "steps")},
         **judged,
     }
+
+
+def many_crowds(work: Path, texts: dict, mistakes, voice: Path, count: int, size: int, smoke: bool) -> dict:
+    """--find on `count` crowds of `size` readers each, drawn from the six (every reader's recordings made once):
+    how often each planted mistake ranks in the top 3 and beyond the noise, and how often a crowd that says the
+    sentences as the voice does has anything reported beyond the noise (the false-alarm rate). The crowds share
+    readers and sentences, so they are not independent draws: a spread, not a confidence."""
+    voices = crowd_voices(len(learnt_voice.CORRECTORS) + len(MORE_READERS))
+    subsets = list(itertools.combinations(range(len(voices)), size))
+    random.Random(0).shuffle(subsets)
+    results = {}
+    for case in CASES[:1] if smoke else CASES:
+        everyone = crowd_readings(work, case, texts, mistakes, smoke, len(voices))
+        heard = []
+        for number, subset in enumerate(subsets[:count]):
+            crowd = {f"reader{n}": everyone[f"reader{n}"] for n in subset}
+            found = find(
+                work,
+                f"{case}_crowd{number}",
+                crowd_corpus(work, f"{case}_crowd", work / "judge_mistaken", crowd),
+                voice,
+            )
+            beyond = [f"{f['kind']} {f['unit']}" for f in found["findings"] if f["beyond_noise"]]
+            heard.append(
+                {"readers": [voices[n][0] for n in subset], "beyond_noise": beyond, "planted": placed(found, mistakes)}
+            )
+            print(
+                f"  {case} crowd {number + 1}/{min(count, len(subsets))} ({', '.join(heard[-1]['readers'])}): beyond the noise {beyond}",
+                flush=True,
+            )
+        crowds = len(heard)
+        if case == "none":
+            results[case] = {
+                "crowds": crowds,
+                "false_alarms": sum(bool(h["beyond_noise"]) for h in heard),
+                "reported": sorted({u for h in heard for u in h["beyond_noise"]}),
+            }
+        else:
+            results[case] = {
+                "crowds": crowds,
+                **{
+                    m.name: {
+                        "top3": sum((h["planted"][m.name].get("place") or 99) <= 3 for h in heard),
+                        "beyond_noise": sum(bool(h["planted"][m.name].get("beyond_noise")) for h in heard),
+                    }
+                    for m in mistakes
+                },
+                "others_beyond_noise": sum(
+                    any(u.split(" ", 1)[1] not in {m.right for m in mistakes} for u in h["beyond_noise"]) for h in heard
+                ),
+            }
+        results[f"{case}_each"] = heard
+    return results
 
 
 def find(work: Path, case: str, data: Path, voice: Path) -> dict:
@@ -170,17 +242,25 @@ def main() -> None:
         "--smoke", action="store_true", help="after bench_corrections.py --smoke (figures mean nothing)"
     )
     parser.add_argument("--round", action="store_true", help="and a round from the crowd's corrections, judged apart")
+    parser.add_argument(
+        "--crowds", type=int, default=0, help="and --find on this many crowds of --crowd_size readers of the six"
+    )
+    parser.add_argument("--crowd_size", type=int, default=3, help="readers in each of --crowds (3 to 6)")
+    parser.add_argument(
+        "--readers", type=int, default=len(learnt_voice.CORRECTORS), help="how many readers the crowd has (3 to 6)"
+    )
     args = parser.parse_args()
     print(f"machine: {describe()}", flush=True)
+    crowd_voices(args.readers), crowd_voices(args.crowd_size)  # a count it cannot make refused before any work
     work = Path(args.work_dir)
     voice = work / "voice" / "final_model"
     if not (voice / "config.json").is_file():
         sys.exit(f"no voice in {work}: run bench/bench_corrections.py --work_dir {work} first")
     mistakes = learnt_voice.parse_mistakes(args.mistakes)
     texts = {item: text for item, _, text in read_rows(work / "judge_right" / "metadata.csv")}
-    results = {}
+    results = {"crowd_readers": args.readers}
     for case in CASES[:1] if args.smoke else CASES:
-        crowd = crowd_readings(work, case, texts, mistakes, args.smoke)
+        crowd = crowd_readings(work, case, texts, mistakes, args.smoke, args.readers)
         found = find(work, case, crowd_corpus(work, case, work / "judge_mistaken", crowd), voice)
         beyond = [f"{f['kind']} {f['unit']}" for f in found["findings"] if f["beyond_noise"]]
         results[case] = {
@@ -199,8 +279,13 @@ def main() -> None:
             print(f"  {name}: {where}")
         for line in results[case]["top5"]:
             print(f"  top: {line}")
+    if args.crowds:
+        results["crowds"] = many_crowds(work, texts, mistakes, voice, args.crowds, args.crowd_size, args.smoke)
+        print(
+            f"\n== {args.crowds} crowds of {args.crowd_size}: {json.dumps({k: v for k, v in results['crowds'].items() if not k.endswith('_each')})}"
+        )
     if args.round:
-        results["round"] = round_from_the_crowd(work, texts, mistakes, voice, args.smoke)
+        results["round"] = round_from_the_crowd(work, texts, mistakes, voice, args.smoke, args.readers)
         print(
             f"\n== a round from the crowd's corrections, judged on sentences kept apart: {json.dumps(results['round'])}"
         )
