@@ -19,9 +19,9 @@ whole crowd here).
 
 --round: the whole path, with no recording by the user. Half of each mistake's sentences (every other one) are
 kept apart; --find hears the crowd on the rest, and its corrections/ (the crowd's clips of what it found) feed
-a round at the user's defaults with `--focus` the first it found (bench_corrections.feedback_round); bench_corrections'
-judge then hears the voice before and after on that mistake's sentences kept apart, which neither --find nor the
-round saw. --smoke (after bench_corrections.py --smoke): the crowd is the judge's right readings under three
+a round from the voice at the user's defaults with `--focus` the first it found (--rounds N: each of the first N,
+a round each; bench_corrections.feedback_round); bench_corrections' judge then hears the voice before and after on
+that mistake's sentences kept apart, which neither --find nor the round saw. --smoke (after bench_corrections.py --smoke): the crowd is the judge's right readings under three
 names, the planted case alone; its figures mean nothing.
 
 --crowds K: --find on K crowds of --crowd_size readers (3 by default) drawn from the six, both cases: in how many
@@ -118,9 +118,12 @@ def judge_folders(work: Path, mistake, apart: set[str]) -> dict[str, Path]:
     return folders
 
 
-def round_from_the_crowd(work: Path, texts: dict, mistakes, voice: Path, smoke: bool, readers: int) -> dict:
-    """--find on the crowd without the sentences kept apart (half of each mistake's), a round on its corrections with
-    the first unit it found as the focus, the judge on that mistake's sentences kept apart."""
+def round_from_the_crowd(
+    work: Path, texts: dict, mistakes, voice: Path, smoke: bool, readers: int, rounds: int
+) -> dict:
+    """--find on the crowd without the sentences kept apart (half of each mistake's), then for each of the first
+    `rounds` units it found beyond the noise, a round from the voice on its corrections with that unit as the
+    focus, and the judge on that mistake's sentences kept apart."""
     apart = {item for m in mistakes for item in kept_apart(work, m)}
     crowd = crowd_readings(work, "planted", texts, mistakes, smoke, readers)
     data = crowd_corpus(work, "round", work / "judge_mistaken", crowd, leave_out=apart)
@@ -128,27 +131,32 @@ def round_from_the_crowd(work: Path, texts: dict, mistakes, voice: Path, smoke: 
     beyond = [f for f in found["findings"] if f["beyond_noise"]]
     corrections = work / "find_round" / "corrections"  # what --find wrote
     if smoke:  # figures mean nothing: the smoke crowd is too small to correct; bench_corrections' own corrections
-        mistake = mistakes[0]
-        corrections = work / "recordings" / f"corrections_{learnt_voice.safe(mistake.name)}"
-    elif not beyond:
-        return {"found": [], "round": "none: nothing beyond the noise"}
+        corrections = work / "recordings" / f"corrections_{learnt_voice.safe(mistakes[0].name)}"
+        chosen = [mistakes[0]]
     else:
-        first = beyond[0]
-        mistake = next((m for m in mistakes if (m.kind, m.right) == (first["kind"], first["unit"])), None)
-        if mistake is None:
-            return {
-                "found": [f"{f['kind']} {f['unit']}" for f in beyond],
-                "round": "none: the first found is no mistake",
-            }
+        named = {(m.kind, m.right): m for m in mistakes}
+        chosen = [named.get((f["kind"], f["unit"]), f"{f['kind']} {f['unit']}") for f in beyond[:rounds]]
+    results = {"found": [f"{f['kind']} {f['unit']}" for f in beyond], "rounds": []}
+    for mistake in chosen:
+        if isinstance(mistake, str):  # reported, but nothing the voice was made to say wrong: no judge for it
+            results["rounds"].append({"focus": mistake, "round": "none: what was found is no planted mistake"})
+            continue
+        results["rounds"].append(one_round(work, mistake, corrections, smoke))
+        print(f"  round on {mistake.name}: {json.dumps(results['rounds'][-1])}", flush=True)
+    return results
+
+
+def one_round(work: Path, mistake, corrections: Path, smoke: bool) -> dict:
+    """A round from the voice at the user's defaults on --find's corrections, `--focus` the mistake's letter or
+    word, judged before and after on the mistake's sentences kept apart."""
     focus = mistake.right if mistake.kind == "letter" else f"word:{mistake.right}"
-    case = work / "find_round_case"
+    case = work / f"find_round_case_{learnt_voice.safe(mistake.name)}"
     report = feedback_round(work / "voice", work / "user_data", corrections, case, smoke, ["--focus", focus])
     before = work / "voice" / "checkpoints" / "best_model"
     after = Path(report["app_dir"] if report["accepted"] else report["candidate_dir"])
     mine = set(kept_apart(work, mistake))
     judged = judge_case(before, after, judge_folders(work, mistake, mine), mistake, 1 if smoke else 3)
     return {
-        "found": [f"{f['kind']} {f['unit']}" for f in beyond],
         "focus": focus,
         "kept_apart": len(mine),
         "round": {k: report.get(k) for k in ("accepted", "reason", "decided_by", "improvement", "steps")},
@@ -245,6 +253,7 @@ def main() -> None:
     parser.add_argument(
         "--crowds", type=int, default=0, help="and --find on this many crowds of --crowd_size readers of the six"
     )
+    parser.add_argument("--rounds", type=int, default=1, help="--round on each of the first N units found (1)")
     parser.add_argument("--crowd_size", type=int, default=3, help="readers in each of --crowds (3 to 6)")
     parser.add_argument(
         "--readers", type=int, default=len(learnt_voice.CORRECTORS), help="how many readers the crowd has (3 to 6)"
@@ -285,7 +294,7 @@ def main() -> None:
             f"\n== {args.crowds} crowds of {args.crowd_size}: {json.dumps({k: v for k, v in results['crowds'].items() if not k.endswith('_each')})}"
         )
     if args.round:
-        results["round"] = round_from_the_crowd(work, texts, mistakes, voice, args.smoke, args.readers)
+        results["round"] = round_from_the_crowd(work, texts, mistakes, voice, args.smoke, args.readers, args.rounds)
         print(
             f"\n== a round from the crowd's corrections, judged on sentences kept apart: {json.dumps(results['round'])}"
         )
