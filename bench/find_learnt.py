@@ -2,10 +2,10 @@
 
 bench_corrections.py's voice (bench/learnt_voice.py: a pretrained tiny voice fine-tuned on one reader's recordings
 that say x as k, ş as s and the word "min" as "man" while their transcripts keep them right) is heard against a
-crowd of readers neither corpus holds (--readers: 3 by default, learnt_voice.CORRECTORS; up to 6), on the judge's
-sentences: those no step of the voice's run or of any round saw (learnt_voice's unseen and other sentences). The voice's own reader's clips are
-its readings of the same sentences, with its mistakes (judge/mistaken): what a held-out clip of theirs says. Two
-crowds, the same voice and the same own clips:
+crowd of readers neither corpus holds (--readers: 6 by default; 3 are learnt_voice.CORRECTORS), on the judge's
+sentences: those no step of the voice's run or of any round saw (learnt_voice's unseen and other sentences). The
+voice's own reader's clips are its readings of the same sentences, with its mistakes (judge/mistaken): what a
+held-out clip of theirs says. Two crowds, the same voice and the same own clips:
 
     planted  the crowd says every sentence right: --find should rank x, ş and min first, beyond the noise
     none     the crowd says the sentences with the voice's mistakes, as its reader does: nothing to find, and
@@ -255,9 +255,7 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=1, help="--round on each of the first N units found (1)")
     parser.add_argument("--crowd_size", type=int, default=3, help="readers in each of --crowds (3 to 6)")
-    parser.add_argument(
-        "--readers", type=int, default=len(learnt_voice.CORRECTORS), help="how many readers the crowd has (3 to 6)"
-    )
+    parser.add_argument("--readers", type=int, default=6, help="how many readers the crowd has (3 to 6; 6)")
     args = parser.parse_args()
     print(f"machine: {describe()}", flush=True)
     crowd_voices(args.readers), crowd_voices(args.crowd_size)  # a count it cannot make refused before any work

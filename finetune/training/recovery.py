@@ -10,7 +10,8 @@ by `lr_factor`; after `max_rollbacks` such returns it stops, with the last good 
 The last good state is the newest checkpoint this run wrote or resumed from; before there is one, a copy
 in host RAM of the weights the run started with (optimizers then start empty, as they did). A phase that
 changes what "good" means (the end of a new discriminator's warm-up) takes it again: a checkpoint, or a
-new copy in RAM (`retake`) where none could be written.
+new copy in RAM (`retake`) where none could be written. `after_failure` is what the loop asks after a step that
+was not applied: go on, go back (and lower the rate), or stop, and why.
 """
 
 from __future__ import annotations
