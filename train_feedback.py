@@ -64,8 +64,9 @@ class FeedbackConfig(TrainingFlags):
     )
     holdout_share: float = flag(
         0.34,
-        "share of the corrections (at least 3, and 3 left to train on) held out of the round's training: the round "
-        "is accepted only when the voice says those better, sentences it did not learn (0: decide on the trained ones)",
+        "share of the corrections that hold what the round corrects (at least 3, and 3 left to train on) held out "
+        "of the round's training, by sentence: the round is accepted only when the voice says those better, "
+        "sentences it did not learn (0: decide on the trained ones)",
     )
     corrections_voice: str = flag(
         "own",
