@@ -194,22 +194,22 @@ def main(argv: list[str] | None = None, clock=None) -> int:
 
 def act(config: FeedbackConfig, clock) -> int:
     """Roll back, review, or run a round, in the voices folder this process holds."""
-    from finetune.feedback import recipe as steps  # torch and transformers load here, once the flags are read
+    from finetune.feedback import recipe  # torch and transformers load here, once the flags are read
 
-    versions = steps.open_versions(config)  # what a killed round left put right first
+    versions = recipe.open_versions(config)  # what a killed round left put right first
     if config.rollback:  # actions that do not train: roll back, or speak sentences for review
         previous, now = versions.rollback(config.rollback)
         print(f"rolled back: current voice is now {now} (was {previous}); {versions.current} holds it")
         return 0
-    base = steps.base_model_dir(config, versions)
+    base = recipe.base_model_dir(config, versions)
     if config.review:
-        return steps.review(config, base)
+        return recipe.review(config, base)
     if config.find:
         from finetune.feedback import crowd
 
         return crowd.run(config, base)
     stop = interrupt.StopRequest()
-    dist = steps.processes(config)
+    dist = recipe.processes(config)
     with stop.installed():  # from the start: Ctrl-C while preparing or loading stops within seconds too
         finished = False
         try:
@@ -229,21 +229,20 @@ def act(config: FeedbackConfig, clock) -> int:
 def feedback_round(config: FeedbackConfig, versions, base: Path, clock, stop, dist) -> int:
     """A round: data, model, "before" renders, the training loop, then the decision and the report. In a
     data-parallel launch every process trains; the main one renders, decides and makes the version."""
-    from finetune.feedback import recipe as steps
-    from finetune.feedback import round_data, voice_run
+    from finetune.feedback import recipe, round_data, voice_run
 
-    round_ = steps.start_round(config, versions, base, clock, stop, dist)  # its folder, log, budget, device
+    round_ = recipe.start_round(config, versions, base, clock, stop, dist)  # its folder, log, budget, device
     voice_run.fit_rate(config, base, round_.logger)  # a share of the rate the voice was trained at, unless given
     if dist.is_main and (config.app_model_dir or "app_model_dir" not in versions.history()):  # found once a voice
         versions.set_app_folder(voice_run.app_folder(config, versions, base))
     data = round_data.load_round_data(config, round_, base, versions)  # corrections, what they fix, held out, replay
-    start = steps.starting_point(config, round_, data, base)  # what the round may move, the discriminator
+    start = recipe.starting_point(config, round_, data, base)  # what the round may move, the discriminator
     rendering = round_.budget.used_s()
-    before = steps.render_before(round_, data, base) if dist.is_main else {}  # and the words said differently
+    before = recipe.render_before(round_, data, base) if dist.is_main else {}  # and the words said differently
     render_s = round_.budget.used_s() - rendering + data.before_s  # made while the focus was heard, when it was
     held_s = render_s * len(data.held) / max(1, len(data.corrections.examples))  # the held-out judged, alike
-    reserve_s = steps.after_loop_reserve_s(render_s, base, held_s)  # the "after" renders, alike
-    trainer, evaluator, result = steps.fit_round(config, round_, data, start, base, dist.broadcast(reserve_s))
+    reserve_s = recipe.after_loop_reserve_s(render_s, base, held_s)  # the "after" renders, alike
+    trainer, evaluator, result = recipe.fit_round(config, round_, data, start, base, dist.broadcast(reserve_s))
     trainer.context.run_log.end(trainer.summary(result.stop_reason))
     if result.stop_reason == "interrupted":
         round_.logger.info(
@@ -253,7 +252,7 @@ def feedback_round(config: FeedbackConfig, versions, base: Path, clock, stop, di
         return stop.exit_status
     if not dist.is_main:
         return 0
-    return steps.conclude_round(config, round_, data, versions, base, trainer, evaluator, result, before)
+    return recipe.conclude_round(config, round_, data, versions, base, trainer, evaluator, result, before)
 
 
 if __name__ == "__main__":

@@ -203,30 +203,30 @@ def main(argv: list[str] | None = None, clock=None, step_callback=None) -> int:
 def train(config: TrainConfig, given: set[str], clock, step_callback, stop) -> int:
     """The recipe: the run folder (and what it resumes), then the training in it; the process group (under
     torchrun) is left last, once the training's objects are gone."""
-    from finetune.recipes import train as steps  # torch and transformers load here, once the flags are read
+    from finetune.recipes import train as recipe  # torch and transformers load here, once the flags are read
 
-    run, config = steps.open_run(config, given, clock, stop)  # run folder, resumed checkpoint, budget, device
+    run, config = recipe.open_run(config, given, clock, stop)  # run folder, resumed checkpoint, budget, device
     finished = False
     try:
-        steps.check_hub(config)  # on the settings the run goes on with: a resumed run uploads by its checkpoint's
+        recipe.check_hub(config)  # on the settings the run goes on with: a resumed run uploads by its checkpoint's
         code = fit_and_report(config, run, step_callback)  # its objects are gone once it returns
         finished = True
         return code
     finally:
-        steps.close(run, finished)
+        recipe.close(run, finished)
 
 
 def fit_and_report(config: TrainConfig, run, step_callback) -> int:
     """Model, data, loop, fit, report: the plan is made inside the fit, once its first steps are timed."""
-    from finetune.recipes import train as steps
+    from finetune.recipes import train as recipe
 
-    model = steps.build_model(config, run)  # the generator (pretrained, new or resumed) and the corpus's speakers
-    data = steps.load_data(config, run, model)  # the clips in RAM after the memory check, length-bucketed
-    trainer = steps.build_loop(config, run, model, data, step_callback)  # discriminator, evaluation, checkpoints
-    if not steps.ready_to_train(config, run, model, data):
+    model = recipe.build_model(config, run)  # the generator (pretrained, new or resumed) and the corpus's speakers
+    data = recipe.load_data(config, run, model)  # the clips in RAM after the memory check, length-bucketed
+    trainer = recipe.build_loop(config, run, model, data, step_callback)  # discriminator, evaluation, checkpoints
+    if not recipe.ready_to_train(config, run, model, data):
         return 1
-    result = steps.fit(run, trainer)  # benchmark, plan, warm-up, steps, evaluations, the final save
-    return 1 if result is None else steps.report_end(config, run, trainer, result)  # closing lines, upload
+    result = recipe.fit(run, trainer)  # benchmark, plan, warm-up, steps, evaluations, the final save
+    return 1 if result is None else recipe.report_end(config, run, trainer, result)  # closing lines, upload
 
 
 if __name__ == "__main__":
