@@ -260,11 +260,13 @@ def load_round_data(config, round_: context.Run, base: Path, versions) -> RoundD
     masks = token_masks(fixed.examples, focus, decoder) if focus else {}
     if focus:
         weigh_tokens(trained, replay, masks, focus, decoder)
+    showing = sum(bool(focus.carriers(text)) for text in split_texts) if focus else len(split_texts)
+    among = f" of the {showing} that hold it" if 0 < showing < len(split_texts) else ""
     round_.logger.info(
         (f"the corrections correct {focus.describe()} (finetune/feedback/focus.py); " if focus else "")
         + f"training data: {len(trained)} corrections + {len(replay)} replayed original clips; "
         + (
-            f"{len(held)} corrections held out of the training to decide on, by sentence (--holdout_share "
+            f"{len(held)} corrections{among} held out of the training to decide on, by sentence (--holdout_share "
             f"{config.holdout_share:g}; {len(versions.held_out_sentences())} sentences held out for good by this "
             "voice's rounds, this one's included)"
             if held
