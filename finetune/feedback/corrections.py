@@ -109,9 +109,10 @@ def hold_out(
     is of the corrections with some (--find's corrections of a letter and a word, a round on the word: a share of
     all 96 held out all 36 with the word, and none was left to learn it from), those sentences are drawn first
     (the held-out ones must show the fix), and a sentence is held out only while each of those words that other
-    corrections hold too stays held out in about `share` of its sentences, the rest left to train on, as a split stratified by word would (drawn as they came, the bench's 24 corrections
-    of x held out all four with "xwe", the commonest word with x, and the round never learnt it:
-    bench/log/2026-12-05.md); where that leaves too few held out, the others drawn follow in the same order. None
+    corrections hold too stays held out in about `share` of its sentences, the rest left to train on, as a split
+    stratified by word would (drawn as they came, the bench's 24 corrections of x held out all four with "xwe", the
+    commonest word with x, and the round never learnt it: bench/log/2026-12-05.md); where that leaves too few held
+    out, the others drawn follow in the same order. None
     held out (`share` 0, or too few sentences): the round then decides on those it trained on, which says they
     were learnt, not that the fix carries."""
     groups: dict[str, list[int]] = {}
