@@ -49,13 +49,18 @@ CASES = ("planted", "none")
 # Readers beyond learnt_voice.CORRECTORS for a larger crowd (--readers): espeak-ng voices neither corpus nor the
 # corrections hold. Common Voice Kurmanji has hundreds of readers; three is the fewest --find judges a word across.
 MORE_READERS = (("ku+m4", 140, 35), ("ku+f1", 170, 70), ("ku+m6", 150, 48))
+EVERY_READER = (*learnt_voice.CORRECTORS, *MORE_READERS)
 
 
 def crowd_voices(count: int) -> tuple:
-    voices = (*learnt_voice.CORRECTORS, *MORE_READERS)
-    if not len(learnt_voice.CORRECTORS) <= count <= len(voices):
-        raise SystemExit(f"--readers takes {len(learnt_voice.CORRECTORS)} to {len(voices)}")
-    return voices[:count]
+    if not len(learnt_voice.CORRECTORS) <= count <= len(EVERY_READER):
+        raise SystemExit(f"--readers takes {len(learnt_voice.CORRECTORS)} to {len(EVERY_READER)}")
+    return EVERY_READER[:count]
+
+
+def reported(found: dict) -> list[str]:
+    """The units --find reported beyond the noise, as "letter ş" / "word min", in its order."""
+    return [f"{f['kind']} {f['unit']}" for f in found["findings"] if f["beyond_noise"]]
 
 
 def crowd_readings(
@@ -136,7 +141,7 @@ def round_from_the_crowd(
     else:
         named = {(m.kind, m.right): m for m in mistakes}
         chosen = [named.get((f["kind"], f["unit"]), f"{f['kind']} {f['unit']}") for f in beyond[:rounds]]
-    results = {"found": [f"{f['kind']} {f['unit']}" for f in beyond], "rounds": []}
+    results = {"found": reported(found), "rounds": []}
     for mistake in chosen:
         if isinstance(mistake, str):  # reported, but nothing the voice was made to say wrong: no judge for it
             results["rounds"].append({"focus": mistake, "round": "none: what was found is no planted mistake"})
@@ -169,7 +174,7 @@ def many_crowds(work: Path, texts: dict, mistakes, voice: Path, count: int, size
     how often each planted mistake ranks in the top 3 and beyond the noise, and how often a crowd that says the
     sentences as the voice does has anything reported beyond the noise (the false-alarm rate). The crowds share
     readers and sentences, so they are not independent draws: a spread, not a confidence."""
-    voices = crowd_voices(len(learnt_voice.CORRECTORS) + len(MORE_READERS))
+    voices = EVERY_READER
     subsets = list(itertools.combinations(range(len(voices)), size))
     random.Random(0).shuffle(subsets)
     results = {}
@@ -184,12 +189,13 @@ def many_crowds(work: Path, texts: dict, mistakes, voice: Path, count: int, size
                 crowd_corpus(work, f"{case}_crowd", work / "judge_mistaken", crowd),
                 voice,
             )
-            beyond = [f"{f['kind']} {f['unit']}" for f in found["findings"] if f["beyond_noise"]]
+            beyond = reported(found)
             heard.append(
                 {"readers": [voices[n][0] for n in subset], "beyond_noise": beyond, "planted": placed(found, mistakes)}
             )
             print(
-                f"  {case} crowd {number + 1}/{min(count, len(subsets))} ({', '.join(heard[-1]['readers'])}): beyond the noise {beyond}",
+                f"  {case} crowd {number + 1}/{min(count, len(subsets))} ({', '.join(heard[-1]['readers'])}): "
+                f"beyond the noise {beyond}",
                 flush=True,
             )
         crowds = len(heard)
@@ -269,7 +275,7 @@ def main() -> None:
     for case in CASES[:1] if args.smoke else CASES:
         crowd = crowd_readings(work, case, texts, mistakes, args.smoke, args.readers)
         found = find(work, case, crowd_corpus(work, case, work / "judge_mistaken", crowd), voice)
-        beyond = [f"{f['kind']} {f['unit']}" for f in found["findings"] if f["beyond_noise"]]
+        beyond = reported(found)
         results[case] = {
             "clips_heard": found["clips_heard"],
             "own_clips": found["own_clips"],

@@ -112,9 +112,8 @@ def hold_out(
     corrections hold too stays held out in about `share` of its sentences, the rest left to train on, as a split
     stratified by word would (drawn as they came, the bench's 24 corrections of x held out all four with "xwe", the
     commonest word with x, and the round never learnt it: bench/log/2026-12-05.md); where that leaves too few held
-    out, the others drawn follow in the same order. None
-    held out (`share` 0, or too few sentences): the round then decides on those it trained on, which says they
-    were learnt, not that the fix carries."""
+    out, the others drawn follow in the same order. None held out (`share` 0, or too few sentences): the round then
+    decides on those it trained on, which says they were learnt, not that the fix carries."""
     groups: dict[str, list[int]] = {}
     for index, text in enumerate(texts):
         groups.setdefault(sentence_key(text), []).append(index)

@@ -37,10 +37,8 @@ from finetune.reporting import measures
 from finetune.vits.inference import ceiling_for_text
 from finetune.vits.inference import speak as speak_bounded
 
-OWN_SHARE = (
-    0.25  # of the clips heard, at most this share the voice's own reader's (at least OWN_AT_LEAST where held out)
-)
-OWN_AT_LEAST = 8
+OWN_SHARE = 0.25  # of the clips heard, at most this share the voice's own reader's held-out ones
+OWN_AT_LEAST = 8  # and at least this many of them, where held out
 TIMED_AFTER = 5  # clips heard before the time the rest will take is said
 SHOWN_READERS = 3  # readers beside the voice on a finding's sentence in findings.html
 BETWEEN_PAIRS = 3  # pairs of readers of one sentence compared with each other

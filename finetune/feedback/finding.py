@@ -16,12 +16,13 @@ one a sentence (the mean over its readers) against the own reader's, one a reade
 against the own reader's (one reader's accent is one figure among theirs), and one a sentence against the
 readers' figures between them; the smallest z is the unit's. A unit is reported beyond the noise when it passes
 the one-sided bound of FALSE_ALARM spread over every unit tested (Bonferroni: half over the letters, half over
-the words). A unit without MIN_OWN of the own reader's clips is not judged; one without MIN_SENTENCES sentences read
-by two of the crowd is judged against the own reader alone (`across_readers` false: a corpus whose readers each
-read their own sentences, as the demo's, has nothing to compare them by). What this finds is what the voice says as its reader does and unlike most people: what it learnt
-from its data. A mistake the voice makes on its own reader's sentences too cancels out here.
+the words). A unit without MIN_OWN of the own reader's clips is not judged; one without MIN_SENTENCES sentences
+read by two of the crowd is judged against the own reader alone (`across_readers` false: a corpus whose readers
+each read their own sentences, as the demo's, has nothing to compare them by). What this finds is what the voice
+says as its reader does and unlike most people: what it learnt from its data. A mistake the voice makes on its own
+reader's sentences too cancels out here.
 
-Pure numpy on distances: the renders and the recordings are finetune/feedback/crowd.py's.
+Statistics on distances alone (numpy, scipy's t): the renders and the recordings are finetune/feedback/crowd.py's.
 """
 
 from __future__ import annotations
