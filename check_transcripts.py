@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     from finetune.system.progress import Progress
     from finetune.training.assembly import pick_device
     from finetune.vits.generator import load_complete_model
-    from finetune.vits.speakers import MULTI_SPEAKER_DIR
+    from finetune.vits.speaker_layers import MULTI_SPEAKER_DIR
 
     data_dir, folder = Path(config.data_dir), Path(config.model)
     speakers = transcripts.speakers_of(data_dir)

@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from finetune.reporting.model_card import card_facts
     from finetune.vits.onnx_export import card, export_voice
-    from finetune.vits.speakers import MULTI_SPEAKER_DIR
+    from finetune.vits.speaker_layers import MULTI_SPEAKER_DIR
     from finetune.vits.synthesis import load_voice, numbered, prepare_lines
 
     voice = load_voice(config.model_dir, torch.device("cpu"))

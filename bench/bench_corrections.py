@@ -319,8 +319,8 @@ def non_inferior(before: dict, after: dict, noise_db: float) -> dict:
 
 
 def retest_noise(judged: dict, name: str) -> float:
-    """A clip's own noise in `name` between two seeds of the same model (the round's own rule, evaluator.py)."""
-    from finetune.feedback.evaluator import retest_noise as between_draws
+    """A clip's own noise in `name` between two seeds of the same model (the round's own rule, round_evaluator.py)."""
+    from finetune.feedback.round_evaluator import retest_noise as between_draws
 
     seeds = judged["by_seed"][name]
     return between_draws(seeds[0], seeds[1]) if len(seeds) > 1 else math.nan

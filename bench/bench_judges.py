@@ -74,7 +74,7 @@ def pick_voices(model: Path, data_dir: Path) -> list[tuple[str, str | None]]:
     from collections import Counter
 
     from finetune.data.metadata import read_rows
-    from finetune.vits.speakers import MULTI_SPEAKER_DIR
+    from finetune.vits.speaker_layers import MULTI_SPEAKER_DIR
 
     config = json.loads((model / "config.json").read_text(encoding="utf-8"))
     own = config.get("speaker")
@@ -94,7 +94,7 @@ def new_weights(model: Path, out: Path, seed: int) -> Path:
     import torch
     from transformers import VitsConfig, VitsModel, VitsTokenizer
 
-    from finetune.vits.speakers import MULTI_SPEAKER_DIR
+    from finetune.vits.speaker_layers import MULTI_SPEAKER_DIR
 
     shutil.rmtree(out, ignore_errors=True)
     for source, target in ((model, out), (model / MULTI_SPEAKER_DIR, out / MULTI_SPEAKER_DIR)):

@@ -349,7 +349,7 @@ def child(record_dir: str, argv: list[str]) -> int:
     from finetune.cli import run_script as run_recipe
     from finetune.training.budget import seconds_since_process_start
     from finetune.training.run_evaluations import Evaluations
-    from finetune.vits.model_folder import export_model
+    from finetune.vits.voice_on_disk import export_model
 
     folder = Path(record_dir)
     real = Evaluations.keep_if_best

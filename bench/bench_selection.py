@@ -63,7 +63,7 @@ def child(record_dir: str, argv: list[str]) -> int:
     import train_vits
     from finetune.cli import run_script
     from finetune.training.run_evaluations import Evaluations
-    from finetune.vits.model_folder import export_model
+    from finetune.vits.voice_on_disk import export_model
 
     folder = Path(record_dir)
     folder.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ recording, reduced three ways:
                the voice's own durations): what decided a round with one before 2026-12-05
     relative   focus over the sentence's median frame: the timbre and channel that stay across speakers raise
                every frame alike, and fall out (hearing.py keeps a focus item from x1.2); the focus ratio, which
-               decides a round with a focus since 2026-12-05, on 4 draws a clip (finetune/feedback/evaluator.py)
+               decides a round with a focus since 2026-12-05, on 4 draws a clip (finetune/feedback/round_evaluator.py)
 
 and, where hama is installed (requirements-judges.txt), by what a phoneme recogniser hears, whoever speaks:
 
@@ -170,7 +170,7 @@ def readings(
 def phonetic_judges():
     """The phonetic judge and the phone error rate, sharing one recogniser (one a process: the recordings'
     posteriors are remembered from one model's readings to the next)."""
-    from finetune.reporting.judges import PhoneErrorJudge, PhonemeRecogniser, PhoneticJudge
+    from finetune.reporting.content_judges import PhoneErrorJudge, PhonemeRecogniser, PhoneticJudge
 
     recogniser = PhonemeRecogniser()
     return PhoneticJudge(recogniser), PhoneErrorJudge(recogniser)
@@ -185,7 +185,7 @@ def compared(before_dir: Path, after_dir: Path, clips: list, focus, seeds: int) 
     """Each measure on the held-out corrections: after - before (paired over clips, each a mean over seeds), its
     bound, whether beyond it either way, and the retest noise of a clip between the first two seeds before."""
     from bench.bench_corrections import paired
-    from finetune.feedback.evaluator import retest_noise
+    from finetune.feedback.round_evaluator import retest_noise
 
     if not clips:
         return {"clips": 0}
@@ -211,8 +211,8 @@ def letter_ladders(voice_dir: Path, clips: list, avoid: str, seeds: int, pairs: 
     letter's frames (the whole sentence for `sentence`, `phonetic`, `phone_errors`), paired swapped - as is; a
     measure that sees it moves beyond its bound, its gap well above the retest noise."""
     from bench.bench_corrections import paired
-    from finetune.feedback.evaluator import retest_noise
     from finetune.feedback.focus import Focus
+    from finetune.feedback.round_evaluator import retest_noise
 
     joined = " ".join(text.lower() for _, text, _ in clips)
     usable = [(a, b) for a, b in SWAPS if a not in avoid and b not in avoid]

@@ -61,7 +61,7 @@ def inject(fault: str, n: int) -> None:
     from finetune.feedback import decision, versions
     from finetune.system import atomic
     from finetune.training import checkpoint_file
-    from finetune.vits import model_folder
+    from finetune.vits import voice_on_disk
 
     if fault == "checkpoint-write":
 
@@ -83,9 +83,9 @@ def inject(fault: str, n: int) -> None:
                 os.replace(target, target.with_name(f".{target.name}.old-{os.getpid()}"))
             die()
 
-        model_folder.replace_dir = on_nth(n, model_folder.replace_dir, half_swapped)
+        voice_on_disk.replace_dir = on_nth(n, voice_on_disk.replace_dir, half_swapped)
     elif fault == "export-staging":
-        model_folder.replace_dir = on_nth(n, model_folder.replace_dir, lambda built, target: die())
+        voice_on_disk.replace_dir = on_nth(n, voice_on_disk.replace_dir, lambda built, target: die())
     elif fault == "export-after-swap":
 
         def swapped_not_cleaned(built, target):
@@ -94,7 +94,7 @@ def inject(fault: str, n: int) -> None:
             os.replace(built, target)
             die()
 
-        model_folder.replace_dir = on_nth(n, model_folder.replace_dir, swapped_not_cleaned)
+        voice_on_disk.replace_dir = on_nth(n, voice_on_disk.replace_dir, swapped_not_cleaned)
     elif fault == "pointer-update":
         real_text = checkpoint_file.write_text_atomic
         pointer_calls = {"count": 0}

@@ -349,7 +349,7 @@ def test_a_voice_fine_tuned_from_an_mms_folder_carries_its_licence_to_every_card
     header): the voice made from it inherits CC-BY-NC-4.0, and says so wherever a user looks."""
     from finetune.system.model_source import resolve_model
     from finetune.vits.generator import load_generator, ready_for_training
-    from finetune.vits.model_folder import export_model
+    from finetune.vits.voice_on_disk import export_model
     from tests.conftest import KURMANJI_LETTERS
 
     fake, _ = timed_work

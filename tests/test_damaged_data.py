@@ -79,7 +79,7 @@ def test_a_model_folder_with_a_wrongly_shaped_weight_is_refused_in_one_line(prep
     from safetensors.torch import load_file, save_file
 
     from finetune.vits.generator import load_complete_model
-    from finetune.vits.model_folder import export_model
+    from finetune.vits.voice_on_disk import export_model
 
     loaded = tiny_generator(prepared_demo)
     export_model(loaded.model, loaded.tokenizer, tmp_path / "model")

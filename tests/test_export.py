@@ -118,7 +118,7 @@ def test_sherpa_onnx_loads_the_export_and_speaks_the_expected_length(exported):
 def test_the_script_exports_and_checks_a_saved_model(tmp_path, capsys):
     from finetune.system.model_source import resolve_model
     from finetune.vits.generator import load_generator, ready_for_training
-    from finetune.vits.model_folder import export_model
+    from finetune.vits.voice_on_disk import export_model
     from tests.conftest import KURMANJI_LETTERS
 
     loaded = load_generator(resolve_model("scratch:tiny"), list(KURMANJI_LETTERS + " "), 16000)
@@ -147,8 +147,8 @@ def test_sherpa_onnx_with_nothing_set_speaks_at_the_fitted_tempo_of_config_json(
 
     from finetune.system.model_source import resolve_model
     from finetune.vits.generator import load_generator, ready_for_training
-    from finetune.vits.model_folder import export_model
     from finetune.vits.onnx_export import sherpa_run
+    from finetune.vits.voice_on_disk import export_model
     from tests.conftest import KURMANJI_LETTERS
 
     loaded = load_generator(resolve_model("scratch:tiny"), list(KURMANJI_LETTERS + " "), 16000)
@@ -184,8 +184,8 @@ def test_a_crowd_model_exports_its_voice_and_every_speaker_behind_a_sid_input(tm
 
     from finetune.system.model_source import resolve_model
     from finetune.vits.generator import load_generator, ready_for_training
-    from finetune.vits.model_folder import export_model
-    from finetune.vits.speakers import MULTI_SPEAKER_DIR, add_speakers, conditioning_layers
+    from finetune.vits.speaker_layers import MULTI_SPEAKER_DIR, add_speakers, conditioning_layers
+    from finetune.vits.voice_on_disk import export_model
     from tests.conftest import KURMANJI_LETTERS
 
     loaded = load_generator(resolve_model("scratch:tiny"), list(KURMANJI_LETTERS + " "), 16000)

@@ -300,7 +300,7 @@ def best_record(step: int, corrections: list[float], originals: list[float], **e
 def evaluator_deciding_on(part: str = "said", measure: str = "mcd", identity: str = ""):
     from types import SimpleNamespace
 
-    from finetune.feedback.evaluator import Deciding
+    from finetune.feedback.round_evaluator import Deciding
 
     return SimpleNamespace(deciding=Deciding(part, measure), measure=f"the {measure}", identity=identity)
 
@@ -368,7 +368,7 @@ def test_with_focus_tokens_the_held_out_corrections_decide_by_their_focus_frames
     from each recording on those frames than on the rest of the sentence (the focus ratio): a round whose whole
     sentences came nearer (the MCD) but whose focus stands out as much as before is rejected; one whose focus came
     nearer the rest is accepted; the ratios before and after are in the decision's figures."""
-    from finetune.feedback.evaluator import FOCUS_RATIO
+    from finetune.feedback.round_evaluator import FOCUS_RATIO
 
     on = evaluator_deciding_on("held", FOCUS_RATIO)
     base = round_scores(0, [10.0, 9.0, 11.0, 10.5], VOICE)
@@ -1057,7 +1057,7 @@ class TimedPart:
 
 
 def round_evaluator(asked: list, cut: str | None):
-    from finetune.feedback.evaluator import FeedbackEvaluator
+    from finetune.feedback.round_evaluator import FeedbackEvaluator
 
     names = ("said", "originals", "learnt", "held", "retest")
     parts = {n: TimedPart(n, 5, asked, cut_at=2 if n == cut else None) for n in names}

@@ -14,7 +14,7 @@ from finetune.vits.generator import (
     scratch_tokenizer,
     without_dropout,
 )
-from finetune.vits.model_folder import export_model
+from finetune.vits.voice_on_disk import export_model
 from tests.conftest import KURMANJI_LETTERS, make_tokenizer_dir
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from finetune.reporting import judge_ladders, judges
+from finetune.reporting import content_judges, judge_audio, judge_ladders, judges
 from tests.conftest import DEMO_CORPUS
 
 
@@ -98,8 +98,8 @@ def test_the_phonetic_judge_hears_what_is_said_whoever_says_it():
     pitch, formants and tempo moved), and far from another sentence; the phone error rate agrees."""
     import soxr
 
-    judge = judges.PhoneticJudge()
-    errors = judges.PhoneErrorJudge(judge.recogniser)
+    judge = content_judges.PhoneticJudge()
+    errors = content_judges.PhoneErrorJudge(judge.recogniser)
     (item, audio, rate), (_, other, other_rate) = crowd_clips("ciya", 2)
     slower = soxr.resample(audio, rate, rate * 1.25)  # played back at `rate`: 1.25x longer and lower
     same = judge.score(audio, rate, reference=(audio, rate), item_id=item)
@@ -145,7 +145,7 @@ def test_the_asr_judge_runs_any_transformers_ctc_model_from_a_folder(tmp_path):
     said = judge.transcribe(audio, rate)
     assert judge.score(audio, rate, text=said) == 0.0
     assert judge.score(audio, rate, text=said + " abc") > 0.0
-    assert judges.edit_distance(list("kitten"), list("sitting")) == 3
+    assert content_judges.edit_distance(list("kitten"), list("sitting")) == 3
 
 
 def test_judges_validated_on_the_users_voice_vote_in_their_runs(tmp_path):
@@ -223,7 +223,7 @@ def test_a_clip_judged_again_is_not_run_through_the_model_again():
         calls.append(rate)
         return np.array([float(waveform.sum()), rate])
 
-    memo = judges.AudioMemo(size=2)
+    memo = judge_audio.AudioMemo(size=2)
     a, b = np.ones(100, np.float32), np.zeros(100, np.float32)
     first = memo.get(a, 16000, compute)
     assert memo.get(a.copy(), 16000, compute) is first and len(calls) == 1

@@ -43,7 +43,7 @@ def imports(module: str, source: str, known: set[str]) -> tuple[set[str], set[st
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            # `from finetune.vits import speakers` imports the module finetune.vits.speakers
+            # `from finetune.vits import generator` imports the module finetune.vits.generator
             names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
         else:
             continue
@@ -115,8 +115,8 @@ def test_the_loop_names_no_feature():
     importing the feature or probing it: nothing below finetune/feedback/ imports it, and a planted import fails."""
     sources = package_sources()
     assert any(name.startswith("finetune.feedback.") for name in sources)
-    sources["finetune.training.loop"] += "\nfrom finetune.feedback import evaluator\n"
-    assert "upward import: finetune.training.loop imports finetune.feedback.evaluator" in layer_problems(sources)
+    sources["finetune.training.loop"] += "\nfrom finetune.feedback import round_evaluator\n"
+    assert "upward import: finetune.training.loop imports finetune.feedback.round_evaluator" in layer_problems(sources)
     sources = package_sources()
     sources["finetune.recipes.shared"] += "\nfrom finetune.feedback import versions\n"
     assert "upward import: finetune.recipes.shared imports finetune.feedback.versions" in layer_problems(sources)

@@ -634,7 +634,7 @@ def test_a_better_score_outside_the_timing_rule_is_never_written_as_best(
 @pytest.fixture(scope="module")
 def pretrained(prepared_demo, tmp_path_factory):
     """A saved tiny generator: a pretrained starting point with no discriminator (so one is warmed up)."""
-    from finetune.vits.model_folder import export_model
+    from finetune.vits.voice_on_disk import export_model
     from tests.conftest import tiny_generator
 
     loaded = tiny_generator(prepared_demo)

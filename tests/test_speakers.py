@@ -16,7 +16,7 @@ from finetune.data.metadata import read_rows, write_metadata
 from finetune.data.prepare import Kept
 from finetune.vits.inference import speak
 from finetune.vits.objective import generator_forward
-from finetune.vits.speakers import MULTI_SPEAKER_DIR, add_speakers, conditioning_layers, single_speaker
+from finetune.vits.speaker_layers import MULTI_SPEAKER_DIR, add_speakers, conditioning_layers, single_speaker
 from tests.conftest import TEST_SIZE, clock_for, demo_batch, tiny_generator
 from tests.test_train import args
 
@@ -216,7 +216,7 @@ def test_a_pinned_first_speaker_sounds_as_before_however_the_conditioning_trains
     train every conditioning layer and embedding on both speakers leave its speech exactly as it was,
     while speaker 1 moves."""
     from finetune.data.features import FeatureConfig, Features
-    from finetune.vits.speakers import pin_target_speaker
+    from finetune.vits.speaker_layers import pin_target_speaker
 
     loaded, batch = voice
     conditioned = add_speakers(loaded.model, 2, 32)
@@ -243,7 +243,7 @@ def test_a_pinned_first_speaker_sounds_as_before_however_the_conditioning_trains
 
 
 def test_one_speaker_folds_into_a_plain_model_that_speaks_as_it(voice, tmp_path):
-    from finetune.vits.model_folder import export_model
+    from finetune.vits.voice_on_disk import export_model
 
     loaded, batch = voice
     conditioned = add_speakers(loaded.model, 3, 32).eval()

@@ -95,7 +95,7 @@ def test_a_voice_far_from_its_recordings_is_held_at_the_limit_and_said(voice):
 def test_the_exported_config_speaks_with_the_fitted_settings(voice, tmp_path):
     from transformers import VitsModel
 
-    from finetune.vits.model_folder import export_model
+    from finetune.vits.voice_on_disk import export_model
 
     model, tokenizer, _ = voice
     export_model(

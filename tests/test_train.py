@@ -296,7 +296,7 @@ def test_a_new_discriminator_warms_up_alone_before_a_pretrained_generator_trains
     import torch
 
     from finetune.training.loop import TrainingLoop
-    from finetune.vits.model_folder import export_model
+    from finetune.vits.voice_on_disk import export_model
     from tests.conftest import tiny_generator
 
     loaded = tiny_generator(prepared_demo)

@@ -57,7 +57,7 @@ def test_many_small_speakers_are_measured_against_each_other_not_against_the_big
 @pytest.fixture()
 def small_corpus(prepared_demo, tmp_path):
     """Twelve prepared demo clips and their held-out ones, and a tiny model folder with their vocabulary."""
-    from finetune.vits.model_folder import export_model
+    from finetune.vits.voice_on_disk import export_model
     from tests.conftest import tiny_generator
 
     data = tmp_path / "data"

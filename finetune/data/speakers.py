@@ -4,7 +4,7 @@ A prepared corpus names each clip's speaker when it has several (metadata.csv as
 train_vits.py then speaks as one target speaker (--target_speaker, default the one with the most hours),
 trained in one of three ways (--speakers; `auto`, the default, picks by the start: resolve_mode):
 
-    conditioned   every speaker under its own embedding (finetune/vits/speakers.py): the crowd teaches
+    conditioned   every speaker under its own embedding (finetune/vits/speaker_layers.py): the crowd teaches
                   the text, the target keeps its own voice; exported as the target alone (auto from new weights)
     pooled        every clip as one voice (what single-speaker training does with a crowd)
     target_only   the target's clips only (auto from a pretrained voice)

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from functools import partial
 
-from finetune.feedback.evaluator import (
+from finetune.feedback.round_evaluator import (
     JUDGED_PARTS,
     Deciding,
     FeedbackEvaluator,

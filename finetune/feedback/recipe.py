@@ -31,15 +31,14 @@ from finetune.feedback import (
 )
 from finetune.feedback import versions as versions_folder
 from finetune.feedback.anchor import TextAnchor
-from finetune.feedback.evaluator import DECIDING_DRAWS, FOCUS_RATIO, FeedbackEvaluator
 from finetune.feedback.report import judges_line, judges_record, summary_text
+from finetune.feedback.round_evaluator import DECIDING_DRAWS, FOCUS_RATIO, FeedbackEvaluator
 from finetune.recipes import shared
 from finetune.reporting import evaluation, logs, measures, model_card
 from finetune.system import atomic
 from finetune.training import assembly, context, distributed, loop, machinery, run_settings
 from finetune.training.budget import Budget, safety_margin_s
-from finetune.vits import generator, synthesis
-from finetune.vits import speakers as speaker_layers
+from finetune.vits import generator, speaker_layers, synthesis
 
 
 def open_versions(config) -> versions_folder.Versions:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from finetune.feedback.decision import Decision
-from finetune.feedback.evaluator import change_pct, judge_keys
+from finetune.feedback.round_evaluator import change_pct, judge_keys
 
 
 def judged_change(decision: Decision, label: str) -> str:

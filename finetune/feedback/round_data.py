@@ -21,8 +21,7 @@ from finetune.feedback.focus import Focus, find_focus
 from finetune.recipes import shared
 from finetune.system import model_source
 from finetune.training import context
-from finetune.vits import generator, synthesis
-from finetune.vits import speakers as speaker_layers
+from finetune.vits import generator, speaker_layers, synthesis
 
 
 @dataclass

@@ -33,8 +33,7 @@ from finetune.training import (
     run_settings,
 )
 from finetune.training.budget import Budget, safety_margin_s
-from finetune.vits import generator
-from finetune.vits import speakers as speaker_layers
+from finetune.vits import generator, speaker_layers
 
 
 def open_run(config, given: set[str], clock, stop) -> tuple[context.Run, object]:

@@ -8,15 +8,8 @@ them on known degradations and checkpoint ladders, and only a judge whose rankin
                 prepares a clip) to the centroid of the voice's own held-out recordings (SECS, as YourTTS
                 and seed-tts-eval report it), times the share of the clip's sound that is speech; higher is
                 nearer, 0 for a clip with no speech. Language-free.
-    phonetic    hama's CTC phoneme recogniser (4.7 MB, IPA posteriors on 16 kHz waveforms; weights in the
-                package, numpy and its own engine only): DTW over the two clips' phoneme posteriorgrams,
-                blank frames left out, each frame pair's cost -log of the probability both frames say the
-                same phone; lower is nearer. What is said, whoever says it and at whatever tempo: a
-                recognizer's posteriors carry little of the voice.
-    phone_errors  the same recogniser's greedy phone strings, edit distance over the recording's length
-                (a phone error rate); lower is nearer.
-    asr         --asr_model (a transformers CTC model: hub id or folder, e.g. MMS's all-languages model with
-                its Kurmanji adapter): character error rate of its transcript against the clip's text.
+    phonetic, phone_errors, asr  what is said, whoever says it (finetune/reporting/content_judges.py)
+    mcd         MCD-DTW, ranked on the same ladders; naturalness: DNSMOS, no reference
 
 All are optional extras (requirements-judges.txt; pip installs Resemblyzer with --no-deps, since its
 webrtcvad dependency does not build on new setuptools: webrtcvad-wheels stands in). Without them evaluation
@@ -25,56 +18,22 @@ runs as before and says once which judges are off. Input everywhere: a float wav
 
 from __future__ import annotations
 
-import hashlib
 import logging
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from finetune.reporting.content_judges import AsrJudge, PhoneErrorJudge, PhonemeRecogniser, PhoneticJudge
+from finetune.reporting.judge_audio import JUDGE_RATE, AudioMemo, to_judge_rate
+
 LOG = logging.getLogger(__name__)
 
-JUDGE_RATE = 16_000
 INSTALL_HINT = "pip install --no-deps -r requirements-judges.txt"
 KINDS = ("speaker", "phonetic", "asr", "naturalness", "spectral")
 
 # Which judges vote, by bench/bench_judges.py's validation (the rule: judge_ladders.why_not_voting):
 # bench/RESULTS.md has the figures. The others are reported only.
 VOTES = {"speaker": False, "phonetic": False, "phone_errors": False, "asr": False}
-
-
-def to_judge_rate(waveform: np.ndarray, sample_rate: int) -> np.ndarray:
-    audio = np.nan_to_num(np.asarray(waveform, dtype=np.float32))
-    if sample_rate != JUDGE_RATE:
-        import soxr
-
-        audio = soxr.resample(audio, sample_rate, JUDGE_RATE)
-    return np.clip(audio, -1.0, 1.0)
-
-
-class AudioMemo:
-    """What a model computed from a clip, by a digest of the clip: the same audio judged again (the recordings on
-    every ladder of bench/bench_judges.py, one clip by the phonetic judge and the phone error rate sharing a
-    recogniser) is not run through the model again. The last `size` results are kept; each is read-only."""
-
-    def __init__(self, size: int = 128):
-        self.size = size
-        self.results: OrderedDict = OrderedDict()
-
-    def get(self, waveform: np.ndarray, sample_rate: int, compute):
-        audio = np.ascontiguousarray(waveform, dtype=np.float32)
-        key = (hashlib.blake2b(audio.tobytes(), digest_size=16).digest(), audio.shape, sample_rate)
-        if key in self.results:
-            self.results.move_to_end(key)
-            return self.results[key]
-        result = compute(waveform, sample_rate)
-        if isinstance(result, np.ndarray):
-            result.setflags(write=False)
-        self.results[key] = result
-        if len(self.results) > self.size:
-            self.results.popitem(last=False)
-        return result
-
 
 REQUIRES = {
     "speaker": "resemblyzer",
@@ -184,147 +143,6 @@ def audible_samples(audio: np.ndarray, frame: int = 480) -> int:
 def unit(vector: np.ndarray) -> np.ndarray:
     norm = float(np.linalg.norm(vector))
     return vector / norm if norm > 0 else vector
-
-
-# ---------------------------------------------------------------- what is said
-
-
-class PhonemeRecogniser:
-    """hama's waveform CTC model: per-frame log posteriors over its phones, and the greedy phone string."""
-
-    def __init__(self):
-        from hama.asr import ASRModel
-
-        self.model = ASRModel()
-        self.blank = self.model.blank_id
-        self.memo = AudioMemo()
-
-    def log_posteriors(self, waveform: np.ndarray, sample_rate: int) -> np.ndarray:
-        """[frames, phones] log probabilities (the model's own output, before any decoding; remembered)."""
-        return self.memo.get(waveform, sample_rate, self.recognise)
-
-    def recognise(self, waveform: np.ndarray, sample_rate: int) -> np.ndarray:
-        audio = to_judge_rate(waveform, sample_rate)
-        if len(audio) < JUDGE_RATE // 10:  # shorter than its receptive field: nothing to hear
-            audio = np.concatenate([audio, np.zeros(JUDGE_RATE // 10 - len(audio), np.float32)])
-        model = self.model
-        log_probs, lengths = model.session.run(
-            [model._log_probs_output_name, model._out_lengths_output_name],
-            {
-                model._waveform_input_name: audio.reshape(1, -1),
-                model._waveform_lengths_input_name: np.array([len(audio)], dtype=np.int64),
-            },
-        )
-        return np.asarray(log_probs[0][: int(np.asarray(lengths).reshape(-1)[0])], dtype=np.float64)
-
-    def phones(self, log_posteriors: np.ndarray) -> list[int]:
-        """Greedy CTC decoding: the frames' best phones, repeats collapsed, blanks dropped."""
-        best = np.argmax(log_posteriors, axis=1)
-        keep = np.concatenate([[True], best[1:] != best[:-1]]) & (best != self.blank)
-        return best[keep].tolist()
-
-
-@dataclass
-class PhoneticJudge:
-    """DTW over phoneme posteriorgrams (blank frames out): what is said, independent of who says it."""
-
-    recogniser: PhonemeRecogniser = field(default_factory=PhonemeRecogniser)
-    references: dict = field(default_factory=dict)  # item id -> the recording's speech frames' posteriors
-    name: str = "phonetic"
-    kind: str = "phonetic"
-    higher_is_better: bool = False
-
-    def speech_frames(self, waveform: np.ndarray, sample_rate: int) -> np.ndarray:
-        """[frames, phones] posteriors of the frames whose best guess is a phone, renormalised without the
-        blank (a CTC model's blank fills most frames, and would match any silence with any other)."""
-        log_p = self.recogniser.log_posteriors(waveform, sample_rate)
-        p = np.exp(log_p)
-        speech = p[np.argmax(log_p, axis=1) != self.recogniser.blank]
-        if len(speech) == 0:  # nothing recognised as speech: the least likely frame for blank stands in
-            speech = p[[int(np.argmin(p[:, self.recogniser.blank]))]]
-        speech = np.delete(speech, self.recogniser.blank, axis=1)
-        return speech / np.maximum(speech.sum(axis=1, keepdims=True), 1e-12)
-
-    def reference(self, item_id: str, waveform: np.ndarray, sample_rate: int) -> np.ndarray:
-        if item_id not in self.references:
-            self.references[item_id] = self.speech_frames(waveform, sample_rate)
-        return self.references[item_id]
-
-    def score(self, waveform: np.ndarray, sample_rate: int, reference: tuple, item_id: str = "", **_) -> float:
-        """`reference` (waveform, rate) of what the clip should say; its posteriors kept by `item_id`."""
-        return posteriorgram_distance(
-            self.speech_frames(waveform, sample_rate), self.reference(item_id or str(id(reference)), *reference)
-        )
-
-
-def posteriorgram_distance(a: np.ndarray, b: np.ndarray) -> float:
-    """Mean DTW cost between posteriorgrams a [frames_a, phones] and b [frames_b, phones], per frame of b: each
-    pair's -log(a . b), the probability that both frames are the same phone (floored at 1e-4: 9.2 nats)."""
-    import librosa
-
-    cost = -np.log(np.clip(a @ b.T, 1e-4, None))
-    _, path = librosa.sequence.dtw(C=cost)
-    per_b = np.zeros(len(b))
-    pairs = np.zeros(len(b))
-    np.add.at(per_b, path[:, 1], cost[path[:, 0], path[:, 1]])
-    np.add.at(pairs, path[:, 1], 1.0)
-    return float((per_b / np.maximum(pairs, 1)).mean())
-
-
-@dataclass
-class PhoneErrorJudge:
-    """Edit distance between the two clips' greedy phone strings, over the recording's: a phone error rate."""
-
-    recogniser: PhonemeRecogniser = field(default_factory=PhonemeRecogniser)
-    references: dict = field(default_factory=dict)
-    name: str = "phone_errors"
-    kind: str = "phonetic"
-    higher_is_better: bool = False
-
-    def score(self, waveform: np.ndarray, sample_rate: int, reference: tuple, item_id: str = "", **_) -> float:
-        key = item_id or str(id(reference))
-        if key not in self.references:
-            self.references[key] = self.recogniser.phones(self.recogniser.log_posteriors(*reference))
-        said = self.recogniser.phones(self.recogniser.log_posteriors(waveform, sample_rate))
-        wanted = self.references[key]
-        return edit_distance(said, wanted) / max(1, len(wanted))
-
-
-def edit_distance(a: list, b: list) -> int:
-    """Levenshtein distance (insertions, deletions, substitutions each 1)."""
-    row = list(range(len(b) + 1))
-    for i, x in enumerate(a, 1):
-        previous, row[0] = row[0], i
-        for j, y in enumerate(b, 1):
-            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (x != y))
-    return row[-1]
-
-
-class AsrJudge:
-    """A transformers CTC model (--asr_model: hub id or folder): character error rate against the text."""
-
-    kind, higher_is_better = "asr", False
-
-    def __init__(self, model_name: str):
-        from transformers import AutoModelForCTC, AutoProcessor
-
-        self.name = "asr"
-        self.processor = AutoProcessor.from_pretrained(model_name)
-        self.model = AutoModelForCTC.from_pretrained(model_name).eval()
-
-    def transcribe(self, waveform: np.ndarray, sample_rate: int) -> str:
-        import torch
-
-        audio = to_judge_rate(waveform, sample_rate)
-        inputs = self.processor(audio, sampling_rate=JUDGE_RATE, return_tensors="pt")
-        with torch.no_grad():
-            logits = self.model(**inputs).logits
-        return self.processor.batch_decode(torch.argmax(logits, dim=-1))[0]
-
-    def score(self, waveform: np.ndarray, sample_rate: int, text: str = "", **_) -> float:
-        wanted = " ".join(text.lower().split())
-        said = " ".join(self.transcribe(waveform, sample_rate).lower().split())
-        return edit_distance(list(said), list(wanted)) / max(1, len(wanted))
 
 
 class SpectralJudge:
@@ -448,6 +266,3 @@ def load_judges(names: list[str], asr_model: str | None = None) -> dict:
         elif name == "naturalness":
             made[name] = NaturalnessJudge()
     return made
-
-
-# ---------------------------------------------------------------- validation (bench/bench_judges.py)

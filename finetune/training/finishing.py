@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from finetune.system.interrupt import StopRequested
-from finetune.training.ending import LoopResult
+from finetune.training.outcome import LoopResult
 from finetune.training.pacing import SLOWER_BY, Costs, Pacer
 
 if TYPE_CHECKING:  # the loop calls these; only its type is named here

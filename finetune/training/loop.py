@@ -37,8 +37,8 @@ from finetune.system.interrupt import StopRequested
 from finetune.training import finishing, recovery, schedule
 from finetune.training.budget import Plan
 from finetune.training.context import Run
-from finetune.training.ending import LoopResult, RunFigures, summary
 from finetune.training.machinery import Machinery
+from finetune.training.outcome import LoopResult, RunFigures, summary
 from finetune.training.run_settings import LoopSettings
 from finetune.training.state import TrainingState
 from finetune.training.step import StepResult

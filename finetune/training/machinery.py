@@ -38,7 +38,7 @@ class TrainingParts:
     tokenizer: VitsTokenizer
     examples: list[Example]
     sampler: BucketSampler
-    evaluator: RunEvaluator  # a training run's Evaluator, or a feedback round's (finetune/feedback/evaluator.py)
+    evaluator: RunEvaluator  # a training run's Evaluator, or a feedback round's (finetune/feedback/round_evaluator.py)
     frozen_parts: list[str] = field(default_factory=list)
 
 

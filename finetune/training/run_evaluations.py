@@ -30,7 +30,7 @@ from finetune.vits.generator import train_mode
 
 class RunEvaluator(Protocol):
     """What the loop asks of the evaluator a recipe brings (finetune/reporting/evaluation.py's Evaluator for a
-    training run, finetune/feedback/evaluator.py's for a round): the loop names no feature."""
+    training run, finetune/feedback/round_evaluator.py's for a round): the loop names no feature."""
 
     rule: TimingRule  # the timing rule its eligibility applies (the selection rule's band)
     compares_cut_short: bool  # whether one cut short by the deadline may take part in the choice, clip by clip

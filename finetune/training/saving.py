@@ -38,7 +38,7 @@ from finetune.system.disk import (
 from finetune.training.checkpoint_file import list_checkpoints, newest_first, save_checkpoint
 from finetune.training.pacing import Costs
 from finetune.training.recovery import all_finite
-from finetune.vits.model_folder import copy_model, export_model
+from finetune.vits.voice_on_disk import copy_model, export_model
 
 
 @dataclass

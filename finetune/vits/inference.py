@@ -222,7 +222,7 @@ class DurationSampler:
 
 def speaker_conditioning(model, speaker: int | None, count: int, device: torch.device) -> torch.Tensor | None:
     """g [count, embedding, 1] for one speaker of a conditioned model; None for a plain model."""
-    from finetune.vits.speakers import conditioning
+    from finetune.vits.speaker_layers import conditioning
 
     ids = None if speaker is None else torch.full((count,), int(speaker), dtype=torch.long, device=device)
     return conditioning(model, ids)
@@ -232,7 +232,7 @@ def predict_log_duration(
     model, hidden: torch.Tensor, mask: torch.Tensor, g: torch.Tensor | None, noise_scale_w
 ) -> torch.Tensor:
     """log frames per token [batch, 1, tokens], drawn as stock transformers draws them (a deterministic
-    predictor is never conditioned on the speaker: finetune/vits/speakers.py)."""
+    predictor is never conditioned on the speaker: finetune/vits/speaker_layers.py)."""
     if model.config.use_stochastic_duration_prediction:
         return model.duration_predictor(hidden, mask, g, reverse=True, noise_scale=noise_scale_w)
     return model.duration_predictor(hidden, mask, None)
@@ -289,7 +289,7 @@ def synthesise_graph(
     scales 0 it equals `speak_tokens` (tested). `token_count` [1] (sherpa-onnx's x_length) marks how many
     of the ids are text; by default all. `speaker_ids` [1] (sherpa-onnx's sid): the speaker of a
     conditioned model (None for a plain one)."""
-    from finetune.vits.speakers import conditioning, duration_conditioning
+    from finetune.vits.speaker_layers import conditioning, duration_conditioning
 
     config = model.config
     g = conditioning(model, speaker_ids)

@@ -7,7 +7,7 @@
     prior expanded to frames by the path -> KL(q(z) || p(z | text))
     a random segment of z (8192 samples) decoded -> audio, compared with the real segment (mel L1)
     with several speakers, the speaker's embedding conditions the posterior encoder, flow, stochastic
-    duration predictor and decoder (finetune/vits/speakers.py)
+    duration predictor and decoder (finetune/vits/speaker_layers.py)
     discriminator on real and generated segments -> adversarial and feature-matching losses
 
 Under fp16/bf16 autocast the encoders, decoder and discriminator run in low precision; the flow, the
@@ -31,7 +31,7 @@ from finetune.vits import losses
 from finetune.vits.alignment import maximum_path, prior_log_likelihood
 from finetune.vits.duration import stochastic_duration_nll
 from finetune.vits.fp32_islands import fp32
-from finetune.vits.speakers import conditioning, duration_conditioning
+from finetune.vits.speaker_layers import conditioning, duration_conditioning
 
 
 def sequence_mask(lengths: torch.Tensor, max_length: int) -> torch.Tensor:
@@ -64,7 +64,7 @@ def duration_loss(
 ) -> torch.Tensor:
     """durations: [batch, 1, tokens] frames per token from the alignment. Runs in fp32. The stochastic
     predictor trains in the original VITS flow order (finetune/vits/duration.py says why); `speaker`
-    is its conditioning g (finetune/vits/speakers.py), if any."""
+    is its conditioning g (finetune/vits/speaker_layers.py), if any."""
     with fp32(durations.device):
         hidden, mask = text.hidden.float(), text.mask.float()
         if model.config.use_stochastic_duration_prediction:

@@ -39,7 +39,7 @@ def load_voice(
     from transformers import VitsTokenizer
 
     from finetune.vits.generator import load_complete_model
-    from finetune.vits.speakers import MULTI_SPEAKER_DIR, speaker_id
+    from finetune.vits.speaker_layers import MULTI_SPEAKER_DIR, speaker_id
 
     folder, speaker_index = Path(model_dir), None
     if speaker is not None:

@@ -19,7 +19,7 @@ class Deciding:
     """What decides a round: the clips of `part` ("held": corrections held out of its training; "said": the
     corrections it trained on, when too few came to hold some out) by `measure` ("mcd": MCD across speakers;
     FOCUS_RATIO: where a round has focus tokens, the distance on their frames over the sentence's median frame;
-    else a voting judge of what is said, finetune/reporting/judges.py)."""
+    else a voting judge of what is said, finetune/reporting/content_judges.py)."""
 
     part: str
     measure: str

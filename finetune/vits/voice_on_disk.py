@@ -1,7 +1,7 @@
 """A model folder on disk: the voice written (export_model: Hugging Face files, the discriminator beside
 them, extra JSON and the model card), copied (copy_model), each staged and swapped in so that a crash
 mid-write leaves the previous folder as it was. A crowd's model writes its target alone, with the
-conditioned model in multi_speaker/ (finetune/vits/speakers.py)."""
+conditioned model in multi_speaker/ (finetune/vits/speaker_layers.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from transformers import VitsModel, VitsTokenizer
 
 from finetune.data.speakers import TARGET_SPEAKER
 from finetune.system.atomic import replace_dir, staging_dir, write_text_atomic
-from finetune.vits import speakers
+from finetune.vits import speaker_layers
 from finetune.vits.discriminator import save_discriminator
 from finetune.vits.generator import inference_copy
 
@@ -35,9 +35,9 @@ def export_model(
     out_dir = Path(out_dir)
     staging = staging_dir(out_dir)
     try:
-        if speakers.speaker_count(model) > 1:  # the target alone, and the conditioned model beside it
-            voice = speakers.single_speaker(model, TARGET_SPEAKER)
-            speakers.save_conditioned(model, tokenizer, staging / speakers.MULTI_SPEAKER_DIR)
+        if speaker_layers.speaker_count(model) > 1:  # the target alone, and the conditioned model beside it
+            voice = speaker_layers.single_speaker(model, TARGET_SPEAKER)
+            speaker_layers.save_conditioned(model, tokenizer, staging / speaker_layers.MULTI_SPEAKER_DIR)
         else:
             voice = inference_copy(model)
         if inference:
