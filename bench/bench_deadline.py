@@ -197,8 +197,9 @@ def case_busy(data_dir: Path, work: Path, settings: Settings, steps: str = "fine
 
 def pretrain(data_dir: Path, work: Path, hours: float) -> Path:
     """A tiny voice trained with the demo's recipe for `hours` (reused when the work folder holds it): the
-    start of the pretrained cases, a fine-tune as a user's."""
-    folder = work / "pretrained"
+    start of the pretrained cases, a fine-tune as a user's. Its folder is not the idle case's ("pretrained"): when it
+    was, that case deleted its start, trained one in its own folder and was refused for those checkpoints."""
+    folder = work / "pretrained_start"
     if not (folder / "final_model" / "config.json").is_file():
         shutil.rmtree(folder, ignore_errors=True)
         settings = Settings(hours, 16, 8, 0.0)

@@ -228,7 +228,8 @@ def build_loop(
     prior = {"prior_micro_batch_s": estimates.micro_batch_s or None, "prior_update_s": estimates.update_s or None}
     timer = StepTimer(settings.batch.accumulation, **prior)  # a resumed run's estimates until its own are timed
     costs = Costs.from_estimates(estimates, settings, cut_short_usable=evaluator.compares_cut_short)
-    pacer = Pacer.for_run(run.budget, timer, costs, settings, plan)
+    cpu_threads = cpu_threads_for(step.device, run)  # a CPU run's threads, fewer while others take the cores
+    pacer = Pacer.for_run(run.budget, timer, costs, settings, plan, cpu_threads.get_threads if cpu_threads else None)
 
     # The data: micro-batches fed from the sampler, run in windows against the deadline, fitted to memory.
     hop, batch = step.features.config.hop_length, settings.batch
@@ -239,7 +240,7 @@ def build_loop(
         sampler,
         run.budget.clock,
         run.stop,
-        cpu_threads_for(step.device, run),
+        cpu_threads,
         pacer.one_more_fits,
         pacer.must_end_in_s,
         lambda: timer.micro_batch_s,

@@ -16,6 +16,8 @@ from typing import Callable
 
 from finetune.training import schedule
 
+EARLY = 5  # warm durations kept as what the work cost when the run began (Durations.early_s)
+
 
 def seconds_since_process_start() -> float:
     """How long this run has existed: interpreter start-up and imports count against the budget. Under
@@ -71,12 +73,15 @@ class Durations:
     def __init__(self, skip: int = 2, window: int = 50, prior_s: float | None = None):
         self.skip, self.seen = skip, 0
         self.first: list[float] = []  # the first `skip`, kept to bound estimates until warm ones exist
+        self.early: list[float] = []  # the first EARLY warm ones: what the work cost when the run began
         self.recent: deque[float] = deque(maxlen=window)
         self.prior_s = prior_s  # an estimate to use before any is timed (e.g. from a checkpoint)
 
     def add(self, seconds: float) -> None:
         self.seen += 1
         (self.first if self.seen <= self.skip else self.recent).append(seconds)
+        if self.seen > self.skip and len(self.early) < EARLY:
+            self.early.append(seconds)
 
     @property
     def ready(self) -> bool:
@@ -118,14 +123,11 @@ class Durations:
         return last[len(last) // 2] if last else self.mean_s
 
     @property
-    def slowdown(self) -> float:
-        """How much slower the latest work is than usual (1 when not): what the final save, timed
-        earlier, should be expected to slow down by too. The median of the last ten against the median of
-        the window, so that a few long batches in a row do not count as a slower machine."""
-        if len(self.recent) < 20:
-            return 1.0
-        ordered, last = sorted(self.recent), sorted(list(self.recent)[-10:])
-        return max(1.0, last[len(last) // 2] / max(ordered[len(ordered) // 2], 1e-9))
+    def early_s(self) -> float:
+        """The median of the first EARLY warm ones (0.0 before any): what the work cost as the run began, when
+        the costs timed before it (the baseline evaluation) were."""
+        first = sorted(self.early)
+        return first[len(first) // 2] if first else 0.0
 
 
 class StepTimer:

@@ -3,7 +3,8 @@
 The deadline is asked before each micro-batch (finetune/training/window.py), at the speed the last one ran.
 A machine that gets busy while one runs is not seen there: on 2 cores, a 12 s micro-batch of a 72 s run took
 40.7 s once two other processes started under it, and the run ended 8% past its budget. So a micro-batch that
-could end too late at ten times its usual cost (AT_RISK) is watched while it runs: every module's forward and
+could end too late at ten times its usual cost (AT_RISK), or that starts within WATCHED_S of the time the final
+save needs, is watched while it runs: every module's forward and
 every trained weight's gradient asks the clock, and once the time the final save needs has come, the
 micro-batch is given up (MicroBatchLate) and the gradients go back to what the window's earlier micro-batches
 had made (kept on the CPU before it started). What the window had run is then applied as its last step.
@@ -21,6 +22,10 @@ from typing import Callable, Iterator
 import torch
 
 AT_RISK = 10.0  # watched when the time left before the final save is under this many times the micro-batch's cost
+# ... or under this many seconds, whatever the micro-batch's cost: on 2 cores, the demo's 0.27 s micro-batch took
+# 6.7 s when two busy processes started under it before the run could give a thread up (torch's threads wait for
+# each other; cpu_threads.py looks every 3 s), and a 72 s run ended 0.3 s into its final save's time (0.02 s late).
+WATCHED_S = 15.0
 
 
 class MicroBatchLate(Exception):

@@ -31,7 +31,9 @@ The step itself (finetune/training/step.py) runs the window it is given and neve
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Callable
 
 from finetune.system.time_limit import TimeLimit
 from finetune.training.budget import Budget, Plan, StepTimer, make_plan
@@ -58,6 +60,7 @@ class Costs:
     # What a micro-batch usually cost when the evaluation and the exports were last timed (0: not known yet): the
     # final save is expected to have slowed down as much as the micro-batches have since (Pacer.slowdown).
     timed_at_micro_batch_s: float = 0.0
+    timed_at_threads: int = 0  # the torch threads a CPU run trained on then (0: not counted)
 
     @classmethod
     def from_estimates(cls, estimates: Estimates, settings: LoopSettings, cut_short_usable: bool) -> "Costs":
@@ -130,16 +133,27 @@ class Pacer:
         warmup_steps: int = 0,
         plan: Plan | None = None,
         checkpoint_min_s: float = 0.0,
+        threads: Callable[[], int] | None = None,
     ):
         self.budget, self.timer, self.costs, self.plan = budget, timer, costs, plan
         self.checkpoint_every_s, self.max_epochs, self.warmup_steps = checkpoint_every_s, max_epochs, warmup_steps
         self.checkpoint_min_s = checkpoint_min_s
+        self.threads = threads  # a CPU run's torch thread count now (finetune/system/cpu_threads.py); None: not counted
+        if threads is not None and not costs.timed_at_threads:  # costs timed in this process before any micro-batch
+            costs.timed_at_threads = threads()
 
     @classmethod
     def for_run(
-        cls, budget: Budget, timer: StepTimer, costs: Costs, settings: LoopSettings, plan: Plan | None
+        cls,
+        budget: Budget,
+        timer: StepTimer,
+        costs: Costs,
+        settings: LoopSettings,
+        plan: Plan | None,
+        threads: Callable[[], int] | None = None,
     ) -> "Pacer":
-        """The pacer of a run with these settings (its checkpoints' spacing, its epochs, its warm-up), resuming `plan`."""
+        """The pacer of a run with these settings (its checkpoints' spacing, its epochs, its warm-up), resuming `plan`;
+        `threads`, a CPU run's torch thread count."""
         checkpoints = settings.checkpoints
         return cls(
             budget,
@@ -150,6 +164,7 @@ class Pacer:
             settings.schedule.warmup_steps,
             plan,
             checkpoint_min_s=checkpoints.min_s,
+            threads=threads,
         )
 
     @property
@@ -158,23 +173,42 @@ class Pacer:
         last five micro-batches against what one cost when the evaluation and the exports were last timed (a
         machine that got busy, and the threads a CPU run then gives up to the other processes, show within three
         slower micro-batches; below SLOWER_BY, the spread of micro-batches of different lengths, it is not
-        believed); where they were timed before any micro-batch ran (the baseline evaluation alone), the last ten
-        against the window's usual. With the window's alone, a machine that got busy in the last tenth of a 180 s
-        run was not believed in time and the run ended 1.1 s over; a run busy for longer had its window forget the
-        idle costs its final save was timed at. With both, an evaluation timed on the busy machine was slowed down
-        again by the window's (3.4x: a coarse run ended 17.5 s early of 180 s, a fine one from a pretrained start
-        6.6% early of 72 s)."""
-        durations, timed_at = self.timer.micro_batches, self.costs.timed_at_micro_batch_s
+        believed), less what the threads given up since explain (threads_given_up); where they were timed before
+        any micro-batch ran (the baseline evaluation alone), against the first micro-batches, which ran right
+        after it. Against the window's usual, before, a coarse 72 s run that got busy in its benchmark steps (12 of
+        the window's 20 micro-batches) was not believed, and it ended 1.8 s past its budget. With both, an
+        evaluation timed on the busy machine was slowed down again by the window's (3.4x: a coarse run ended
+        17.5 s early of 180 s, a fine one from a pretrained start 6.6% early of 72 s)."""
+        durations = self.timer.micro_batches
+        timed_at = self.costs.timed_at_micro_batch_s or durations.early_s
         if not timed_at:
-            return durations.slowdown
+            return 1.0
         since_timed = durations.lately_s / timed_at
-        return since_timed if since_timed >= SLOWER_BY else 1.0
+        return max(1.0, since_timed / self.threads_given_up) if since_timed >= SLOWER_BY else 1.0
+
+    @property
+    def threads_given_up(self) -> float:
+        """How much of the micro-batches' slowdown the threads a CPU run gave up since the costs were timed
+        explain: the square root of the threads then over the threads now (1 where none were given up). The final
+        save runs mostly on one thread (serialising, copying, the evaluation's small operations) and does not feel
+        them: with the slowdown of the micro-batches whole, a run from a pretrained start busy from half-way
+        through 72 s kept 5.5 s for a final save that took 4 s, and one of coarse steps busy from half-way through
+        180 s kept 20 s for 8 s. Measured on 2 cores (bench/bench_step.py, OMP_NUM_THREADS 2 against 1), two
+        threads ran the demo's micro-batch 1.30x as fast as one and a coarse one (the standard discriminator)
+        1.87x: the square root of 2 counts the first a little high, which the safety margin holds; what the
+        finish then finds is checked before each of its parts (finishing.py)."""
+        if self.threads is None or not self.costs.timed_at_threads:
+            return 1.0
+        return math.sqrt(max(1.0, self.costs.timed_at_threads / max(1, self.threads())))
 
     def costs_timed(self) -> None:
         """The evaluation and the exports were just timed: at what a micro-batch costs now (the last five's median:
-        one timed on a machine that just got busy is as slow as it, and must not be slowed down again)."""
+        one timed on a machine that just got busy is as slow as it, and must not be slowed down again), on the
+        threads a CPU run trains on now."""
         if self.timer.micro_batches.recent:
             self.costs.timed_at_micro_batch_s = self.timer.micro_batches.lately_s
+        if self.threads is not None:
+            self.costs.timed_at_threads = self.threads()
 
     def room_for(self, seconds: float) -> bool:
         """Whether `seconds` of work still leave the final save and the safety margin (both as timed or
@@ -294,8 +328,6 @@ class Pacer:
         return self.plan_now(steps_per_epoch, steps_done, 0, evaluations_planned=True)
 
     def replan(self, steps_per_epoch: int, steps_done: int, eval_every: int, evaluations_planned: bool) -> Plan:
-        if not self.costs.timed_at_micro_batch_s:  # the baseline's costs were timed before any micro-batch
-            self.costs_timed()
         self.plan = self.plan_now(steps_per_epoch, steps_done, eval_every, evaluations_planned)
         return self.plan
 

@@ -22,7 +22,7 @@ from finetune.system.interrupt import StopRequest, StopRequested
 from finetune.system.profile import section
 from finetune.training.budget import Clock
 from finetune.training.checkpoint_file import capture_rng, restore_rng
-from finetune.training.late import AT_RISK
+from finetune.training.late import AT_RISK, WATCHED_S
 from finetune.training.step import TrainStep
 
 
@@ -97,14 +97,14 @@ class WindowRunner:
 
     def late_check(self) -> Callable[[], bool] | None:
         """For the micro-batch just drawn, when it could end too late even AT_RISK times slower than micro-batches
-        have run: what says, while it runs, that the time the final save needs has come (the step then gives it
+        have run, or starts within WATCHED_S of the time the final save needs: what says, while it runs, that the time the final save needs has come (the step then gives it
         up: finetune/training/late.py). None where it is not at risk, where nothing is timed yet (the first
         micro-batch always runs) and in a data-parallel run (its processes must run the same micro-batches)."""
         if self.must_end_in_s is None or self.usual_s is None or self.step.dist.active:
             return None
         expected_s = max(self.last_s, self.usual_s())
         end_in_s = self.must_end_in_s(expected_s)
-        if expected_s <= 0 or end_in_s > AT_RISK * expected_s:
+        if expected_s <= 0 or end_in_s > max(AT_RISK * expected_s, WATCHED_S):
             return None
         end_at = self.clock.now() + end_in_s
         return lambda: self.clock.now() > end_at
