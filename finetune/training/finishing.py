@@ -174,6 +174,7 @@ def final_evaluation(loop: TrainingLoop, times: FinishTimes) -> None:
     """The final evaluation; how fast it scored its clips, and a best model it exports, tell how much slower
     than planned the rest of the finish will run (shared: each process decides the finish's parts alike)."""
     best_before = loop.state.best.step
+    loop.windows.match_threads()
     result = loop.evaluations.evaluate(final=True)
     done = loop.context.dist.broadcast((result.clips_scored, result.clips_planned, result.seconds) if result else None)
     if done:

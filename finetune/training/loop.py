@@ -234,6 +234,7 @@ class TrainingLoop:
             )
             return
         if self.pacer.eval_due(self.state.step):
+            self.windows.match_threads()
             self.evaluations.evaluate()
             self.replan()
         # Joint: the periodic one depends on each process's own clock, and writing one is a collective.

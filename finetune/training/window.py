@@ -17,7 +17,7 @@ from typing import Callable
 from finetune.data.examples import Batch
 from finetune.data.feed import MicroBatchFeed
 from finetune.data.sampler import BucketSampler, SamplerState
-from finetune.system.cpu_threads import CpuThreads
+from finetune.system.cpu_threads import LOOK_BEFORE_S, CpuThreads
 from finetune.system.interrupt import StopRequest, StopRequested
 from finetune.system.profile import section
 from finetune.training.budget import Clock
@@ -88,6 +88,12 @@ class WindowRunner:
             self.cpu_threads.adjust()
         with section("data"):
             return self.feed.take()
+
+    def match_threads(self) -> None:
+        """Before an evaluation, which runs on the threads it starts with: a CPU run's thread count set from a
+        look at the cores now (finetune/system/cpu_threads.py)."""
+        if self.cpu_threads is not None:
+            self.cpu_threads.adjust(LOOK_BEFORE_S)
 
     def in_time(self, last_s: float) -> bool:
         """Whether one more micro-batch fits at the speed the last one ran (`last_s`): the window was decided at
