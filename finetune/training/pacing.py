@@ -176,9 +176,9 @@ class Pacer:
         believed), less what the threads given up since explain (threads_given_up); where they were timed before
         any micro-batch ran (the baseline evaluation alone), against the first micro-batches, which ran right
         after it. Against the window's usual, before, a coarse 72 s run that got busy in its benchmark steps (12 of
-        the window's 20 micro-batches) was not believed, and it ended 1.8 s past its budget. With both, an
-        evaluation timed on the busy machine was slowed down again by the window's (3.4x: a coarse run ended
-        17.5 s early of 180 s, a fine one from a pretrained start 6.6% early of 72 s)."""
+        the window's 20 micro-batches) was not believed, and it ended 1.8 s past its budget; and counted beside
+        this one, the window's slowed an evaluation timed on the busy machine down a second time (3.4x: a coarse
+        run ended 17.5 s early of 180 s, a fine one from a pretrained start 6.6% early of 72 s)."""
         durations = self.timer.micro_batches
         timed_at = self.costs.timed_at_micro_batch_s or durations.early_s
         if not timed_at:
