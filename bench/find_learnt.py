@@ -11,6 +11,13 @@ held-out clip of theirs says. Two crowds, the same voice and the same own clips:
     none     the crowd says the sentences with the voice's mistakes, as its reader does: nothing to find, and
              whatever is reported beyond the noise is a false alarm
 
+--nothing_planted adds a third, on another voice:
+
+    clean    a voice that learnt nothing wrong: W's voice made again the same way (its pretrained start, its
+             hours, its sentences and held-out clips) from its reader's recordings said right (W/clean_voice,
+             made once); the crowd and its own reader say every sentence right: whatever is reported beyond the
+             noise is a false alarm of a voice as a user has one, with its own faults and none planted
+
     .venv/bin/python bench/bench_corrections.py --work_dir W --only x:k   # the voice (made once there, then reused)
     .venv/bin/python bench/find_learnt.py --work_dir W                    # -> W/find_learnt.json
 
@@ -21,13 +28,15 @@ whole crowd here).
 kept apart; --find hears the crowd on the rest, and its corrections/ (the crowd's clips of what it found) feed
 a round from the voice at the user's defaults with `--focus` the first it found (--rounds N: each of the first N,
 a round each; bench_corrections.feedback_round); bench_corrections' judge then hears the voice before and after on
-that mistake's sentences kept apart, which neither --find nor the round saw. --smoke (after bench_corrections.py --smoke): the crowd is the judge's right readings under three
-names, the planted case alone; its figures mean nothing.
+that mistake's sentences kept apart, which neither --find nor the round saw.
 
---crowds K: --find on K crowds of --crowd_size readers (3 by default) drawn from the six, both cases: in how many
+--smoke (after bench_corrections.py --smoke): the crowd is the judge's right readings under three names, the
+planted case (and clean, on W's voice: the smoke's recordings say nothing wrong); its figures mean nothing.
+
+--crowds K: --find on K crowds of --crowd_size readers (3 by default) drawn from the six, each case: in how many
 the planted letter and word rank in the top 3 and beyond the noise, and in how many a crowd with nothing to find
-has anything reported beyond the noise (its false alarms). The crowds share readers and sentences: a spread over
-crowds, not independent trials.
+(none, and clean with --nothing_planted) has anything reported beyond the noise (its false alarms). The crowds
+share readers and sentences: a spread over crowds, not independent trials.
 """
 
 from __future__ import annotations
@@ -41,11 +50,14 @@ import sys
 from pathlib import Path
 
 from bench import learnt_voice
-from bench.bench_corrections import feedback_round, judge_case, prepare, run
+from bench.bench_corrections import feedback_round, judge_case, prepare, run, train
 from bench.machine import describe
 from finetune.data.metadata import read_rows
 
-CASES = ("planted", "none")
+# case -> how the crowd says the judge's sentences, and the voice's own reader's clips of them (what its
+# held-out clips say): the learnt voice's reader says its mistakes, the clean voice's reader says nothing wrong
+CASES = {"planted": ("right", "judge_mistaken"), "none": ("mistaken", "judge_mistaken")}
+CLEAN = {"clean": ("right", "judge_right")}
 # Readers beyond learnt_voice.CORRECTORS for a larger crowd (--readers): espeak-ng voices neither corpus nor the
 # corrections hold. Common Voice Kurmanji has hundreds of readers; three is the fewest --find judges a word across.
 MORE_READERS = (("ku+m4", 140, 35), ("ku+f1", 170, 70), ("ku+m6", 150, 48))
@@ -64,21 +76,40 @@ def reported(found: dict) -> list[str]:
 
 
 def crowd_readings(
-    work: Path, case: str, texts: dict[str, str], mistakes, smoke: bool, readers: int
+    work: Path, reading: str, texts: dict[str, str], mistakes, smoke: bool, readers: int
 ) -> dict[str, Path]:
     """Each crowd reader's prepared folder (16 kHz, as prepare_data.py writes it) of the judge's sentences, said
-    right (planted) or with the voice's mistakes (none)."""
+    right (reading "right") or with the voice's mistakes ("mistaken"); recorded once."""
     if smoke:  # the judge's right readings, under `readers` names: no espeak-ng
         return {f"reader{n}": work / "judge_right" for n in range(readers)}
     prepared = {}
     for n, reader in enumerate(crowd_voices(readers)):
         name = f"reader{n}"
-        folder = work / "find_recordings" / case / name
-        said = (lambda t: t) if case == "planted" else (lambda t: learnt_voice.mistaken_reading(t, mistakes, reader))
+        folder = work / "find_recordings" / reading / name
+        said = (lambda t: t) if reading == "right" else (lambda t: learnt_voice.mistaken_reading(t, mistakes, reader))
         learnt_voice.record(folder, [(item, said(text), reader) for item, text in texts.items()])
         learnt_voice.write_rows(folder / "metadata.csv", list(texts.items()))
-        prepared[name] = prepare(folder, work / "find_prepared" / case / name, work / f"find_prepare_{case}_{name}.log")
+        log = work / f"find_prepare_{reading}_{name}.log"
+        prepared[name] = prepare(folder, work / "find_prepared" / reading / name, log)
     return prepared
+
+
+def clean_voice(work: Path, smoke: bool) -> Path:
+    """The voice with nothing planted (see the docstring's clean), made once in W/clean_voice. In the smoke run,
+    W's voice itself: its recordings are the demo corpus's, where nothing is said wrong."""
+    if smoke:
+        return work / "voice" / "final_model"
+    source, folder = work / "recordings" / "user_corpus", work / "recordings" / "user_corpus_right"
+    rows = [(item, text) for item, _, text in read_rows(source / "metadata.csv")]
+    learnt_voice.record(folder, [(item, text, learnt_voice.TARGET_READER) for item, text in rows])
+    learnt_voice.write_rows(folder / "metadata.csv", rows)
+    held = (source / "held_out.txt").read_text(encoding="utf-8").split()
+    data = prepare(folder, work / "user_data_right", work / "prepare_user_right.log", held)
+    learnt = json.loads((work / "voice" / "checkpoints" / "training_args.json").read_text(encoding="utf-8"))
+    start = str(work / "pretrained" / "final_model")
+    return train(data, work / "clean_voice", start, learnt["target_hours"], False, work / "clean_voice.log") / (
+        "final_model"
+    )
 
 
 def crowd_corpus(work: Path, case: str, own: Path, crowd: dict[str, Path], leave_out: set[str] = frozenset()) -> Path:
@@ -130,7 +161,7 @@ def round_from_the_crowd(
     `rounds` units it found beyond the noise, a round from the voice on its corrections with that unit as the
     focus, and the judge on that mistake's sentences kept apart."""
     apart = {item for m in mistakes for item in kept_apart(work, m)}
-    crowd = crowd_readings(work, "planted", texts, mistakes, smoke, readers)
+    crowd = crowd_readings(work, "right", texts, mistakes, smoke, readers)
     data = crowd_corpus(work, "round", work / "judge_mistaken", crowd, leave_out=apart)
     found = find(work, "round", data, voice)
     beyond = [f for f in found["findings"] if f["beyond_noise"]]
@@ -169,26 +200,22 @@ def one_round(work: Path, mistake, corrections: Path, smoke: bool) -> dict:
     }
 
 
-def many_crowds(work: Path, texts: dict, mistakes, voice: Path, count: int, size: int, smoke: bool) -> dict:
-    """--find on `count` crowds of `size` readers each, drawn from the six (every reader's recordings made once):
-    how often each planted mistake ranks in the top 3 and beyond the noise, and how often a crowd that says the
-    sentences as the voice does has anything reported beyond the noise (the false-alarm rate). The crowds share
-    readers and sentences, so they are not independent draws: a spread, not a confidence."""
+def many_crowds(work: Path, texts: dict, mistakes, cases: dict, count: int, size: int, smoke: bool) -> dict:
+    """--find on `count` crowds of `size` readers each, drawn from the six (every reader's recordings made once),
+    for each case (name -> (its crowd's reading, its own reader's clips, its voice)): how often each planted
+    mistake ranks in the top 3 and beyond the noise, and how often a crowd with nothing to find has anything
+    reported beyond the noise (the false-alarm rate). The crowds share readers and sentences, so they are not
+    independent draws: a spread, not a confidence."""
     voices = EVERY_READER
     subsets = list(itertools.combinations(range(len(voices)), size))
     random.Random(0).shuffle(subsets)
     results = {}
-    for case in CASES[:1] if smoke else CASES:
-        everyone = crowd_readings(work, case, texts, mistakes, smoke, len(voices))
+    for case, (reading, own, voice) in cases.items():
+        everyone = crowd_readings(work, reading, texts, mistakes, smoke, len(voices))
         heard = []
         for number, subset in enumerate(subsets[:count]):
             crowd = {f"reader{n}": everyone[f"reader{n}"] for n in subset}
-            found = find(
-                work,
-                f"{case}_crowd{number}",
-                crowd_corpus(work, f"{case}_crowd", work / "judge_mistaken", crowd),
-                voice,
-            )
+            found = find(work, f"{case}_crowd{number}", crowd_corpus(work, f"{case}_crowd", work / own, crowd), voice)
             beyond = reported(found)
             heard.append(
                 {"readers": [voices[n][0] for n in subset], "beyond_noise": beyond, "planted": placed(found, mistakes)}
@@ -199,7 +226,7 @@ def many_crowds(work: Path, texts: dict, mistakes, voice: Path, count: int, size
                 flush=True,
             )
         crowds = len(heard)
-        if case == "none":
+        if case != "planted":
             results[case] = {
                 "crowds": crowds,
                 "false_alarms": sum(bool(h["beyond_noise"]) for h in heard),
@@ -257,6 +284,11 @@ def main() -> None:
     )
     parser.add_argument("--round", action="store_true", help="and a round from the crowd's corrections, judged apart")
     parser.add_argument(
+        "--nothing_planted",
+        action="store_true",
+        help="and the clean case: a voice made the same way from recordings said right (W/clean_voice, made once)",
+    )
+    parser.add_argument(
         "--crowds", type=int, default=0, help="and --find on this many crowds of --crowd_size readers of the six"
     )
     parser.add_argument("--rounds", type=int, default=1, help="--round on each of the first N units found (1)")
@@ -272,9 +304,12 @@ def main() -> None:
     mistakes = learnt_voice.parse_mistakes(args.mistakes)
     texts = {item: text for item, _, text in read_rows(work / "judge_right" / "metadata.csv")}
     results = {"crowd_readers": args.readers}
-    for case in CASES[:1] if args.smoke else CASES:
-        crowd = crowd_readings(work, case, texts, mistakes, args.smoke, args.readers)
-        found = find(work, case, crowd_corpus(work, case, work / "judge_mistaken", crowd), voice)
+    cases = {case: (*CASES[case], voice) for case in (["planted"] if args.smoke else CASES)}
+    if args.nothing_planted:
+        cases |= {case: (*CLEAN[case], clean_voice(work, args.smoke)) for case in CLEAN}
+    for case, (reading, own, case_voice) in cases.items():
+        crowd = crowd_readings(work, reading, texts, mistakes, args.smoke, args.readers)
+        found = find(work, case, crowd_corpus(work, case, work / own, crowd), case_voice)
         beyond = reported(found)
         results[case] = {
             "clips_heard": found["clips_heard"],
@@ -293,7 +328,7 @@ def main() -> None:
         for line in results[case]["top5"]:
             print(f"  top: {line}")
     if args.crowds:
-        results["crowds"] = many_crowds(work, texts, mistakes, voice, args.crowds, args.crowd_size, args.smoke)
+        results["crowds"] = many_crowds(work, texts, mistakes, cases, args.crowds, args.crowd_size, args.smoke)
         print(
             f"\n== {args.crowds} crowds of {args.crowd_size}: {json.dumps({k: v for k, v in results['crowds'].items() if not k.endswith('_each')})}"
         )

@@ -198,3 +198,15 @@ def test_the_crowds_corrections_train_each_reader_under_a_speaker_id_of_their_ow
     voice = [SimpleNamespace(item_id="c1", speaker=0)]
     mark_speaker(voice, False, readers)
     assert voice[0].speaker == 0
+
+
+def test_the_time_it_takes_says_where_the_limit_ends_it_first():
+    """Once the first clips are timed the user is told how long the whole will take; where --find_minutes ends it
+    first, after about how many clips and which flag hears them all."""
+    from finetune.feedback.crowd import time_it_takes
+
+    within = time_it_takes(0.5, 300, 180.0)
+    assert "about 2.5 min for the 300 clips" in within and "--find_minutes" not in within
+    beyond = time_it_takes(2.0, 300, 180.0)
+    assert "about 10.0 min for the 300 clips" in beyond
+    assert "--find_minutes 3 ends it after about 90 of them" in beyond

@@ -193,11 +193,7 @@ def find(config, base: Path, voice, features, voice_name: str | None, stop, logg
             said_at = time.monotonic()
             logger(f"find: {index + 1}/{len(sayable)} clips heard, {said_at - started:.0f}s")
         if index + 1 == TIMED_AFTER:
-            each_s = (time.monotonic() - started) / TIMED_AFTER
-            logger(
-                f"find: about {each_s * len(sayable) / 60:.1f} min for the {len(sayable)} clips "
-                f"({each_s:.2f}s a clip on this machine)"
-            )
+            logger(time_it_takes((time.monotonic() - started) / TIMED_AFTER, len(sayable), limit_s))
     bar.close()
     if not any(not h.own for h in heard):
         logger(f"find: no other reader's clip was heard ({why}): nothing to rank; raise --find_minutes")
@@ -214,6 +210,18 @@ def find(config, base: Path, voice, features, voice_name: str | None, stop, logg
         + (f"; the crowd's clips of it as corrections: {out}/corrections/" if beyond else "")
     )
     return 0
+
+
+def time_it_takes(each_s: float, clips: int, limit_s: float) -> str:
+    """What the user is told once the first clips are timed: how long the whole will take, and where the time
+    limit ends it first, after about how many clips."""
+    said = f"find: about {each_s * clips / 60:.1f} min for the {clips} clips ({each_s:.2f}s a clip on this machine)"
+    if each_s * clips > limit_s:
+        said += (
+            f"; --find_minutes {limit_s / 60:g} ends it after about {int(limit_s / each_s)} of them (what was heard "
+            "by then is ranked; raise it to hear them all)"
+        )
+    return said
 
 
 def write_findings(out: Path, findings, heard, voice_file, data_dir, base, voice_name, why, seconds) -> None:
