@@ -107,9 +107,8 @@ def clean_voice(work: Path, smoke: bool) -> Path:
     data = prepare(folder, work / "user_data_right", work / "prepare_user_right.log", held)
     learnt = json.loads((work / "voice" / "checkpoints" / "training_args.json").read_text(encoding="utf-8"))
     start = str(work / "pretrained" / "final_model")
-    return train(data, work / "clean_voice", start, learnt["target_hours"], False, work / "clean_voice.log") / (
-        "final_model"
-    )
+    run_dir = train(data, work / "clean_voice", start, learnt["target_hours"], False, work / "clean_voice.log")
+    return run_dir / "final_model"
 
 
 def crowd_corpus(work: Path, case: str, own: Path, crowd: dict[str, Path], leave_out: set[str] = frozenset()) -> Path:
