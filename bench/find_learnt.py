@@ -56,8 +56,11 @@ from finetune.data.metadata import read_rows
 
 # case -> how the crowd says the judge's sentences, and the voice's own reader's clips of them (what its
 # held-out clips say): the learnt voice's reader says its mistakes, the clean voice's reader says nothing wrong
-CASES = {"planted": ("right", "judge_mistaken"), "none": ("mistaken", "judge_mistaken")}
-CLEAN = {"clean": ("right", "judge_right")}
+CASES = {
+    "planted": ("right", "judge_mistaken"),
+    "none": ("mistaken", "judge_mistaken"),
+    "clean": ("right", "judge_right"),  # --nothing_planted
+}
 # Readers beyond learnt_voice.CORRECTORS for a larger crowd (--readers): espeak-ng voices neither corpus nor the
 # corrections hold. Common Voice Kurmanji has hundreds of readers; three is the fewest --find judges a word across.
 MORE_READERS = (("ku+m4", 140, 35), ("ku+f1", 170, 70), ("ku+m6", 150, 48))
@@ -303,9 +306,9 @@ def main() -> None:
     mistakes = learnt_voice.parse_mistakes(args.mistakes)
     texts = {item: text for item, _, text in read_rows(work / "judge_right" / "metadata.csv")}
     results = {"crowd_readers": args.readers}
-    cases = {case: (*CASES[case], voice) for case in (["planted"] if args.smoke else CASES)}
+    cases = {case: (*CASES[case], voice) for case in (["planted"] if args.smoke else ["planted", "none"])}
     if args.nothing_planted:
-        cases |= {case: (*CLEAN[case], clean_voice(work, args.smoke)) for case in CLEAN}
+        cases["clean"] = (*CASES["clean"], clean_voice(work, args.smoke))
     for case, (reading, own, case_voice) in cases.items():
         crowd = crowd_readings(work, reading, texts, mistakes, args.smoke, args.readers)
         found = find(work, case, crowd_corpus(work, case, work / own, crowd), case_voice)
